@@ -1,0 +1,38 @@
+"""The exception hierarchy: every error rnn2jax raises on purpose is an `Rnn2JaxError`.
+
+Messages say where the problem is (net, op index and type, blob or argument) because the nets users
+bring are large, machine-written and often years old: "KeyError: 'x'" would leave them searching.
+"""
+
+from __future__ import annotations
+
+
+class Rnn2JaxError(Exception):
+    """Base class of every error rnn2jax raises for bad input or unsupported content."""
+
+
+class ParseError(Rnn2JaxError):
+    """The bytes or text are not a readable Caffe2 NetDef/PlanDef."""
+
+
+class UnsupportedOpError(Rnn2JaxError):
+    """One or more op types have no lowering; `unsupported` lists (location, op type) pairs."""
+
+    def __init__(self, message: str, unsupported: tuple[tuple[str, str], ...] = ()):
+        super().__init__(message)
+        self.unsupported = unsupported
+
+
+class MissingBlobError(Rnn2JaxError, KeyError):
+    """A blob is read before anything writes it, or an input the net needs was not given."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class BadArgumentError(Rnn2JaxError, ValueError):
+    """An op argument is missing, of the wrong type, or out of range."""
+
+
+class ShapeError(Rnn2JaxError, ValueError):
+    """Input arrays do not fit an op (ranks, sizes or dtypes)."""

@@ -1,0 +1,100 @@
+"""Net -> pure function: the interpreter that runs ops in order over a dict of blobs.
+
+`lower(net)` checks every op (nested nets too) and builds every kernel up front, so unsupported ops
+and bad arguments are reported before any array is touched. The result maps an environment
+(blob name -> array) to the environment after the net ran. Caffe2's in-place ops (an output named
+like an input) are plain rebinding here: the environment is a fresh dict, never mutated in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from .errors import MissingBlobError, Rnn2JaxError, ShapeError
+from .netdef import Net, Op
+from .ops.registry import OpDef, check_supported, lookup
+
+
+@dataclass(frozen=True)
+class _Step:
+    op: Op
+    opdef: OpDef
+    kernel: Any
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is None:
+        return type(value).__name__
+    return f"{dtype}[{','.join(str(d) for d in shape)}]"
+
+
+class LoweredNet:
+    """A net as a pure function `env -> env`; call it inside or outside `jax.jit`."""
+
+    def __init__(self, net: Net):
+        check_supported(net)
+        self.net = net
+        self._steps = tuple(_build(op) for op in net.ops)
+
+    def __call__(self, env: Mapping[str, Any], *, key: jax.Array | None = None) -> dict[str, Any]:
+        env = dict(env)
+        for step in self._steps:
+            _run(step, env, key)
+        return env
+
+    def reads_before_writes(self) -> list[str]:
+        """Blobs the net reads before any of its ops writes them, in first-read order."""
+        written: set[str] = set()
+        needed: dict[str, None] = {}
+        for op in self.net.ops:
+            for name in op.inputs:
+                if name not in written:
+                    needed.setdefault(name, None)
+            written.update(op.outputs)
+        return list(needed)
+
+
+def _build(op: Op) -> _Step:
+    opdef = lookup(op)
+    return _Step(op, opdef, opdef.build(op))
+
+
+def _run(step: _Step, env: dict[str, Any], key: jax.Array | None) -> None:
+    op = step.op
+    args = []
+    for name in op.inputs:
+        try:
+            args.append(env[name])
+        except KeyError:
+            raise MissingBlobError(
+                f"{op.where}: reads blob '{name}' before anything writes it; "
+                f"the net's external inputs are: {', '.join(_net_inputs_hint(env)) or '(none given)'}"
+            ) from None
+    kwargs = {}
+    if step.opdef.random:
+        kwargs["key"] = jax.random.fold_in(key if key is not None else jax.random.key(0), op.index)
+    try:
+        result = step.kernel(*args, **kwargs)
+    except Rnn2JaxError:
+        raise
+    except (TypeError, ValueError, IndexError) as error:
+        inputs = ", ".join(f"{n}: {_describe(v)}" for n, v in zip(op.inputs, args, strict=True))
+        raise ShapeError(f"{op.where}: {error} (inputs: {inputs})") from error
+    outputs = result if isinstance(result, tuple) else (result,)
+    for name, value in zip(op.outputs, outputs, strict=False):
+        env[name] = value
+
+
+def _net_inputs_hint(env: Mapping[str, Any]) -> list[str]:
+    return sorted(env)
+
+
+def lower(net: Net) -> LoweredNet:
+    """The net as a pure function of a blob environment (see `LoweredNet`)."""
+    return LoweredNet(net)

@@ -1,0 +1,388 @@
+"""The immutable IR of Caffe2 nets: `Net`, `Op`, `Arg`, `Tensor`, `Plan`.
+
+Everything protobuf is decoded here, once: arguments become Python values, nested step nets (given as a
+message in `n` or as a text-format string in `s`) become `Net`s, tensors become read-only NumPy arrays.
+Nothing downstream touches a protobuf object, so lowering and tracing never depend on protobuf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from .errors import BadArgumentError, ParseError
+from .proto import caffe2_pb2 as pb
+from .wire import parse_text
+
+# Arguments whose value is a net. Caffe2 (2017) passed them as text-format strings in `s`; later as `n`.
+NET_ARGUMENTS = frozenset(
+    {"step_net", "backward_step_net", "net", "then_net", "else_net", "loop_net", "cond_net"}
+)
+
+# TensorProto.DataType -> NumPy dtype (STRING handled apart).
+DATA_TYPES: Mapping[int, np.dtype] = MappingProxyType(
+    {
+        pb.TensorProto.FLOAT: np.dtype(np.float32),
+        pb.TensorProto.INT32: np.dtype(np.int32),
+        pb.TensorProto.BYTE: np.dtype(np.uint8),
+        pb.TensorProto.BOOL: np.dtype(np.bool_),
+        pb.TensorProto.UINT8: np.dtype(np.uint8),
+        pb.TensorProto.INT8: np.dtype(np.int8),
+        pb.TensorProto.UINT16: np.dtype(np.uint16),
+        pb.TensorProto.INT16: np.dtype(np.int16),
+        pb.TensorProto.INT64: np.dtype(np.int64),
+        pb.TensorProto.FLOAT16: np.dtype(np.float16),
+        pb.TensorProto.DOUBLE: np.dtype(np.float64),
+    }
+)
+
+
+class Tensor:
+    """A decoded `TensorProto`: a read-only NumPy array plus the tensor's name; compares by value."""
+
+    __slots__ = ("array", "name")
+
+    def __init__(self, array: np.ndarray, name: str = ""):
+        array = np.array(array, copy=True)
+        array.flags.writeable = False
+        self.array = array
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return (
+            self.name == other.name
+            and self.array.dtype == other.array.dtype
+            and self.array.shape == other.array.shape
+            and self.array.tobytes() == other.array.tobytes()
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, shape={self.array.shape}, dtype={self.array.dtype})"
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One decoded `Argument`. `kind` names the protobuf field that held the value, because Caffe2's
+    meaning can depend on it (ConstantFill's `value` given in `i` means an int64 tensor); an Argument
+    with only a name (Python's empty list) has kind "empty" and value ()."""
+
+    name: str
+    kind: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Device:
+    """A `DeviceOption`. Kept for inspection; on the CPU/XLA path it does not change meaning."""
+
+    device_type: int = 0
+    device_id: int = 0
+    random_seed: int | None = None
+    node_name: str = ""
+
+
+REQUIRED: Any = object()  # sentinel: an argument with no default
+
+
+@dataclass(frozen=True, eq=True)
+class Op:
+    """One `OperatorDef`, with its position (`index`) and a human-readable location (`where`)."""
+
+    type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    args: Mapping[str, Arg]
+    index: int
+    where: str = field(compare=False)
+    name: str = ""
+    engine: str = ""
+    device: Device | None = None
+    control_inputs: tuple[str, ...] = ()
+    is_gradient_op: bool = False
+    debug_info: str = ""
+
+    def has(self, name: str) -> bool:
+        return name in self.args
+
+    def _get(self, name: str, default: Any, kinds: tuple[str, ...], what: str) -> Any:
+        arg = self.args.get(name)
+        if arg is None:
+            if default is REQUIRED:
+                raise BadArgumentError(f"{self.where}: missing required argument '{name}' ({what})")
+            return default
+        if arg.kind not in kinds:
+            got = f"{arg.kind} = {arg.value!r}" if arg.kind != "n" else "a net"
+            raise BadArgumentError(f"{self.where}: argument '{name}' must be {what}, got {got}")
+        return arg.value
+
+    def int(self, name: str, default: Any = REQUIRED) -> int:
+        """A single integer argument (Caffe2 reads field `i`)."""
+        return self._get(name, default, ("i",), "an integer (field i)")
+
+    def bool(self, name: str, default: Any = REQUIRED) -> bool:
+        value = self._get(name, default, ("i",), "a boolean (field i)")
+        return bool(value)
+
+    def float(self, name: str, default: Any = REQUIRED) -> float:
+        """A single float argument. An integer in `i` is accepted too: Python front ends wrote
+        `forget_bias=0` as an int, and the conversion is lossless."""
+        value = self._get(name, default, ("f", "i"), "a number (field f)")
+        return value if value is default else float(value)
+
+    def str(self, name: str, default: Any = REQUIRED) -> str:
+        value = self._get(name, default, ("s",), "a string (field s)")
+        if isinstance(value, bytes):
+            raise BadArgumentError(f"{self.where}: argument '{name}' is not valid UTF-8 text")
+        return value
+
+    def ints(self, name: str, default: Any = REQUIRED) -> tuple[int, ...]:
+        return self._get(name, default, ("ints", "empty"), "a list of integers (field ints)")
+
+    def floats(self, name: str, default: Any = REQUIRED) -> tuple[float, ...]:
+        value = self._get(name, default, ("floats", "ints", "empty"), "a list of numbers (field floats)")
+        return value if value is default else tuple(float(v) for v in value)
+
+    def strings(self, name: str, default: Any = REQUIRED) -> tuple[str, ...]:
+        return self._get(name, default, ("strings", "empty"), "a list of strings (field strings)")
+
+    def net(self, name: str, default: Any = REQUIRED) -> Net:
+        return self._get(name, default, ("n",), "a net (field n, or a text-format net in s)")
+
+    def tensor(self, name: str, default: Any = REQUIRED) -> Tensor:
+        return self._get(name, default, ("t",), "a tensor (field t)")
+
+    def nested_nets(self) -> Iterator[tuple[str, Net]]:
+        """(argument name, net) for every net this op carries."""
+        for arg in self.args.values():
+            if arg.kind == "n":
+                yield arg.name, arg.value
+            elif arg.kind == "nets":
+                for i, net in enumerate(arg.value):
+                    yield f"{arg.name}[{i}]", net
+
+
+@dataclass(frozen=True, eq=True)
+class Net:
+    """One `NetDef`. `where` says how to find it ("net 'x'", or a step net inside an op of one)."""
+
+    name: str
+    ops: tuple[Op, ...]
+    external_inputs: tuple[str, ...]
+    external_outputs: tuple[str, ...]
+    type: str = ""
+    args: Mapping[str, Arg] = field(default_factory=lambda: MappingProxyType({}))
+    device: Device | None = None
+    where: str = field(default="", compare=False)
+
+    def walk(self) -> Iterator[Op]:
+        """Every op of this net and of every net nested in its ops, depth first, in order."""
+        for op in self.ops:
+            yield op
+            for _, inner in op.nested_nets():
+                yield from inner.walk()
+
+
+@dataclass(frozen=True)
+class ExecutionStep:
+    name: str
+    substeps: tuple[ExecutionStep, ...]
+    networks: tuple[str, ...]
+    num_iter: int | None
+    concurrent_substeps: bool = False
+    should_stop_blob: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A `PlanDef`: its nets by name, and the execution steps that say how Caffe2 ran them."""
+
+    name: str
+    nets: Mapping[str, Net]
+    steps: tuple[ExecutionStep, ...]
+
+    def __getitem__(self, name: str) -> Net:
+        try:
+            return self.nets[name]
+        except KeyError:
+            raise ParseError(
+                f"plan '{self.name}' has no net '{name}'; its nets are: {', '.join(self.nets)}"
+            ) from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding protobuf messages into the IR
+
+
+def decode_tensor(proto: pb.TensorProto, where: str) -> Tensor:
+    """A `TensorProto` as a NumPy array, from whichever data field its data type uses."""
+    dims = tuple(int(d) for d in proto.dims)
+    if any(d < 0 for d in dims):
+        raise ParseError(f"{where}: tensor '{proto.name}' has negative dims {dims}")
+    size = int(np.prod(dims, dtype=np.int64))
+    data_type = proto.data_type
+    if data_type == pb.TensorProto.STRING:
+        values = np.array(list(proto.string_data), dtype=object)
+    elif data_type not in DATA_TYPES:
+        name = pb.TensorProto.DataType.Name(data_type) if data_type in pb.TensorProto.DataType.values() else data_type
+        raise ParseError(f"{where}: tensor '{proto.name}' has unsupported data_type {name}")
+    else:
+        dtype = DATA_TYPES[data_type]
+        if proto.raw_data:
+            values = np.frombuffer(proto.raw_data, dtype=dtype.newbyteorder("<"))
+        elif dtype == np.float32:
+            values = np.array(proto.float_data, dtype=np.float32)
+        elif dtype == np.float64:
+            values = np.array(proto.double_data, dtype=np.float64)
+        elif dtype == np.int64:
+            values = np.array(proto.int64_data, dtype=np.int64)
+        elif dtype == np.float16:  # stored as uint16 bit patterns in int32_data
+            values = np.array(proto.int32_data, dtype=np.int64).astype(np.uint16).view(np.float16)
+        elif data_type == pb.TensorProto.BYTE and proto.byte_data:
+            values = np.frombuffer(proto.byte_data, dtype=np.uint8)
+        else:
+            values = np.array(proto.int32_data, dtype=np.int64).astype(dtype)
+    if values.size != size:
+        raise ParseError(
+            f"{where}: tensor '{proto.name}' has dims {list(dims)} ({size} values) but holds {values.size}"
+        )
+    return Tensor(values.reshape(dims), proto.name)
+
+
+def _text(value: bytes) -> str | bytes:
+    """Caffe2 `bytes` fields mostly hold text; keep raw bytes only when they are not UTF-8."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value
+
+
+_SINGLE_FIELDS = ("f", "i", "s", "t", "n")
+_REPEATED_FIELDS = ("floats", "ints", "strings", "tensors", "nets", "qtensors")
+
+
+def decode_argument(arg: pb.Argument, where: str) -> Arg:
+    """An `Argument` as an `Arg`; nets (in `n`, `nets`, or as text in `s`) parse recursively."""
+    name = arg.name
+    here = f"{where}, argument '{name}'"
+    for kind in _SINGLE_FIELDS:
+        if not arg.HasField(kind):
+            continue
+        value = getattr(arg, kind)
+        if kind == "s":
+            if name in NET_ARGUMENTS:
+                return Arg(name, "n", net_from_text(value, here))
+            return Arg(name, "s", _text(value))
+        if kind == "t":
+            return Arg(name, "t", decode_tensor(value, here))
+        if kind == "n":
+            return Arg(name, "n", decode_net(value, here))
+        return Arg(name, kind, value)
+    for kind in _REPEATED_FIELDS:
+        values = getattr(arg, kind)
+        if not values:
+            continue
+        if kind == "strings":
+            return Arg(name, kind, tuple(_text(v) for v in values))
+        if kind == "tensors":
+            return Arg(name, kind, tuple(decode_tensor(t, f"{here}[{i}]") for i, t in enumerate(values)))
+        if kind == "nets":
+            return Arg(name, kind, tuple(decode_net(n, f"{here}[{i}]") for i, n in enumerate(values)))
+        if kind == "qtensors":
+            return Arg(name, kind, tuple(q.SerializeToString() for q in values))
+        return Arg(name, kind, tuple(values))
+    return Arg(name, "empty", ())
+
+
+def _decode_arguments(args: Any, where: str) -> Mapping[str, Arg]:
+    decoded: dict[str, Arg] = {}
+    for arg in args:
+        if arg.name in decoded:
+            raise ParseError(f"{where}: argument '{arg.name}' is given twice")
+        decoded[arg.name] = decode_argument(arg, where)
+    return MappingProxyType(decoded)
+
+
+def _decode_device(message: Any, has: bool) -> Device | None:
+    if not has:
+        return None
+    return Device(
+        device_type=message.device_type,
+        device_id=message.device_id,
+        random_seed=message.random_seed if message.HasField("random_seed") else None,
+        node_name=message.node_name,
+    )
+
+
+def decode_op(proto: pb.OperatorDef, index: int, net_where: str) -> Op:
+    where = f"{net_where}, op #{index} ({proto.type or '<no type>'})"
+    return Op(
+        type=proto.type,
+        inputs=tuple(proto.input),
+        outputs=tuple(proto.output),
+        args=_decode_arguments(proto.arg, where),
+        index=index,
+        where=where,
+        name=proto.name,
+        engine=proto.engine,
+        device=_decode_device(proto.device_option, proto.HasField("device_option")),
+        control_inputs=tuple(proto.control_input),
+        is_gradient_op=proto.is_gradient_op,
+        debug_info=proto.debug_info,
+    )
+
+
+def decode_net(proto: pb.NetDef, parent: str = "") -> Net:
+    """A `NetDef` message as a `Net`. `parent` locates a nested net (the op argument holding it)."""
+    label = f"net '{proto.name}'" if proto.name else "net <unnamed>"
+    where = f"{label} (in {parent})" if parent else label
+    try:
+        return Net(
+            name=proto.name,
+            ops=tuple(decode_op(op, i, where) for i, op in enumerate(proto.op)),
+            external_inputs=tuple(proto.external_input),
+            external_outputs=tuple(proto.external_output),
+            type=proto.type,
+            args=_decode_arguments(proto.arg, where),
+            device=_decode_device(proto.device_option, proto.HasField("device_option")),
+            where=where,
+        )
+    except (UnicodeDecodeError, ValueError, TypeError) as error:
+        if isinstance(error, ParseError | BadArgumentError):
+            raise
+        raise ParseError(f"{where}: cannot decode: {error}") from error
+
+
+def _decode_step(proto: pb.ExecutionStep) -> ExecutionStep:
+    return ExecutionStep(
+        name=proto.name,
+        substeps=tuple(_decode_step(s) for s in proto.substep),
+        networks=tuple(proto.network),
+        num_iter=proto.num_iter if proto.HasField("num_iter") else None,
+        concurrent_substeps=proto.concurrent_substeps,
+        should_stop_blob=proto.should_stop_blob,
+    )
+
+
+def decode_plan(proto: pb.PlanDef) -> Plan:
+    where = f"plan '{proto.name}'"
+    nets: dict[str, Net] = {}
+    for i, net in enumerate(proto.network):
+        key = net.name or f"network[{i}]"
+        if key in nets:
+            raise ParseError(f"{where}: two nets are named '{key}'")
+        nets[key] = decode_net(net, where)
+    return Plan(proto.name, MappingProxyType(nets), tuple(_decode_step(s) for s in proto.execution_step))
+
+
+def net_from_text(value: bytes | str, where: str) -> Net:
+    """A text-format NetDef held in a string argument (old Caffe2 step nets)."""
+    message = parse_text(value, pb.NetDef, where)
+    return decode_net(message, where)

@@ -1,0 +1,123 @@
+"""The op registry: Caffe2 op type -> how to lower it.
+
+An entry's `build(op)` reads and checks the op's arguments once, before any tracing, and returns a
+kernel: a function of the op's input arrays that returns its output arrays (one array or a tuple).
+Kernels are pure `jax.numpy` code; they may return more outputs than an op names (optional outputs
+such as Reshape's `old_shape`): the interpreter keeps as many as the op lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BadArgumentError, UnsupportedOpError
+from ..netdef import Net, Op
+
+Kernel = Callable[..., Any]
+Builder = Callable[[Op], Kernel]
+
+UNBOUNDED = 1 << 30
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """How one op type lowers. `inputs`/`outputs` are the (min, max) counts Caffe2's schema allows.
+    A `random` kernel takes a `key=` keyword (a JAX PRNG key derived from the net's key and the op)."""
+
+    type: str
+    build: Builder
+    inputs: tuple[int, int]
+    outputs: tuple[int, int]
+    random: bool = False
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def _bounds(count: int | tuple[int, int | None]) -> tuple[int, int]:
+    if isinstance(count, int):
+        return count, count
+    low, high = count
+    return low, UNBOUNDED if high is None else high
+
+
+def register(
+    *types: str,
+    inputs: int | tuple[int, int | None] = 1,
+    outputs: int | tuple[int, int | None] = 1,
+    random: bool = False,
+) -> Callable[[Builder], Builder]:
+    """Register `build` for each of `types` (aliases share one builder)."""
+
+    def decorate(build: Builder) -> Builder:
+        for op_type in types:
+            if op_type in REGISTRY:
+                raise RuntimeError(f"op type {op_type} registered twice")
+            REGISTRY[op_type] = OpDef(op_type, build, _bounds(inputs), _bounds(outputs), random)
+        return build
+
+    return decorate
+
+
+def supported(op_type: str) -> bool:
+    _load_families()
+    return op_type in REGISTRY
+
+
+def lookup(op: Op) -> OpDef:
+    _load_families()
+    opdef = REGISTRY.get(op.type)
+    if opdef is None:
+        raise UnsupportedOpError(f"{op.where}: op type '{op.type}' is not supported", ((op.where, op.type),))
+    _check_arity(op, opdef)
+    return opdef
+
+
+def _count_text(low: int, high: int, what: str) -> str:
+    if low == high:
+        return f"{low} {what}"
+    if high >= UNBOUNDED:
+        return f"at least {low} {what}"
+    return f"{low} to {high} {what}"
+
+
+def _check_arity(op: Op, opdef: OpDef) -> None:
+    for names, (low, high), what in (
+        (op.inputs, opdef.inputs, "inputs"),
+        (op.outputs, opdef.outputs, "outputs"),
+    ):
+        if not low <= len(names) <= high:
+            raise BadArgumentError(
+                f"{op.where}: {op.type} takes {_count_text(low, high, what)}, got {len(names)} ({', '.join(names)})"
+            )
+
+
+def unsupported_ops(nets: Iterable[Net]) -> list[tuple[str, str]]:
+    """(location, op type) of every op, nested step nets included, that has no lowering."""
+    _load_families()
+    return [(op.where, op.type) for net in nets for op in net.walk() if op.type not in REGISTRY]
+
+
+def check_supported(*nets: Net) -> None:
+    """Raise one `UnsupportedOpError` that lists every unsupported op of `nets`, with where it is."""
+    missing = unsupported_ops(nets)
+    if missing:
+        types = sorted({t for _, t in missing})
+        lines = "\n".join(f"  {where}" for where, _ in missing)
+        raise UnsupportedOpError(
+            f"{len(missing)} op(s) of {len(types)} unsupported type(s) ({', '.join(types)}):\n{lines}",
+            tuple(missing),
+        )
+
+
+_loaded = False
+
+
+def _load_families() -> None:
+    """Import every op family module once (each registers its ops on import)."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from . import families  # noqa: F401
