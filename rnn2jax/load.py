@@ -72,10 +72,14 @@ def _from_path(path: Path) -> Net | Plan:
 def _from_foreign_message(message: Any) -> Net | Plan:
     kind = message.DESCRIPTOR.name
     if kind not in ("NetDef", "PlanDef"):
-        raise ParseError(f"cannot load a protobuf {message.DESCRIPTOR.full_name}: expected a NetDef or PlanDef")
+        raise ParseError(
+            f"cannot load a protobuf {message.DESCRIPTOR.full_name}: expected a NetDef or PlanDef"
+        )
     target = pb.NetDef() if kind == "NetDef" else pb.PlanDef()
     try:
         target.ParseFromString(message.SerializeToString())
     except Exception as error:  # a foreign message's own serializer may raise anything
-        raise ParseError(f"cannot re-read {message.DESCRIPTOR.full_name} as a Caffe2 {kind}: {error}") from None
+        raise ParseError(
+            f"cannot re-read {message.DESCRIPTOR.full_name} as a Caffe2 {kind}: {error}"
+        ) from None
     return load(target)

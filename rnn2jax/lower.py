@@ -8,7 +8,7 @@ like an input) are plain rebinding here: the environment is a fresh dict, never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +41,29 @@ class LoweredNet:
         check_supported(net)
         self.net = net
         self._steps = tuple(_build(op) for op in net.ops)
+        self.inputs: tuple[str, ...] = tuple(self.reads_before_writes())
 
     def __call__(self, env: Mapping[str, Any], *, key: jax.Array | None = None) -> dict[str, Any]:
         env = dict(env)
-        for step in self._steps:
-            _run(step, env, key)
+        self.run(env, key=key)
         return env
+
+    def run(
+        self,
+        env: MutableMapping[str, Any],
+        *,
+        key: jax.Array | None = None,
+        after_op: Callable[[Op, MutableMapping[str, Any]], None] | None = None,
+        ops: Iterable[int] | None = None,
+    ) -> None:
+        """Run the ops (all, or those at the positions `ops`) on `env` in place. `env` may be a
+        `ChainMap` whose later maps are enclosing scopes: reads fall through, writes stay local.
+        `after_op(op, env)` runs after each op has bound its outputs (recurrent links use it)."""
+        steps = self._steps if ops is None else [self._steps[i] for i in ops]
+        for step in steps:
+            _run(step, env, key, self.inputs)
+            if after_op is not None:
+                after_op(step.op, env)
 
     def reads_before_writes(self) -> list[str]:
         """Blobs the net reads before any of its ops writes them, in first-read order."""
@@ -65,7 +82,9 @@ def _build(op: Op) -> _Step:
     return _Step(op, opdef, opdef.build(op))
 
 
-def _run(step: _Step, env: dict[str, Any], key: jax.Array | None) -> None:
+def _run(
+    step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_inputs: tuple[str, ...]
+) -> None:
     op = step.op
     args = []
     for name in op.inputs:
@@ -74,9 +93,11 @@ def _run(step: _Step, env: dict[str, Any], key: jax.Array | None) -> None:
         except KeyError:
             raise MissingBlobError(
                 f"{op.where}: reads blob '{name}' before anything writes it; "
-                f"the net's external inputs are: {', '.join(_net_inputs_hint(env)) or '(none given)'}"
+                f"the net's inputs are: {', '.join(net_inputs) or '(none)'}"
             ) from None
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
+    if step.opdef.scoped:
+        kwargs["scope"] = env
     if step.opdef.random:
         kwargs["key"] = jax.random.fold_in(key if key is not None else jax.random.key(0), op.index)
     try:
@@ -89,10 +110,6 @@ def _run(step: _Step, env: dict[str, Any], key: jax.Array | None) -> None:
     outputs = result if isinstance(result, tuple) else (result,)
     for name, value in zip(op.outputs, outputs, strict=False):
         env[name] = value
-
-
-def _net_inputs_hint(env: Mapping[str, Any]) -> list[str]:
-    return sorted(env)
 
 
 def lower(net: Net) -> LoweredNet:

@@ -231,7 +231,11 @@ def decode_tensor(proto: pb.TensorProto, where: str) -> Tensor:
     if data_type == pb.TensorProto.STRING:
         values = np.array(list(proto.string_data), dtype=object)
     elif data_type not in DATA_TYPES:
-        name = pb.TensorProto.DataType.Name(data_type) if data_type in pb.TensorProto.DataType.values() else data_type
+        name = (
+            pb.TensorProto.DataType.Name(data_type)
+            if data_type in pb.TensorProto.DataType.values()
+            else data_type
+        )
         raise ParseError(f"{where}: tensor '{proto.name}' has unsupported data_type {name}")
     else:
         dtype = DATA_TYPES[data_type]
@@ -277,7 +281,7 @@ def decode_argument(arg: pb.Argument, where: str) -> Arg:
             continue
         value = getattr(arg, kind)
         if kind == "s":
-            if name in NET_ARGUMENTS:
+            if name in NET_ARGUMENTS and value:  # an empty string is "no net" (forward-only RNNs)
                 return Arg(name, "n", net_from_text(value, here))
             return Arg(name, "s", _text(value))
         if kind == "t":

@@ -1,5 +1,6 @@
 """Imports every op family module so that each registers its ops. Add new families here."""
 
+from .. import recurrent  # noqa: F401  (RecurrentNetwork lowers through the interpreter)
 from . import (  # noqa: F401
     activation,
     elementwise,
@@ -7,5 +8,6 @@ from . import (  # noqa: F401
     linear,
     norm,
     reduce,
+    rnn_units,
     shape,
 )

@@ -24,13 +24,15 @@ UNBOUNDED = 1 << 30
 @dataclass(frozen=True)
 class OpDef:
     """How one op type lowers. `inputs`/`outputs` are the (min, max) counts Caffe2's schema allows.
-    A `random` kernel takes a `key=` keyword (a JAX PRNG key derived from the net's key and the op)."""
+    A `random` kernel takes a `key=` keyword (a JAX PRNG key derived from the net's key and the op);
+    a `scoped` kernel takes `scope=`, the blob environment at the op (step nets read it by name)."""
 
     type: str
     build: Builder
     inputs: tuple[int, int]
     outputs: tuple[int, int]
     random: bool = False
+    scoped: bool = False
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -48,6 +50,7 @@ def register(
     inputs: int | tuple[int, int | None] = 1,
     outputs: int | tuple[int, int | None] = 1,
     random: bool = False,
+    scoped: bool = False,
 ) -> Callable[[Builder], Builder]:
     """Register `build` for each of `types` (aliases share one builder)."""
 
@@ -55,7 +58,7 @@ def register(
         for op_type in types:
             if op_type in REGISTRY:
                 raise RuntimeError(f"op type {op_type} registered twice")
-            REGISTRY[op_type] = OpDef(op_type, build, _bounds(inputs), _bounds(outputs), random)
+            REGISTRY[op_type] = OpDef(op_type, build, _bounds(inputs), _bounds(outputs), random, scoped)
         return build
 
     return decorate
@@ -89,20 +92,41 @@ def _check_arity(op: Op, opdef: OpDef) -> None:
         (op.outputs, opdef.outputs, "outputs"),
     ):
         if not low <= len(names) <= high:
-            raise BadArgumentError(
-                f"{op.where}: {op.type} takes {_count_text(low, high, what)}, got {len(names)} ({', '.join(names)})"
-            )
+            given = f"got {len(names)} ({', '.join(names)})"
+            raise BadArgumentError(f"{op.where}: {op.type} takes {_count_text(low, high, what)}, {given}")
 
 
-def unsupported_ops(nets: Iterable[Net]) -> list[tuple[str, str]]:
-    """(location, op type) of every op, nested step nets included, that has no lowering."""
+# Nested nets that the forward op carries but never runs: RecurrentNetwork keeps its backward step
+# net only for the RecurrentNetworkGradient op that Caffe2's gradient maker derives from it.
+NOT_RUN = {"RecurrentNetwork": frozenset({"backward_step_net"})}
+
+
+def _ops_to_check(net: Net, runnable_only: bool) -> Iterable[Op]:
+    for op in net.ops:
+        yield op
+        skip = NOT_RUN.get(op.type, frozenset()) if runnable_only else frozenset()
+        for label, inner in op.nested_nets():
+            if label not in skip:
+                yield from _ops_to_check(inner, runnable_only)
+
+
+def unsupported_ops(nets: Iterable[Net], runnable_only: bool = False) -> list[tuple[str, str]]:
+    """(location, op type) of every op, nested nets included, that has no lowering. With
+    `runnable_only`, nets an op carries but does not run (a forward op's backward step net) are
+    left out."""
     _load_families()
-    return [(op.where, op.type) for net in nets for op in net.walk() if op.type not in REGISTRY]
+    return [
+        (op.where, op.type)
+        for net in nets
+        for op in _ops_to_check(net, runnable_only)
+        if op.type not in REGISTRY
+    ]
 
 
 def check_supported(*nets: Net) -> None:
-    """Raise one `UnsupportedOpError` that lists every unsupported op of `nets`, with where it is."""
-    missing = unsupported_ops(nets)
+    """Raise one `UnsupportedOpError` that lists every unsupported op that running `nets` would
+    execute, nested step nets included, with where it is."""
+    missing = unsupported_ops(nets, runnable_only=True)
     if missing:
         types = sorted({t for _, t in missing})
         lines = "\n".join(f"  {where}" for where, _ in missing)
@@ -119,5 +143,6 @@ def _load_families() -> None:
     """Import every op family module once (each registers its ops on import)."""
     global _loaded
     if not _loaded:
-        _loaded = True
         from . import families  # noqa: F401
+
+        _loaded = True

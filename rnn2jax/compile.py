@@ -1,0 +1,160 @@
+"""`compile()` and `CompiledNet`: a Caffe2 net (plus its init net) as a jitted JAX function.
+
+Blob roles follow from the nets, as in a Caffe2 workspace: what the init net writes (or the caller
+gives as `params`) are parameters; what the net reads before writing and is not a parameter is an
+input; the net's `external_output`s (or, when it declares none, every blob it writes that no later op
+reads) are outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import MissingBlobError, ParseError
+from .load import load
+from .lower import LoweredNet, lower
+from .netdef import Net, Plan
+
+Arrays = dict[str, jax.Array]
+
+
+def as_net(source: Any, what: str = "net") -> Net:
+    """`load(source)`, insisting on a single net (a Plan must be indexed by net name first)."""
+    loaded = load(source)
+    if isinstance(loaded, Plan):
+        raise ParseError(
+            f"the {what} is plan '{loaded.name}' holding nets {', '.join(loaded.nets)}; "
+            f"pick one, e.g. rnn2jax.load(...)[{next(iter(loaded.nets), 'name')!r}]"
+        )
+    return loaded
+
+
+def run_init_net(init_net: Any, seed: int = 0) -> Arrays:
+    """Run an init net once, eagerly: every blob it writes, by name (random fills seeded by `seed`)."""
+    net = as_net(init_net, "init net")
+    lowered = lower(net)
+    needed = lowered.reads_before_writes()
+    if needed:
+        raise MissingBlobError(
+            f"{net.where}: the init net reads {', '.join(needed)} before writing them; "
+            "an init net must create every blob it uses (pass such arrays with params= instead)"
+        )
+    env = lowered({}, key=jax.random.key(seed))
+    written = {name for op in net.ops for name in op.outputs}
+    return {name: value for name, value in env.items() if name in written}
+
+
+def _leaf_outputs(net: Net) -> list[str]:
+    """Blobs written by the net that no later op reads, in the order they are last written.
+    (An in-place op reads its input before writing it, so its output can still be a leaf.)"""
+    unread: dict[str, None] = {}
+    for op in net.ops:
+        for name in op.inputs:
+            unread.pop(name, None)
+        for name in op.outputs:
+            unread.pop(name, None)
+            unread[name] = None
+    return list(unread)
+
+
+class CompiledNet:
+    """A compiled Caffe2 net. Call it with inputs by blob name; get a dict of outputs by blob name.
+
+    `apply(params, inputs)` is the pure function underneath, for `jax.grad`, `jax.vmap` and friends.
+    """
+
+    def __init__(
+        self,
+        net: Net,
+        params: Mapping[str, Any],
+        output_names: Sequence[str] | None = None,
+        jit: bool = True,
+    ):
+        self.net = net
+        self._lowered: LoweredNet = lower(net)
+        self.params: Arrays = {k: jnp.asarray(v) for k, v in params.items()}
+        reads = self._lowered.reads_before_writes()
+        self.input_names: tuple[str, ...] = tuple(n for n in reads if n not in self.params)
+        self._first_reader = {n: op for op in reversed(net.ops) for n in op.inputs}
+        if output_names is None:
+            output_names = net.external_outputs or _leaf_outputs(net)
+        self.output_names: tuple[str, ...] = tuple(output_names)
+        self._check_outputs()
+        self._call = jax.jit(self.apply) if jit else self.apply
+
+    def _check_outputs(self) -> None:
+        known = {n for op in self.net.ops for n in op.outputs} | set(self.input_names) | set(self.params)
+        missing = [n for n in self.output_names if n not in known]
+        if missing:
+            raise MissingBlobError(
+                f"{self.net.where}: output(s) {', '.join(missing)} are neither written by the net "
+                f"nor given to it; the net writes: {', '.join(sorted(known)) or '(nothing)'}"
+            )
+
+    def apply(
+        self, params: Mapping[str, Any], inputs: Mapping[str, Any], key: jax.Array | None = None
+    ) -> Arrays:
+        """The net as a pure function of its parameters and inputs (and a PRNG key for random ops)."""
+        env = self._lowered({**params, **inputs}, key=key)
+        return {name: env[name] for name in self.output_names}
+
+    def __call__(self, inputs: Mapping[str, Any] | None = None, /, **named: Any) -> Arrays:
+        given = {**(inputs or {}), **named}
+        self._check_inputs(given)
+        arrays = {name: jnp.asarray(value) for name, value in given.items()}
+        return self._call(self.params, arrays)
+
+    def _check_inputs(self, given: Mapping[str, Any]) -> None:
+        unknown = [n for n in given if n not in self.input_names]
+        if unknown:
+            hint = [n for n in unknown if n in self.params]
+            extra = (
+                f" ({', '.join(hint)} are parameters: use .apply(params, inputs) to replace them)"
+                if hint
+                else ""
+            )
+            raise MissingBlobError(
+                f"{self.net.where}: unknown input(s) {', '.join(unknown)}{extra}; "
+                f"the net's inputs are: {', '.join(self.input_names) or '(none)'}"
+            )
+        missing = [n for n in self.input_names if n not in given]
+        if missing:
+            readers = "; ".join(f"'{n}' is read by {self._first_reader[n].where}" for n in missing)
+            raise MissingBlobError(
+                f"{self.net.where}: missing input(s) {', '.join(missing)} ({readers}); "
+                f"the net's inputs are: {', '.join(self.input_names)}"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"CompiledNet({self.net.name!r}, inputs={list(self.input_names)}, "
+            f"outputs={list(self.output_names)}, params={len(self.params)})"
+        )
+
+
+def compile(
+    net: Any,
+    init_net: Any = None,
+    *,
+    params: Mapping[str, Any] | None = None,
+    outputs: Sequence[str] | None = None,
+    seed: int = 0,
+    jit: bool = True,
+) -> CompiledNet:
+    """Compile a Caffe2 net into a `CompiledNet`.
+
+    `net` and `init_net` take anything `rnn2jax.load` takes. The init net runs once, now, to make the
+    parameters (random fills seeded by `seed`); `params` adds or replaces arrays by blob name.
+    `outputs` overrides which blobs are returned.
+    """
+    net = as_net(net)
+    values: dict[str, Any] = run_init_net(init_net, seed) if init_net is not None else {}
+    values.update(
+        {k: np.asarray(v) if not isinstance(v, jax.Array) else v for k, v in (params or {}).items()}
+    )
+    return CompiledNet(net, values, outputs, jit=jit)

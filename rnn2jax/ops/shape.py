@@ -1,0 +1,466 @@
+"""Shape and data-movement ops: copies, reshapes, transposes, concat/split, slicing, casts and gathers.
+
+Most of these only rearrange data, so their kernels are static-shape `jax.numpy` code. Blobs that
+describe shapes (Reshape's `old_shape`, Concat's `split_info`) are returned as NumPy constants, so that
+an op reading them back later (Caffe2's gradient nets do: `Reshape(GO, old_shape)`,
+`Split(GO, split_info)`) still sees concrete values under `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import BadArgumentError, ShapeError
+from ..netdef import Op
+from .common import canonical_axis, canonical_dtype, data_type_arg, size_from_dim, size_to_dim
+from .registry import Kernel, register
+
+_INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _identity(x: Any, *_ignored: Any) -> Any:
+    return x
+
+
+def _shape_constant(values: Sequence[int], dtype: type) -> np.ndarray:
+    """A shape-valued output as a concrete NumPy array in the dtype JAX would use."""
+    return np.asarray(values, dtype=canonical_dtype(dtype))
+
+
+def _concrete_ints(op: Op, value: Any, what: str, hint: str) -> np.ndarray:
+    """The values of a 1-D integer input that decides a shape. Output shapes must be static under
+    `jax.jit`, so a traced value (computed inside the jitted function) cannot be used."""
+    if isinstance(value, jax.core.Tracer):
+        raise ShapeError(
+            f"{op.where}: input '{what}' decides the output shape, so its values must be known when "
+            f"the net is traced, but it is a traced array here; {hint}"
+        )
+    values = np.asarray(value)
+    if values.ndim != 1 or values.dtype not in _INDEX_DTYPES:
+        raise ShapeError(
+            f"{op.where}: input '{what}' must be a 1-D int32 or int64 tensor, "
+            f"got {values.dtype}[{','.join(map(str, values.shape))}]"
+        )
+    return values
+
+
+def _axis_from_order(op: Op) -> int:
+    """Caffe2's `GetDimFromOrderString`: the channel axis of a 4-D image in `order` (default NCHW)."""
+    order = op.str("order", "NCHW")
+    if order in ("NCHW", "nchw"):
+        return 1
+    if order in ("NHWC", "nhwc"):
+        return 3
+    raise BadArgumentError(f"{op.where}: argument 'order' = {order!r} is not NCHW or NHWC")
+
+
+def _concat_split_axis(op: Op) -> tuple[int, bool]:
+    """(axis, add_axis) as Concat and Split read them: `axis` xor `order`; `add_axis` only with `axis`."""
+    if op.has("axis") and op.has("order"):
+        raise BadArgumentError(f"{op.where}: give either argument 'axis' or 'order', not both")
+    if op.has("axis"):
+        return op.int("axis"), op.bool("add_axis", False)
+    return _axis_from_order(op), False
+
+
+def _sorted_dims(op: Op) -> tuple[int, ...]:
+    """Squeeze's and ExpandDims' `dims`: required, non-negative; sorted and deduplicated as Caffe2 does."""
+    dims = op.ints("dims", ())
+    if not dims:
+        raise BadArgumentError(f"{op.where}: argument 'dims' must be given and non-empty")
+    if min(dims) < 0:
+        raise BadArgumentError(f"{op.where}: argument 'dims' = {list(dims)} has negative dims")
+    return tuple(sorted(set(dims)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Identities: on one XLA device every copy, alias or device move is the value itself.
+
+
+@register("Copy", "Alias", "EnsureCPUOutput", "CopyGPUToCPU", "CopyCPUToGPU", "CopyFromCPUInput")
+def copy(op: Op) -> Kernel:
+    return _identity
+
+
+@register("CopyOnDeviceLike", inputs=2)
+def copy_on_device_like(op: Op) -> Kernel:
+    """Copies input 0 to input 1's device: on one device, input 0 itself."""
+    return _identity
+
+
+@register("StopGradient")
+def stop_gradient(op: Op) -> Kernel:
+    return jax.lax.stop_gradient
+
+
+# --------------------------------------------------------------------------------------------------
+# Reshape
+
+
+def _check_new_shape(op: Op, dims: Sequence[int], source: str) -> None:
+    bad = [d for d in dims if d < -1]
+    if bad:
+        raise BadArgumentError(f"{op.where}: {source} has invalid dims {bad} (only -1 and dims >= 0 allowed)")
+    if list(dims).count(-1) > 1:
+        raise BadArgumentError(f"{op.where}: {source} = {list(dims)} has more than one -1 (inferred) dim")
+
+
+def _resolve_shape(op: Op, old: Sequence[int], new: Sequence[int], source: str) -> tuple[int, ...]:
+    """Caffe2's rules: a 0 copies the input dim at that index; a single -1 takes what is left."""
+    resolved = []
+    for i, d in enumerate(new):
+        if d == 0:
+            if i >= len(old):
+                raise ShapeError(
+                    f"{op.where}: {source} = {list(new)} copies input dim {i} (a 0), "
+                    f"but the input has only {len(old)} dims {list(old)}"
+                )
+            d = old[i]
+        resolved.append(int(d))
+    total = math.prod(old)
+    known = math.prod(d for d in resolved if d != -1)
+    if -1 in resolved:
+        if known == 0 or total % known:
+            raise ShapeError(f"{op.where}: {source} = {list(new)} does not fit an input of shape {list(old)}")
+        resolved[resolved.index(-1)] = total // known
+    elif known != total:
+        raise ShapeError(
+            f"{op.where}: {source} = {list(new)} ({known} elements) does not fit an input of shape "
+            f"{list(old)} ({total} elements)"
+        )
+    return tuple(resolved)
+
+
+@register("Reshape", inputs=(1, 2), outputs=(1, 2))
+def reshape(op: Op) -> Kernel:
+    """(data[, new_shape]) -> (reshaped, old_shape); the shape comes from argument `shape` xor input 1."""
+    from_input = len(op.inputs) == 2
+    if from_input and op.has("shape"):
+        raise BadArgumentError(
+            f"{op.where}: the new shape is given by input '{op.inputs[1]}'; do not also pass argument 'shape'"
+        )
+    if not from_input and not op.has("shape"):
+        raise BadArgumentError(f"{op.where}: missing argument 'shape' (or a second input with the new shape)")
+    arg_shape = () if from_input else op.ints("shape")
+    _check_new_shape(op, arg_shape, "argument 'shape'")
+
+    def kernel(x, new_shape=None):
+        old_dtype = np.int64  # Caffe2 writes old_shape in the shape input's type, int64 by default
+        if from_input:
+            hint = "use the argument 'shape' instead, or feed the shape blob as a constant, not a jit input"
+            array = _concrete_ints(op, new_shape, op.inputs[1], hint)
+            values, source, old_dtype = tuple(array.tolist()), f"input '{op.inputs[1]}'", array.dtype.type
+            _check_new_shape(op, values, source)
+        else:
+            values, source = arg_shape, "argument 'shape'"
+        out = jnp.reshape(x, _resolve_shape(op, x.shape, values, source))
+        return out, _shape_constant(x.shape, old_dtype)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Transpose, Squeeze, ExpandDims, Flatten
+
+
+@register("Transpose")
+def transpose(op: Op) -> Kernel:
+    """Argument `axes` (a permutation of 0..ndim-1); by default the dims are reversed."""
+    axes = op.ints("axes", ())
+    if sorted(axes) != list(range(len(axes))):
+        raise BadArgumentError(f"{op.where}: argument 'axes' = {list(axes)} is not a permutation of 0..n-1")
+
+    def kernel(x):
+        if not axes:
+            return jnp.transpose(x)
+        if len(axes) != x.ndim:
+            raise ShapeError(
+                f"{op.where}: argument 'axes' = {list(axes)} does not fit an input of rank {x.ndim}"
+            )
+        return jnp.transpose(x, axes)
+
+    return kernel
+
+
+@register("Squeeze")
+def squeeze(op: Op) -> Kernel:
+    dims = _sorted_dims(op)
+
+    def kernel(x):
+        if dims[-1] >= x.ndim:
+            raise ShapeError(
+                f"{op.where}: argument 'dims' = {list(dims)} needs a rank > {dims[-1]}, got {x.ndim}"
+            )
+        wrong = [d for d in dims if x.shape[d] != 1]
+        if wrong:
+            raise ShapeError(
+                f"{op.where}: can only squeeze dims of size 1, but dims {wrong} of the input "
+                f"{list(x.shape)} are not 1"
+            )
+        return jnp.squeeze(x, dims)
+
+    return kernel
+
+
+@register("ExpandDims")
+def expand_dims(op: Op) -> Kernel:
+    """Argument `dims`: where the new size-1 dims are in the output."""
+    dims = _sorted_dims(op)
+
+    def kernel(x):
+        if dims[-1] >= x.ndim + len(dims):
+            raise ShapeError(
+                f"{op.where}: argument 'dims' = {list(dims)} needs an input of rank >= "
+                f"{dims[-1] + 1 - len(dims)}, got {x.ndim}"
+            )
+        return jnp.expand_dims(x, dims)
+
+    return kernel
+
+
+@register("Flatten")
+def flatten(op: Op) -> Kernel:
+    """To 2-D: [size_to_dim(axis), size_from_dim(axis)]."""
+    axis = op.int("axis", 1)
+    if axis < 0:
+        raise BadArgumentError(f"{op.where}: argument 'axis' = {axis} must be >= 0")
+
+    def kernel(x):
+        if x.ndim < axis:
+            raise ShapeError(
+                f"{op.where}: argument 'axis' = {axis} needs an input of rank >= {axis}, got {x.ndim}"
+            )
+        return jnp.reshape(x, (size_to_dim(x.shape, axis), size_from_dim(x.shape, axis)))
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Concat / Split
+
+
+@register("Concat", "DepthConcat", inputs=(1, None), outputs=(1, 2))
+def concat(op: Op) -> Kernel:
+    """(x0, x1, ...) -> (y, split_info); `add_axis` stacks along a new axis instead."""
+    axis, add_axis = _concat_split_axis(op)
+
+    def kernel(*xs):
+        first = xs[0]
+        for name, x in zip(op.inputs[1:], xs[1:], strict=True):
+            if x.dtype != first.dtype:
+                raise ShapeError(
+                    f"{op.where}: all inputs must have one dtype: '{op.inputs[0]}' is {first.dtype}, "
+                    f"'{name}' is {x.dtype}"
+                )
+            if x.ndim != first.ndim:
+                raise ShapeError(
+                    f"{op.where}: inputs '{op.inputs[0]}' {list(first.shape)} and '{name}' {list(x.shape)} "
+                    "have different ranks"
+                )
+        ax = canonical_axis(op, axis, first.ndim + add_axis)
+        # With add_axis every dim must match; otherwise all but the concat axis.
+        kept = [i for i in range(first.ndim) if add_axis or i != ax]
+        for name, x in zip(op.inputs[1:], xs[1:], strict=True):
+            if any(x.shape[i] != first.shape[i] for i in kept):
+                need = "equal shapes (add_axis=1)" if add_axis else f"equal dims except along axis {ax}"
+                raise ShapeError(
+                    f"{op.where}: inputs need {need}, but '{op.inputs[0]}' is {list(first.shape)} "
+                    f"and '{name}' is {list(x.shape)}"
+                )
+        if add_axis:
+            return jnp.stack(xs, axis=ax), _shape_constant([1] * len(xs), np.int32)
+        return jnp.concatenate(xs, axis=ax), _shape_constant([x.shape[ax] for x in xs], np.int32)
+
+    return kernel
+
+
+@register("Split", "DepthSplit", inputs=(1, 2), outputs=(1, None))
+def split(op: Op) -> Kernel:
+    """(input[, split]) -> (out0, ...): sizes from input 1 xor argument `split` xor an equal split."""
+    axis, add_axis = _concat_split_axis(op)
+    n = len(op.outputs)
+    from_input = len(op.inputs) == 2
+    arg_split = op.ints("split", ())
+    if from_input and arg_split:
+        raise BadArgumentError(
+            f"{op.where}: the split sizes come from input '{op.inputs[1]}'; do not also pass argument 'split'"
+        )
+    if arg_split and len(arg_split) != n:
+        raise BadArgumentError(
+            f"{op.where}: argument 'split' = {list(arg_split)} has {len(arg_split)} sizes for {n} outputs"
+        )
+    if any(s < 0 for s in arg_split):
+        raise BadArgumentError(f"{op.where}: argument 'split' = {list(arg_split)} has negative sizes")
+
+    def sizes_from_input(split_blob: Any, dim: int) -> tuple[int, ...]:
+        if n == 1 and isinstance(split_blob, jax.core.Tracer):
+            return (dim,)  # one output takes the whole dim, whatever the values say
+        hint = "use the argument 'split' instead, or feed the split sizes as a constant, not a jit input"
+        values = _concrete_ints(op, split_blob, op.inputs[1], hint)
+        if values.size != n:
+            raise ShapeError(f"{op.where}: input '{op.inputs[1]}' has {values.size} sizes for {n} outputs")
+        return tuple(int(v) for v in values)
+
+    def kernel(x, split_blob=None):
+        ax = canonical_axis(op, axis, x.ndim)
+        dim = x.shape[ax]
+        if add_axis:  # one output per index along the axis, which is removed; sizes do not matter
+            if n != dim:
+                raise ShapeError(
+                    f"{op.where}: add_axis=1 needs one output per index of dim {ax} (size {dim}), got {n}"
+                )
+            return tuple(jnp.squeeze(part, ax) for part in jnp.split(x, n, axis=ax))
+        if from_input:
+            sizes = sizes_from_input(split_blob, dim)
+        elif arg_split:
+            sizes = arg_split
+        else:
+            if dim % n:
+                raise ShapeError(f"{op.where}: cannot split dim {ax} of size {dim} into {n} equal parts")
+            sizes = (dim // n,) * n
+        if sum(sizes) != dim or min(sizes) < 0:
+            raise ShapeError(f"{op.where}: split sizes {list(sizes)} do not add up to dim {ax} of size {dim}")
+        offsets = np.cumsum(sizes)[:-1].tolist()
+        return tuple(jnp.split(x, offsets, axis=ax))
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Slice
+
+
+def _slice_limits(
+    op: Op, shape: Sequence[int], starts: Sequence[int], ends: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """Caffe2's `SliceImpl`: a negative index i means dim + 1 + i (so end -1 is through the last
+    element), indices past the dim are clamped to it, and dims after len(starts) are kept whole."""
+    if len(starts) != len(ends):
+        raise ShapeError(f"{op.where}: {len(starts)} starts but {len(ends)} ends")
+    if len(starts) > len(shape):
+        raise ShapeError(f"{op.where}: {len(starts)} starts/ends for an input of rank {len(shape)}")
+    lo, hi = [], []
+    for i, dim in enumerate(shape):
+        if i >= len(starts) or dim == 0:
+            lo.append(0)
+            hi.append(dim)
+            continue
+        start, end = (int(v) + dim + 1 if v < 0 else int(v) for v in (starts[i], ends[i]))
+        start, end = min(start, dim), min(end, dim)
+        if start < 0 or end < start:
+            raise ShapeError(
+                f"{op.where}: slice [{starts[i]}, {ends[i]}) of dim {i} (size {dim}) gives "
+                f"[{start}, {end}), which is not a valid range"
+            )
+        lo.append(start)
+        hi.append(end)
+    return lo, hi
+
+
+@register("Slice", inputs=(1, 3))
+def slice_(op: Op) -> Kernel:
+    """(data[, starts, ends]) -> out; bounds from arguments `starts`/`ends` or from inputs 1 and 2.
+    Unlike Caffe2's CPU kernel (one sliced dim at most), any number of dims may be sliced."""
+    if len(op.inputs) == 2:
+        raise BadArgumentError(f"{op.where}: Slice takes 1 input (with arguments) or 3 (data, starts, ends)")
+    from_inputs = len(op.inputs) == 3
+    starts: tuple[int, ...] = ()
+    ends: tuple[int, ...] = ()
+    if not from_inputs:  # Caffe2 ignores the arguments when the bounds come as inputs
+        starts, ends = op.ints("starts"), op.ints("ends")
+        if len(starts) != len(ends):
+            raise BadArgumentError(
+                f"{op.where}: arguments 'starts' ({len(starts)} values) and 'ends' ({len(ends)}) differ"
+            )
+
+    def kernel(x, starts_blob=None, ends_blob=None):
+        if from_inputs:
+            hint = "use the arguments 'starts'/'ends' instead, or feed the bounds as constants"
+            lo, hi = _slice_limits(
+                op,
+                x.shape,
+                _concrete_ints(op, starts_blob, op.inputs[1], hint).tolist(),
+                _concrete_ints(op, ends_blob, op.inputs[2], hint).tolist(),
+            )
+        else:
+            lo, hi = _slice_limits(op, x.shape, starts, ends)
+        return jax.lax.slice(x, lo, hi)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Cast
+
+
+@register("Cast")
+def cast(op: Op) -> Kernel:
+    """Argument `to` (a TensorProto.DataType or its name). Float to int truncates toward zero (C++
+    static_cast); to bool is x != 0. int64/double become int32/float32 unless JAX's x64 mode is on."""
+    to = data_type_arg(op, "to")
+    if to is None:
+        raise BadArgumentError(f"{op.where}: missing required argument 'to' (the data type to cast to)")
+    if to == np.bool_:
+        return lambda x: jnp.asarray(x) != 0
+    dtype = canonical_dtype(to)
+    return lambda x: jnp.asarray(x).astype(dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Gather
+
+
+def _check_indices(op: Op, indices: Any) -> None:
+    if indices.dtype not in _INDEX_DTYPES:
+        raise ShapeError(f"{op.where}: INDICES '{op.inputs[1]}' must be int32 or int64, got {indices.dtype}")
+
+
+@register("Gather", inputs=2)
+def gather(op: Op) -> Kernel:
+    """(DATA, INDICES) -> OUT = DATA.shape[:axis] + INDICES.shape + DATA.shape[axis+1:].
+
+    Negative indices wrap when `wrap_indices` (default: true for axis 0 only). Caffe2 raises on
+    indices out of range; values are not known when tracing, so here they are clamped to the range.
+    With `match_outer`, INDICES' first `axis` dims are batch dims shared with DATA."""
+    axis = op.int("axis", 0)
+    wrap = op.bool("wrap_indices", axis == 0)
+    match_outer = op.bool("match_outer", False)
+    if match_outer and axis == 0:
+        raise BadArgumentError(f"{op.where}: match_outer=1 needs argument 'axis' >= 1")
+
+    def take(data, indices, ax):
+        if wrap:
+            indices = jnp.where(indices < 0, indices + data.shape[ax], indices)
+        return jnp.take(data, indices, axis=ax, mode="clip")  # clamp what is still out of range
+
+    def kernel(data, indices):
+        _check_indices(op, indices)
+        ax = canonical_axis(op, axis, data.ndim)
+        if data.shape[ax] == 0:  # Caffe2 keeps DATA's (empty) shape
+            return data
+        if not match_outer:
+            return take(data, indices, ax)
+        if ax == 0:
+            raise ShapeError(f"{op.where}: match_outer=1 needs an axis >= 1, got {axis} for rank {data.ndim}")
+        outer = data.shape[:ax]
+        if indices.shape[:ax] != outer:
+            raise ShapeError(
+                f"{op.where}: with match_outer=1 INDICES {list(indices.shape)} must start with DATA's "
+                f"outer dims {list(outer)}"
+            )
+        batch = size_to_dim(data.shape, ax)
+        flat = jnp.reshape(data, (batch, *data.shape[ax:]))
+        flat_indices = jnp.reshape(indices, (batch, *indices.shape[ax:]))
+        out = jax.vmap(lambda d, i: take(d, i, 0))(flat, flat_indices)
+        return jnp.reshape(out, (*outer, *out.shape[1:]))
+
+    return kernel

@@ -1,0 +1,386 @@
+"""RecurrentNetwork -> one `jax.lax.scan`.
+
+Caffe2's op keeps, for each recurrent state, a tensor of T + L rows (L initial rows, then one row
+written per step). At step t its `rnn_internal_apply_link` ops make each link's internal blob a view
+of rows [t + offset, t + offset + window) of the link's external tensor; an op that writes an
+output-linked internal blob writes straight into the state tensor. After the loop, aliases expose
+row ranges of the state tensors as the op's outputs (`_all` = rows 1.., `_last` = the final row).
+
+The lowering reproduces that with two forms of scan:
+- the common form (every state read at offset 0 and written at offset 1, window 1, one initial row)
+  carries only the current row of each state and emits written rows as scan outputs, so a
+  forward-only net stores nothing per step beyond its outputs;
+- any other arrangement (windows, other offsets, several initial rows) carries whole state
+  tensors and reads and writes them with dynamic slices, in op order, so a window read sees rows
+  written earlier in the same step.
+Step-net ops that depend on nothing per step are hoisted out of the loop. Blobs the step net reads
+and does not define (parameters, sequence lengths, encoder outputs) resolve by name through the
+enclosing scopes, as Caffe2's workspace chain resolved them.
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .errors import BadArgumentError, MissingBlobError, ShapeError
+from .lower import LoweredNet
+from .netdef import Net, Op
+from .ops.registry import register
+
+
+@dataclass(frozen=True)
+class Link:
+    internal: str
+    external: str
+    offset: int
+    window: int
+
+
+@dataclass(frozen=True)
+class Alias:
+    src: str
+    dst: str
+    offset: int
+
+
+@dataclass(frozen=True)
+class RecurrentSpec:
+    """A RecurrentNetwork op's arguments, decoded and checked once."""
+
+    op: Op
+    step_net: Net
+    timestep: str
+    states: tuple[str, ...]
+    initial_ids: tuple[int, ...]
+    links: tuple[Link, ...]
+    aliases: tuple[Alias, ...]
+    backward_step_net: Net | None
+    recompute: tuple[str, ...]
+
+    @property
+    def forward_only(self) -> bool:
+        return self.backward_step_net is None
+
+
+def _equal_lengths(op: Op, names: tuple[str, ...], *values: tuple) -> None:
+    lengths = {len(v) for v in values}
+    if len(lengths) > 1:
+        listed = ", ".join(f"{n} ({len(v)})" for n, v in zip(names, values, strict=True))
+        raise BadArgumentError(f"{op.where}: arguments {listed} must have equal lengths")
+
+
+def _renamed(op: Op, name: str) -> str:
+    """Caffe2's `remappedName`: memonger may rename blobs with `<name>.rename` arguments."""
+    arg = op.args.get(f"{name}.rename")
+    return arg.value if arg is not None and arg.kind == "s" else name
+
+
+def decode_links(op: Op, prefix: str = "") -> tuple[Link, ...]:
+    internal = op.strings(f"{prefix}link_internal", ())
+    external = op.strings(f"{prefix}link_external", ())
+    offset = op.ints(f"{prefix}link_offset", ())
+    window = op.ints(f"{prefix}link_window", ()) or (1,) * len(internal)
+    _equal_lengths(
+        op,
+        tuple(f"{prefix}link_{n}" for n in ("internal", "external", "offset", "window")),
+        internal,
+        external,
+        offset,
+        window,
+    )
+    links = tuple(
+        Link(_renamed(op, i), _renamed(op, e), o, w)
+        for i, e, o, w in zip(internal, external, offset, window, strict=True)
+    )
+    for link in links:
+        if link.offset < 0 or link.window < 0:
+            raise BadArgumentError(
+                f"{op.where}: link {link.internal} -> {link.external} needs offset and window >= 0"
+            )
+    return links
+
+
+def decode_spec(op: Op) -> RecurrentSpec:
+    step_net = op.net("step_net")
+    states = op.strings("recurrent_states", ())
+    initial_ids = op.ints("initial_recurrent_state_ids", ())
+    _equal_lengths(op, ("recurrent_states", "initial_recurrent_state_ids"), states, initial_ids)
+    for state, index in zip(states, initial_ids, strict=True):
+        if not 0 <= index < len(op.inputs):
+            raise BadArgumentError(
+                f"{op.where}: initial state of '{state}' is input #{index}, "
+                f"but the op has {len(op.inputs)} inputs"
+            )
+    src, dst, offsets = op.strings("alias_src", ()), op.strings("alias_dst", ()), op.ints("alias_offset", ())
+    _equal_lengths(op, ("alias_src", "alias_dst", "alias_offset"), src, dst, offsets)
+    backward = op.args.get("backward_step_net")
+    return RecurrentSpec(
+        op=op,
+        step_net=step_net,
+        timestep=op.str("timestep", "timestep"),
+        states=states,
+        initial_ids=initial_ids,
+        links=decode_links(op),
+        aliases=tuple(Alias(s, d, o) for s, d, o in zip(src, dst, offsets, strict=True)),
+        backward_step_net=backward.value if backward is not None and backward.kind == "n" else None,
+        recompute=op.strings("recompute_blobs_on_backward", ()),
+    )
+
+
+def initial_rows(op: Op, name: str, value: jax.Array, batch: int) -> jax.Array:
+    """A state's initial value as its first L rows `[L, N, D]`: `[D]` is repeated over the batch,
+    `[N, D]` and `[1, N, D]` are one row, `[L, N, D]` are L rows."""
+    if value.ndim == 1:
+        return jnp.broadcast_to(value, (1, batch, value.shape[0]))
+    if value.ndim in (2, 3) and value.shape[-2] == batch:
+        return value.reshape((-1, *value.shape[-2:]))
+    raise ShapeError(
+        f"{op.where}: initial state '{name}' has shape {list(value.shape)}; expected [D], [N, D], [1, N, D] "
+        f"or [L, N, D] with N = {batch} (the batch size of input '{op.inputs[0]}')"
+    )
+
+
+class RecurrentLowering:
+    """Lowers one RecurrentNetwork op; called with the op's inputs and the enclosing scope."""
+
+    def __init__(self, op: Op):
+        self.spec = spec = decode_spec(op)
+        self.op = op
+        self.step = LoweredNet(spec.step_net)
+        self.state_of = {link.internal: link for link in spec.links if link.external in spec.states}
+        written = {name for o in spec.step_net.ops for name in o.outputs}
+        self.compact_links = all(self._compact(state, written) for state in spec.states)
+        self.hoisted, self.per_step = self._split_invariant_ops()
+        self.scratch_names = self._scratch_names(written)
+
+    # -- analysis ------------------------------------------------------------------------------
+
+    def _compact(self, state: str, written: set[str]) -> bool:
+        """True when the state only needs its current row carried: read at offset 0, written once at
+        offset 1 by a step op, all windows 1, and no op writes the row being read."""
+        links = [link for link in self.spec.links if link.external == state]
+        reads = [link for link in links if link.offset == 0]
+        writes = [link for link in links if link.offset == 1]
+        return (
+            len(writes) == 1
+            and len(reads) + len(writes) == len(links)
+            and all(link.window == 1 for link in links)
+            and writes[0].internal in written
+            and not any(link.internal in written for link in reads)
+        )
+
+    def _split_invariant_ops(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Positions of step ops that depend on nothing per step (run once, before the loop) and of
+        the rest. An op stays in the loop if it reads a link, the timestep, or a blob any per-step op
+        writes, if another op writes what it writes, or if it is random or carries nets."""
+        ops = self.spec.step_net.ops
+        writers: dict[str, int] = {}
+        for o in ops:
+            for name in o.outputs:
+                writers[name] = writers.get(name, 0) + 1
+        variant_names = {link.internal for link in self.spec.links} | {self.spec.timestep}
+        hoisted, per_step = [], []
+        for position, o in enumerate(ops):
+            invariant = (
+                not (set(o.inputs) & variant_names)
+                and all(writers[name] == 1 for name in o.outputs)
+                and not any(True for _ in o.nested_nets())
+                and not self.step._steps[position].opdef.random
+                and not self.step._steps[position].opdef.scoped
+            )
+            if invariant:
+                hoisted.append(position)
+            else:
+                per_step.append(position)
+                variant_names.update(o.outputs)
+        return tuple(hoisted), tuple(per_step)
+
+    def _scratch_names(self, written: set[str]) -> tuple[str, ...]:
+        """Forward blobs of step t that the backward step net reads (Caffe2 kept them in step
+        workspace t); recomputed blobs and linked blobs are not kept."""
+        backward = self.spec.backward_step_net
+        if backward is None:
+            return ()
+        linked = {link.internal for link in self.spec.links}
+        skip = linked | set(self.spec.recompute) | {self.spec.timestep}
+        per_step_written = {n for p in self.per_step for n in self.spec.step_net.ops[p].outputs}
+        needed = set(backward.external_inputs) | {n for o in backward.ops for n in o.inputs}
+        return tuple(sorted(n for n in needed & written & per_step_written if n not in skip))
+
+    # -- running -------------------------------------------------------------------------------
+
+    def __call__(self, *inputs: jax.Array, scope: Mapping[str, Any], key: jax.Array) -> tuple:
+        spec, op = self.spec, self.op
+        sequence = inputs[0]
+        if sequence.ndim < 2:
+            raise ShapeError(
+                f"{op.where}: input sequence '{op.inputs[0]}' must be [T, N, ...], got {list(sequence.shape)}"
+            )
+        steps, batch = sequence.shape[0], sequence.shape[1]
+        initial = {
+            state: initial_rows(op, op.inputs[i], inputs[i], batch)
+            for state, i in zip(spec.states, spec.initial_ids, strict=True)
+        }
+        outer = ChainMap({}, scope)
+        self.step.run(outer, key=key, ops=self.hoisted)
+        externals = {
+            link.external: self._external(link, outer)
+            for link in spec.links
+            if link.external not in spec.states
+        }
+        if self.compact_links and all(rows.shape[0] == 1 for rows in initial.values()):
+            buffers, scratches = self._scan_rows(initial, externals, outer, steps, key)
+        else:
+            buffers, scratches = self._scan_buffers(initial, externals, outer, steps, key)
+        values = {alias.dst: self._alias(alias, buffers) for alias in spec.aliases}
+        results = []
+        for position, name in enumerate(op.outputs):
+            if name in values:
+                results.append(values[name])
+            elif position == len(op.outputs) - 1:
+                results.append(scratches)  # step_workspaces: what the backward pass will need
+            else:
+                raise BadArgumentError(
+                    f"{op.where}: output '{name}' is neither an alias_dst nor step_workspaces"
+                )
+        return tuple(results)
+
+    def _external(self, link: Link, scope: Mapping[str, Any]) -> jax.Array:
+        try:
+            return scope[link.external]
+        except KeyError:
+            raise MissingBlobError(
+                f"{self.op.where}: link '{link.internal}' reads blob '{link.external}', which is neither a "
+                f"recurrent state ({', '.join(self.spec.states)}) nor a blob defined before the op"
+            ) from None
+
+    def _step_env(self, outer: Mapping[str, Any], t: jax.Array) -> ChainMap:
+        return ChainMap({}, {self.spec.timestep: jnp.reshape(t, (1,)).astype(jnp.int32)}, outer)
+
+    def _read_externals(self, env: MutableMapping, externals: Mapping[str, jax.Array], t: jax.Array) -> None:
+        for link in self.spec.links:
+            if link.external in externals:
+                env[link.internal] = _rows(externals[link.external], t + link.offset, link.window)
+
+    def _scan_rows(self, initial, externals, outer, steps, key):
+        """The compact form: the carry is the current row of each state."""
+        spec = self.spec
+        writes = {
+            s: next(lk for lk in spec.links if lk.external == s and lk.offset == 1) for s in spec.states
+        }
+
+        def body(carry, t):
+            env = self._step_env(outer, t)
+            for link in spec.links:
+                if link.external in carry:
+                    env[link.internal] = carry[link.external]
+            self._read_externals(env, externals, t)
+            self.step.run(env, key=jax.random.fold_in(key, t), ops=self.per_step)
+            new = {s: env[writes[s].internal] for s in spec.states}
+            for s in spec.states:
+                self._check_row(s, new[s], carry[s], writes[s].internal)
+            return new, (new, {n: env[n] for n in self.scratch_names})
+
+        init = {s: initial[s] for s in spec.states}
+        final, (rows, scratches) = lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
+        buffers = {
+            s: _CompactBuffer(initial[s], rows[s].reshape((steps, *initial[s].shape[1:])), final[s])
+            for s in spec.states
+        }
+        return buffers, scratches
+
+    def _scan_buffers(self, initial, externals, outer, steps, key):
+        """The general form: the carry is every state tensor, read and written through link views."""
+        spec = self.spec
+        buffers0 = {
+            s: jnp.concatenate([rows, jnp.zeros((steps, *rows.shape[1:]), rows.dtype)])
+            for s, rows in initial.items()
+        }
+
+        def body(buffers, t):
+            env = self._step_env(outer, t)
+            buffers = dict(buffers)
+
+            def refresh(state):
+                for link in spec.links:
+                    if link.external == state:
+                        env[link.internal] = _rows(buffers[state], t + link.offset, link.window)
+
+            for state in spec.states:
+                refresh(state)
+            self._read_externals(env, externals, t)
+
+            def write_back(o: Op, env: MutableMapping) -> None:
+                for name in o.outputs:
+                    link = self.state_of.get(name)
+                    if link is not None:
+                        value = env[name]
+                        buffer = buffers[link.external]
+                        self._check_row(link.external, value, buffer[:1], name, rows=link.window)
+                        buffers[link.external] = lax.dynamic_update_slice_in_dim(
+                            buffer, value.astype(buffer.dtype), t + link.offset, axis=0
+                        )
+                        refresh(link.external)
+
+            self.step.run(env, key=jax.random.fold_in(key, t), ops=self.per_step, after_op=write_back)
+            return buffers, {n: env[n] for n in self.scratch_names}
+
+        buffers, scratches = lax.scan(body, buffers0, jnp.arange(steps, dtype=jnp.int32))
+        return buffers, scratches
+
+    def _check_row(self, state: str, value: Any, row: jax.Array, blob: str, rows: int = 1) -> None:
+        expected = (rows, *row.shape[1:])
+        if getattr(value, "shape", None) != expected:
+            raise ShapeError(
+                f"{self.op.where}: step net writes '{blob}' with shape {list(getattr(value, 'shape', ()))} "
+                f"into recurrent state '{state}', whose rows are {list(expected)}"
+            )
+
+    def _alias(self, alias: Alias, buffers: Mapping[str, Any]) -> jax.Array:
+        buffer = buffers.get(alias.src)
+        if buffer is None:
+            raise BadArgumentError(f"{self.op.where}: alias_src '{alias.src}' is not a recurrent state")
+        if isinstance(buffer, _CompactBuffer):
+            if alias.offset == 1:
+                return buffer.written
+            if alias.offset == -1:
+                return buffer.final
+            buffer = jnp.concatenate([buffer.initial, buffer.written])
+        total = buffer.shape[0]
+        start = alias.offset if alias.offset >= 0 else total + alias.offset
+        if not 0 <= start <= total:
+            raise ShapeError(
+                f"{self.op.where}: alias '{alias.dst}' at offset {alias.offset} is outside state "
+                f"'{alias.src}' of {total} rows"
+            )
+        return buffer[start:]
+
+
+def _rows(array: jax.Array, start: jax.Array, window: int) -> jax.Array:
+    return lax.dynamic_slice_in_dim(array, start, window, axis=0)
+
+
+@dataclass(frozen=True)
+class _CompactBuffer:
+    """A state tensor kept as its initial row, the rows the steps wrote, and the final row."""
+
+    initial: jax.Array
+    written: jax.Array
+    final: jax.Array
+
+
+@register("RecurrentNetwork", inputs=(1, None), outputs=(2, None), random=True, scoped=True)
+def recurrent_network(op: Op):
+    lowering = RecurrentLowering(op)
+
+    def kernel(*inputs, scope, key):
+        return lowering(*inputs, scope=scope, key=key)
+
+    return kernel
