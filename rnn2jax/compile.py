@@ -78,9 +78,8 @@ class CompiledNet:
         self.net = net
         self._lowered: LoweredNet = lower(net)
         self.params: Arrays = {k: jnp.asarray(v) for k, v in params.items()}
-        reads = self._lowered.reads_before_writes()
-        self.input_names: tuple[str, ...] = tuple(n for n in reads if n not in self.params)
-        self._first_reader = {n: op for op in reversed(net.ops) for n in op.inputs}
+        self._first_reader = self._lowered.reads_before_writes()
+        self.input_names: tuple[str, ...] = tuple(n for n in self._first_reader if n not in self.params)
         if output_names is None:
             output_names = net.external_outputs or _leaf_outputs(net)
         self.output_names: tuple[str, ...] = tuple(output_names)

@@ -65,16 +65,18 @@ class LoweredNet:
             if after_op is not None:
                 after_op(step.op, env)
 
-    def reads_before_writes(self) -> list[str]:
-        """Blobs the net reads before any of its ops writes them, in first-read order."""
+    def reads_before_writes(self) -> dict[str, Op]:
+        """Blobs the net reads before any of its ops writes them, in first-read order, each with the
+        op that first reads it. A scoped op (RecurrentNetwork) also reads, by name, what its step
+        net needs from enclosing scopes."""
         written: set[str] = set()
-        needed: dict[str, None] = {}
-        for op in self.net.ops:
-            for name in op.inputs:
+        needed: dict[str, Op] = {}
+        for step in self._steps:
+            for name in (*step.op.inputs, *getattr(step.kernel, "scope_reads", ())):
                 if name not in written:
-                    needed.setdefault(name, None)
-            written.update(op.outputs)
-        return list(needed)
+                    needed.setdefault(name, step.op)
+            written.update(step.op.outputs)
+        return needed
 
 
 def _build(op: Op) -> _Step:

@@ -159,6 +159,7 @@ class RecurrentLowering:
         self.compact_links = all(self._compact(state, written) for state in spec.states)
         self.hoisted, self.per_step = self._split_invariant_ops()
         self.scratch_names = self._scratch_names(written)
+        self.scope_reads = self._scope_reads()
 
     # -- analysis ------------------------------------------------------------------------------
 
@@ -214,6 +215,13 @@ class RecurrentLowering:
         needed = set(backward.external_inputs) | {n for o in backward.ops for n in o.inputs}
         return tuple(sorted(n for n in needed & written & per_step_written if n not in skip))
 
+    def _scope_reads(self) -> tuple[str, ...]:
+        """Blobs the step net reads from enclosing scopes (by name, as Caffe2's workspaces did)."""
+        local = {link.internal for link in self.spec.links} | {self.spec.timestep}
+        externals = [link.external for link in self.spec.links if link.external not in self.spec.states]
+        reads = [n for n in self.step.inputs if n not in local]
+        return tuple(dict.fromkeys([*externals, *reads]))
+
     # -- running -------------------------------------------------------------------------------
 
     def __call__(self, *inputs: jax.Array, scope: Mapping[str, Any], key: jax.Array) -> tuple:
@@ -230,15 +238,10 @@ class RecurrentLowering:
         }
         outer = ChainMap({}, scope)
         self.step.run(outer, key=key, ops=self.hoisted)
-        externals = {
-            link.external: self._external(link, outer)
-            for link in spec.links
-            if link.external not in spec.states
-        }
-        if self.compact_links and all(rows.shape[0] == 1 for rows in initial.values()):
-            buffers, scratches = self._scan_rows(initial, externals, outer, steps, key)
-        else:
-            buffers, scratches = self._scan_buffers(initial, externals, outer, steps, key)
+        externals = self._externals(outer, steps)
+        compact = self.compact_links and all(rows.shape[0] == 1 for rows in initial.values())
+        scan = self._scan_rows if compact else self._scan_buffers
+        buffers, scratches = scan(initial, externals, outer, steps, key)
         values = {alias.dst: self._alias(alias, buffers) for alias in spec.aliases}
         results = []
         for position, name in enumerate(op.outputs):
@@ -252,22 +255,40 @@ class RecurrentLowering:
                 )
         return tuple(results)
 
-    def _external(self, link: Link, scope: Mapping[str, Any]) -> jax.Array:
-        try:
-            return scope[link.external]
-        except KeyError:
-            raise MissingBlobError(
-                f"{self.op.where}: link '{link.internal}' reads blob '{link.external}', which is neither a "
-                f"recurrent state ({', '.join(self.spec.states)}) nor a blob defined before the op"
-            ) from None
-
-    def _step_env(self, outer: Mapping[str, Any], t: jax.Array) -> ChainMap:
-        return ChainMap({}, {self.spec.timestep: jnp.reshape(t, (1,)).astype(jnp.int32)}, outer)
-
-    def _read_externals(self, env: MutableMapping, externals: Mapping[str, jax.Array], t: jax.Array) -> None:
+    def _externals(self, scope: Mapping[str, Any], steps: int) -> _Externals:
+        """The arrays behind links that are not recurrent states (the input sequence, mostly)."""
+        per_step, sliced = {}, {}
         for link in self.spec.links:
-            if link.external in externals:
-                env[link.internal] = _rows(externals[link.external], t + link.offset, link.window)
+            if link.external in self.spec.states:
+                continue
+            try:
+                array = scope[link.external]
+            except KeyError:
+                raise MissingBlobError(
+                    f"{self.op.where}: link '{link.internal}' reads blob '{link.external}', which is neither "
+                    f"a recurrent state ({', '.join(self.spec.states)}) nor a blob defined before the op"
+                ) from None
+            needed = steps - 1 + link.offset + link.window
+            if link.offset == 0 and link.window == 1 and array.shape[:1] == (steps,):
+                per_step[link.internal] = array  # scanned over as xs
+            elif steps and array.shape[0] < needed:
+                raise ShapeError(
+                    f"{self.op.where}: link '{link.internal}' reads rows up to {needed} of "
+                    f"'{link.external}', which has {array.shape[0]}"
+                )
+            else:  # sliced per step; padded only so that the body traces when there are no steps
+                pad = max(0, link.offset + link.window - array.shape[0])
+                sliced[link] = jnp.pad(array, [(0, pad)] + [(0, 0)] * (array.ndim - 1)) if pad else array
+        return _Externals(per_step, sliced)
+
+    def _step_env(self, outer: Mapping[str, Any], t: jax.Array, xs: Mapping[str, jax.Array]) -> ChainMap:
+        local = {self.spec.timestep: jnp.reshape(t, (1,)).astype(jnp.int32)}
+        local.update({name: row[None] for name, row in xs.items()})
+        return ChainMap({}, local, outer)
+
+    def _read_sliced(self, env: MutableMapping, externals: _Externals, t: jax.Array) -> None:
+        for link, array in externals.sliced.items():
+            env[link.internal] = _rows(array, t + link.offset, link.window)
 
     def _scan_rows(self, initial, externals, outer, steps, key):
         """The compact form: the carry is the current row of each state."""
@@ -276,12 +297,13 @@ class RecurrentLowering:
             s: next(lk for lk in spec.links if lk.external == s and lk.offset == 1) for s in spec.states
         }
 
-        def body(carry, t):
-            env = self._step_env(outer, t)
+        def body(carry, xs):
+            t, rows = xs
+            env = self._step_env(outer, t, rows)
             for link in spec.links:
                 if link.external in carry:
                     env[link.internal] = carry[link.external]
-            self._read_externals(env, externals, t)
+            self._read_sliced(env, externals, t)
             self.step.run(env, key=jax.random.fold_in(key, t), ops=self.per_step)
             new = {s: env[writes[s].internal] for s in spec.states}
             for s in spec.states:
@@ -289,7 +311,9 @@ class RecurrentLowering:
             return new, (new, {n: env[n] for n in self.scratch_names})
 
         init = {s: initial[s] for s in spec.states}
-        final, (rows, scratches) = lax.scan(body, init, jnp.arange(steps, dtype=jnp.int32))
+        final, (rows, scratches) = lax.scan(
+            body, init, (jnp.arange(steps, dtype=jnp.int32), externals.per_step)
+        )
         buffers = {
             s: _CompactBuffer(initial[s], rows[s].reshape((steps, *initial[s].shape[1:])), final[s])
             for s in spec.states
@@ -300,12 +324,13 @@ class RecurrentLowering:
         """The general form: the carry is every state tensor, read and written through link views."""
         spec = self.spec
         buffers0 = {
-            s: jnp.concatenate([rows, jnp.zeros((steps, *rows.shape[1:]), rows.dtype)])
+            s: jnp.pad(rows, [(0, steps)] + [(0, 0)] * (rows.ndim - 1)) if steps else rows
             for s, rows in initial.items()
         }
 
-        def body(buffers, t):
-            env = self._step_env(outer, t)
+        def body(buffers, xs):
+            t, rows = xs
+            env = self._step_env(outer, t, rows)
             buffers = dict(buffers)
 
             def refresh(state):
@@ -315,7 +340,7 @@ class RecurrentLowering:
 
             for state in spec.states:
                 refresh(state)
-            self._read_externals(env, externals, t)
+            self._read_sliced(env, externals, t)
 
             def write_back(o: Op, env: MutableMapping) -> None:
                 for name in o.outputs:
@@ -332,7 +357,7 @@ class RecurrentLowering:
             self.step.run(env, key=jax.random.fold_in(key, t), ops=self.per_step, after_op=write_back)
             return buffers, {n: env[n] for n in self.scratch_names}
 
-        buffers, scratches = lax.scan(body, buffers0, jnp.arange(steps, dtype=jnp.int32))
+        buffers, scratches = _scan(body, buffers0, externals.per_step, steps)
         return buffers, scratches
 
     def _check_row(self, state: str, value: Any, row: jax.Array, blob: str, rows: int = 1) -> None:
@@ -360,11 +385,32 @@ class RecurrentLowering:
                 f"{self.op.where}: alias '{alias.dst}' at offset {alias.offset} is outside state "
                 f"'{alias.src}' of {total} rows"
             )
+        if start == total:  # empty; built directly (XLA CPU crashes on an empty slice of a concatenate)
+            return jnp.zeros((0, *buffer.shape[1:]), buffer.dtype)
         return buffer[start:]
+
+
+def _scan(body: Any, init: Any, sequences: Mapping[str, jax.Array], steps: int) -> tuple[Any, Any]:
+    """`lax.scan` over t = 0..steps-1 and the rows of `sequences`. With no steps the body is only
+    shape-evaluated (XLA need not compile a loop that never runs) and outputs are empty."""
+    if steps:
+        return lax.scan(body, init, (jnp.arange(steps, dtype=jnp.int32), sequences))
+    row = (jnp.zeros((), jnp.int32), {k: jnp.zeros(v.shape[1:], v.dtype) for k, v in sequences.items()})
+    _, per_step = jax.eval_shape(body, init, row)
+    return init, jax.tree.map(lambda a: jnp.zeros((0, *a.shape), a.dtype), per_step)
 
 
 def _rows(array: jax.Array, start: jax.Array, window: int) -> jax.Array:
     return lax.dynamic_slice_in_dim(array, start, window, axis=0)
+
+
+@dataclass(frozen=True)
+class _Externals:
+    """Non-state link arrays: `per_step` are scanned over (one row per step), `sliced` are read with
+    a dynamic slice at `t + offset` (other offsets and windows)."""
+
+    per_step: dict[str, jax.Array]
+    sliced: dict[Link, jax.Array]
 
 
 @dataclass(frozen=True)
@@ -377,10 +423,5 @@ class _CompactBuffer:
 
 
 @register("RecurrentNetwork", inputs=(1, None), outputs=(2, None), random=True, scoped=True)
-def recurrent_network(op: Op):
-    lowering = RecurrentLowering(op)
-
-    def kernel(*inputs, scope, key):
-        return lowering(*inputs, scope=scope, key=key)
-
-    return kernel
+def recurrent_network(op: Op) -> RecurrentLowering:
+    return RecurrentLowering(op)

@@ -3,11 +3,13 @@
 from .. import recurrent  # noqa: F401  (RecurrentNetwork lowers through the interpreter)
 from . import (  # noqa: F401
     activation,
+    compare,
     elementwise,
     fill,
     linear,
     norm,
     reduce,
     rnn_units,
+    sequence,
     shape,
 )

@@ -1,0 +1,50 @@
+"""Plain NumPy step-by-step references of Caffe2's recurrent cells, written from SEMANTICS.md sections 3
+and 4 (never by calling rnn2jax). Shapes: sequences [T, N, ...], states [N, D]."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def valid_rows(t, seq_lengths, batch):
+    """[N, 1] mask of rows still inside their sequence at step t."""
+    if seq_lengths is None:
+        return np.ones((batch, 1), bool)
+    return (t < np.asarray(seq_lengths))[:, None]
+
+
+def lstm_unit(h_prev, c_prev, gates, valid, forget_bias=0.0, drop_states=False):
+    """Caffe2 LSTMUnit on [N, ...] rows: gate order i, f, o, g."""
+    i, f, o, g = np.split(gates, 4, axis=-1)
+    i, f, o, g = sigmoid(i), sigmoid(f + forget_bias), sigmoid(o), np.tanh(g)
+    c = f * c_prev + i * g
+    h = o * np.tanh(c)
+    keep_h = np.zeros_like(h_prev) if drop_states else h_prev
+    keep_c = np.zeros_like(c_prev) if drop_states else c_prev
+    return np.where(valid, h, keep_h), np.where(valid, c, keep_c)
+
+
+def gru_unit(h_prev, gates, valid, drop_states=False):
+    """Caffe2 GRUUnit: blocks r, u, o; h = u * h_prev + (1 - u) * tanh(o)."""
+    _, u, o = np.split(gates, 3, axis=-1)
+    u = sigmoid(u)
+    h = u * h_prev + (1 - u) * np.tanh(o)
+    return np.where(valid, h, np.zeros_like(h_prev) if drop_states else h_prev)
+
+
+def lstm(x_proj, h0, c0, w, b, seq_lengths=None, forget_bias=0.0, drop_states=False):
+    """LSTM over a pre-projected input `x_proj` [T, N, 4H]: gates = h W^T + b + x_t. Returns
+    (hidden_all [T, N, H], hidden_last [N, H], cell_all, cell_last)."""
+    h, c = np.asarray(h0), np.asarray(c0)
+    hs, cs = [], []
+    for t in range(x_proj.shape[0]):
+        gates = h @ w.T + b + x_proj[t]
+        h, c = lstm_unit(h, c, gates, valid_rows(t, seq_lengths, h.shape[0]), forget_bias, drop_states)
+        hs.append(h)
+        cs.append(c)
+    stack = lambda rows, like: np.stack(rows) if rows else np.zeros((0, *like.shape), like.dtype)  # noqa: E731
+    return stack(hs, h), h, stack(cs, c), c
