@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import ChainMap
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .errors import BadArgumentError, MissingBlobError, ShapeError
+from .fusion import FusedLSTM, find_fused_lstms
 from .lower import LoweredNet
 from .netdef import Net, Op
 from .ops.registry import register
@@ -160,6 +161,8 @@ class RecurrentLowering:
         self.hoisted, self.per_step = self._split_invariant_ops()
         self.scratch_names = self._scratch_names(written)
         self.scope_reads = self._scope_reads()
+        sequences = {lk.internal for lk in spec.links if lk.external not in spec.states and lk.offset == 0}
+        self.fused = find_fused_lstms(spec.step_net, sequences, set(self.scratch_names))
 
     # -- analysis ------------------------------------------------------------------------------
 
@@ -241,7 +244,7 @@ class RecurrentLowering:
         externals = self._externals(outer, steps)
         compact = self.compact_links and all(rows.shape[0] == 1 for rows in initial.values())
         scan = self._scan_rows if compact else self._scan_buffers
-        buffers, scratches = scan(initial, externals, outer, steps, key)
+        buffers, scratches = scan(initial, self._fuse(externals, outer), outer, steps, key)
         values = {alias.dst: self._alias(alias, buffers) for alias in spec.aliases}
         results = []
         for position, name in enumerate(op.outputs):
@@ -281,6 +284,31 @@ class RecurrentLowering:
                 sliced[link] = jnp.pad(array, [(0, pad)] + [(0, 0)] * (array.ndim - 1)) if pad else array
         return _Externals(per_step, sliced)
 
+    def _fuse(self, externals: _Externals, outer: Mapping[str, Any]) -> _Externals:
+        """Apply the LSTM gate fusions whose input sequence is scanned over (see rnn2jax.fusion)."""
+        sequences = dict(externals.per_step)
+        weights = {f: f.prepare(sequences, outer) for f in self.fused if f.sequence in sequences}
+        return _Externals(sequences, externals.sliced, weights)
+
+    def _run_step(self, env: MutableMapping, externals: _Externals, key: jax.Array, after_op=None) -> None:
+        """The per-step ops in order, with each fused FC -> Sum -> LSTMUnit chain run as one."""
+        skipped = {p for f in externals.fused for p in (f.fc, f.sum)}
+        fused_at = {f.unit: f for f in externals.fused}
+        ops = self.spec.step_net.ops
+        for position in self.per_step:
+            if position in skipped:
+                continue
+            fused = fused_at.get(position)
+            if fused is None:
+                self.step.run(env, key=key, ops=(position,), after_op=after_op)
+                continue
+            try:
+                fused.step(ops[position], env, externals.fused[fused])
+            except (TypeError, ValueError) as error:
+                raise ShapeError(f"{ops[position].where} (fused with op #{fused.fc} FC): {error}") from error
+            if after_op is not None:
+                after_op(ops[position], env)
+
     def _step_env(self, outer: Mapping[str, Any], t: jax.Array, xs: Mapping[str, jax.Array]) -> ChainMap:
         local = {self.spec.timestep: jnp.reshape(t, (1,)).astype(jnp.int32)}
         local.update({name: row[None] for name, row in xs.items()})
@@ -304,16 +332,14 @@ class RecurrentLowering:
                 if link.external in carry:
                     env[link.internal] = carry[link.external]
             self._read_sliced(env, externals, t)
-            self.step.run(env, key=jax.random.fold_in(key, t), ops=self.per_step)
+            self._run_step(env, externals, jax.random.fold_in(key, t))
             new = {s: env[writes[s].internal] for s in spec.states}
             for s in spec.states:
                 self._check_row(s, new[s], carry[s], writes[s].internal)
             return new, (new, {n: env[n] for n in self.scratch_names})
 
         init = {s: initial[s] for s in spec.states}
-        final, (rows, scratches) = lax.scan(
-            body, init, (jnp.arange(steps, dtype=jnp.int32), externals.per_step)
-        )
+        final, (rows, scratches) = _scan(body, init, externals.per_step, steps)
         buffers = {
             s: _CompactBuffer(initial[s], rows[s].reshape((steps, *initial[s].shape[1:])), final[s])
             for s in spec.states
@@ -354,7 +380,7 @@ class RecurrentLowering:
                         )
                         refresh(link.external)
 
-            self.step.run(env, key=jax.random.fold_in(key, t), ops=self.per_step, after_op=write_back)
+            self._run_step(env, externals, jax.random.fold_in(key, t), after_op=write_back)
             return buffers, {n: env[n] for n in self.scratch_names}
 
         buffers, scratches = _scan(body, buffers0, externals.per_step, steps)
@@ -411,6 +437,7 @@ class _Externals:
 
     per_step: dict[str, jax.Array]
     sliced: dict[Link, jax.Array]
+    fused: dict[FusedLSTM, dict[str, jax.Array]] = field(default_factory=dict)  # weight blocks
 
 
 @dataclass(frozen=True)

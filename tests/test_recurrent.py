@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from reference import lstm
 
 import rnn2jax
+from reference import lstm
 from rnn2jax.caffe2 import create_net, create_operator
 
 F32 = np.float32
@@ -222,8 +222,9 @@ def test_references_resolve_by_name_through_enclosing_scopes():
     np.testing.assert_allclose(np.asarray(out["h_all"]), np.stack(hs), rtol=1e-5, atol=1e-5)
 
 
-def lstm_rnn_op(scope="lstm", *, seq_lengths=True, backward=False, state_prefix=""):
-    """An LSTM RecurrentNetwork op laid out the way recurrent.py laid it out (and the real nets are)."""
+def lstm_rnn_op(scope="lstm", *, seq_lengths=True, backward=False, state_prefix="", gates_reader=False):
+    """An LSTM RecurrentNetwork op laid out the way recurrent.py laid it out (and the real nets are).
+    `gates_reader` adds an op that reads the gates blob, which rules out the fused LSTM step."""
     s = scope
     unit_inputs = [f"{s}/hidden_t_prev", f"{s}/cell_t_prev", f"{s}/gates_t"]
     unit_inputs += ["seq_lengths", "timestep"] if seq_lengths else ["timestep"]
@@ -265,9 +266,10 @@ def lstm_rnn_op(scope="lstm", *, seq_lengths=True, backward=False, state_prefix=
     )
 
 
+@pytest.mark.parametrize("gates_reader", [False, True], ids=["fused", "literal"])
 @pytest.mark.parametrize("seq_lengths", [True, False])
-def test_lstm_layout_matches_numpy(seq_lengths, jit):
-    op = lstm_rnn_op(seq_lengths=seq_lengths)
+def test_lstm_layout_matches_numpy(seq_lengths, gates_reader, jit):
+    op = lstm_rnn_op(seq_lengths=seq_lengths, gates_reader=gates_reader)
     net = create_net("n", [op], external_outputs=list(op.output[:4]))
     rng = np.random.default_rng(3)
     steps, batch, hidden = 4, 3, 5
@@ -376,3 +378,28 @@ def test_argument_errors_are_reported_before_tracing():
         rnn2jax.BadArgumentError, match=r"recurrent_states \(2\), initial_recurrent_state_ids \(1\)"
     ):
         rnn2jax.compile(create_net("n", [op]))
+
+
+def test_lstm_step_does_not_slice_gates_per_step():
+    """The fused form: the scan body multiplies by per-gate weight blocks and never slices a 4H-wide
+    array (XLA fuses such slices into the nonlinearities and the step gets several times slower)."""
+    op = lstm_rnn_op()
+    fn = rnn2jax.compile(create_net("n", [op], external_outputs=[op.output[0]]))
+    hidden = 8
+    inputs = {
+        "lstm/i2h": np.zeros((5, 2, 4 * hidden), F32),
+        "h0": np.zeros((1, 2, hidden), F32),
+        "c0": np.zeros((1, 2, hidden), F32),
+        "lstm/gates_t_w": np.zeros((4 * hidden, hidden), F32),
+        "lstm/gates_t_b": np.zeros(4 * hidden, F32),
+        "seq_lengths": np.full(2, 5, np.int32),
+    }
+    (scan,) = list(_scan_eqns(jax.make_jaxpr(lambda i: fn.apply({}, i))(inputs).jaxpr))
+    body = scan.params["jaxpr"].jaxpr
+    sliced = [
+        e
+        for e in body.eqns
+        if e.primitive.name in ("slice", "split") and e.invars[0].aval.shape[-1] == 4 * hidden
+    ]
+    assert not sliced
+    assert sum(e.primitive.name == "dot_general" for e in body.eqns) == 4

@@ -51,15 +51,31 @@ def _check_state(op: Op, name: str, value: jax.Array, batch: int, size: int) -> 
         raise ShapeError(f"{op.where}: '{name}' has shape {list(value.shape)}, expected [1, {batch}, {size}]")
 
 
+def lstm_state_update(
+    op: Op, hidden_prev: jax.Array, cell_prev: jax.Array, pre: dict[str, jax.Array], extra: tuple
+) -> tuple[jax.Array, jax.Array]:
+    """LSTMUnit's maths from the four gate pre-activations `pre` (keys i, f, o, g); `extra` is
+    (seq_lengths, timestep) or (timestep,). Shared with the fused LSTM step (rnn2jax.fusion)."""
+    with_lengths = op.bool("sequence_lengths", True)
+    forget_bias = op.float("forget_bias", 0.0)
+    seq_lengths, timestep = extra if with_lengths else (None, *extra)
+    i, f = jax.nn.sigmoid(pre["i"]), jax.nn.sigmoid(pre["f"] + forget_bias)
+    o, g = jax.nn.sigmoid(pre["o"]), jnp.tanh(pre["g"])
+    cell = f * cell_prev + i * g
+    hidden = o * jnp.tanh(cell)
+    valid = _valid_rows(op, seq_lengths, timestep, cell_prev.shape[1])
+    drop_states = op.bool("drop_states", False)
+    return _finish(valid, hidden, hidden_prev, drop_states), _finish(valid, cell, cell_prev, drop_states)
+
+
 @register("LSTMUnit", inputs=(4, 5), outputs=2)
 def lstm_unit(op: Op):
     """Gate blocks in Caffe2's order i, f, o, g; `forget_bias` is added to f before its sigmoid."""
-    with_lengths = _unit_inputs(op, 3, "hidden_prev, cell_prev, gates")
-    forget_bias = op.float("forget_bias", 0.0)
-    drop_states = op.bool("drop_states", False)
+    _unit_inputs(op, 3, "hidden_prev, cell_prev, gates")
+    op.float("forget_bias", 0.0)  # checked here, before tracing
+    op.bool("drop_states", False)
 
-    def kernel(hidden_prev, cell_prev, gates, *rest):
-        seq_lengths, timestep = rest if with_lengths else (None, *rest)
+    def kernel(hidden_prev, cell_prev, gates, *extra):
         if cell_prev.ndim != 3:
             raise ShapeError(
                 f"{op.where}: cell_prev '{op.inputs[1]}' must be [1, N, D], got {list(cell_prev.shape)}"
@@ -67,15 +83,8 @@ def lstm_unit(op: Op):
         _, batch, size = cell_prev.shape
         _check_state(op, op.inputs[0], hidden_prev, batch, size)
         _check_state(op, op.inputs[2], gates, batch, 4 * size)
-        i, f, o, g = jnp.split(gates, 4, axis=-1)
-        i, f, o, g = jax.nn.sigmoid(i), jax.nn.sigmoid(f + forget_bias), jax.nn.sigmoid(o), jnp.tanh(g)
-        cell = f * cell_prev + i * g
-        hidden = o * jnp.tanh(cell)
-        valid = _valid_rows(op, seq_lengths, timestep, batch)
-        return (
-            _finish(valid, hidden, hidden_prev, drop_states),
-            _finish(valid, cell, cell_prev, drop_states),
-        )
+        pre = dict(zip("ifog", jnp.split(gates, 4, axis=-1), strict=True))
+        return lstm_state_update(op, hidden_prev, cell_prev, pre, extra)
 
     return kernel
 
