@@ -139,7 +139,9 @@ def test_repeat_from_axis(jit, shape_axis, seed):
     cols = math.prod(shape[axis % len(shape) : repeat_from % len(shape)])
     lengths = per_row_input(seed, "sequence", rows_of(shape, axis, None), cols, 0)
     y = run_mask(jit, x, "sequence", lengths, axis=axis, repeat_from_axis=repeat_from, fill_val=0.25)
-    np.testing.assert_array_equal(y, reference(x, "sequence", lengths, axis, repeat_from=repeat_from, fill=0.25))
+    np.testing.assert_array_equal(
+        y, reference(x, "sequence", lengths, axis, repeat_from=repeat_from, fill=0.25)
+    )
 
 
 @given(mode=st.sampled_from(MODES), fill=st.sampled_from(FILLS), seed=SEEDS)
