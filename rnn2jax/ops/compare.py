@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..netdef import Op
-from .elementwise import _check_dtypes, _legacy_axis, _legacy_b_shape, _numpy_shape
+from .elementwise import binary, unary
 from .registry import Kernel, register
 
 # caffe2/operators/elementwise_ops.cc: comparisons dispatch on bool/int32/int64/float/double and always
@@ -19,32 +19,12 @@ _COMPARABLE = frozenset(np.dtype(t) for t in (np.bool_, np.int32, np.int64, np.f
 _BOOL = frozenset({np.dtype(np.bool_)})
 
 
-def _binary(
-    op: Op, fn: Callable[[jax.Array, jax.Array], jax.Array], allowed: frozenset[np.dtype], kind: str
-) -> Kernel:
-    """`broadcast`=0: NumPy broadcasting; 1: Caffe2's legacy broadcast of B into A's shape, placed by
-    `axis`/`axis_str`/`order` (a one-element B is a scalar). Same rules as Add/Mul."""
-    legacy = op.bool("broadcast", False)
-    axis = _legacy_axis(op) if legacy else -1
-
-    def kernel(a, b):
-        _check_dtypes(op, (a, b), allowed, kind)
-        if legacy:
-            b = jnp.broadcast_to(jnp.reshape(b, _legacy_b_shape(op, a.shape, b.shape, axis)), a.shape)
-        else:
-            shape = _numpy_shape(op, a.shape, b.shape)
-            a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
-        return fn(a, b)
-
-    return kernel
-
-
 def _comparison(op: Op, fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Kernel:
-    return _binary(op, fn, _COMPARABLE, "bool, int32, int64, float and double")
+    return binary(op, fn, _COMPARABLE, "bool, int32, int64, float and double")
 
 
 def _logical(op: Op, fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Kernel:
-    return _binary(op, fn, _BOOL, "bool")
+    return binary(op, fn, _BOOL, "bool")
 
 
 @register("EQ", inputs=2)
@@ -95,9 +75,4 @@ def xor(op: Op) -> Kernel:
 @register("Not")
 def not_(op: Op) -> Kernel:
     """Elementwise logical negation of a bool tensor."""
-
-    def kernel(x):
-        _check_dtypes(op, (x,), _BOOL, "bool")
-        return jnp.logical_not(x)
-
-    return kernel
+    return unary(op, jnp.logical_not, _BOOL, "bool")

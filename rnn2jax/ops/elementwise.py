@@ -17,7 +17,7 @@ from .common import canonical_dtype
 from .registry import Kernel, register
 
 # Caffe2's `NumericTypes` (elementwise_ops.h); the float-only ops also run on CUDA half.
-_NUMERIC = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
+NUMERIC = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
 _FLOATING = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 
 
@@ -103,14 +103,20 @@ def _numpy_shape(op: Op, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> 
         ) from None
 
 
-def _binary(op: Op, fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Kernel:
-    """Add/Sub/Mul/Div: `broadcast`=0 is NumPy broadcasting, 1 the legacy suffix/axis broadcast whose
-    output has A's shape. `axis`/`axis_str`/`order` matter only in legacy mode."""
+def binary(
+    op: Op,
+    fn: Callable[[jax.Array, jax.Array], jax.Array],
+    allowed: frozenset[np.dtype] = NUMERIC,
+    kind: str = "int32, int64, float and double",
+) -> Kernel:
+    """A two-input op with Caffe2's broadcasting (Add/Sub/Mul/Div, comparisons, logical ops):
+    `broadcast`=0 is NumPy broadcasting, 1 the legacy suffix/axis broadcast whose output has A's shape.
+    `axis`/`axis_str`/`order` matter only in legacy mode. Both inputs must have one dtype of `allowed`."""
     legacy = op.bool("broadcast", False)
     axis = _legacy_axis(op) if legacy else -1
 
     def kernel(a, b):
-        _check_dtypes(op, (a, b), _NUMERIC, "int32, int64, float and double")
+        _check_dtypes(op, (a, b), allowed, kind)
         if legacy:
             b_view = jnp.reshape(b, _legacy_b_shape(op, a.shape, b.shape, axis))
             a, b = jnp.asarray(a), jnp.broadcast_to(b_view, a.shape)
@@ -131,22 +137,22 @@ def _divide(a: jax.Array, b: jax.Array) -> jax.Array:
 
 @register("Add", inputs=2)
 def add(op: Op) -> Kernel:
-    return _binary(op, jnp.add)
+    return binary(op, jnp.add)
 
 
 @register("Sub", inputs=2)
 def sub(op: Op) -> Kernel:
-    return _binary(op, jnp.subtract)
+    return binary(op, jnp.subtract)
 
 
 @register("Mul", inputs=2)
 def mul(op: Op) -> Kernel:
-    return _binary(op, jnp.multiply)
+    return binary(op, jnp.multiply)
 
 
 @register("Div", inputs=2)
 def div(op: Op) -> Kernel:
-    return _binary(op, _divide)
+    return binary(op, _divide)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -160,7 +166,7 @@ def sum_(op: Op) -> Kernel:
     def kernel(*xs):
         if len(xs) == 1:
             return jnp.asarray(xs[0])
-        _check_dtypes(op, xs, _NUMERIC, "int32, int64, float and double")
+        _check_dtypes(op, xs, NUMERIC, "int32, int64, float and double")
         for name, x in zip(op.inputs[1:], xs[1:], strict=True):
             if x.shape != xs[0].shape:
                 raise ShapeError(
@@ -206,7 +212,7 @@ def clip(op: Op) -> Kernel:
 # Unary math
 
 
-def _unary(op: Op, fn: Callable[[jax.Array], jax.Array], allowed: frozenset[np.dtype], kind: str) -> Kernel:
+def unary(op: Op, fn: Callable[[jax.Array], jax.Array], allowed: frozenset[np.dtype], kind: str) -> Kernel:
     def kernel(x):
         _check_dtypes(op, (x,), allowed, kind)
         return fn(x)
@@ -216,24 +222,24 @@ def _unary(op: Op, fn: Callable[[jax.Array], jax.Array], allowed: frozenset[np.d
 
 @register("Negative")
 def negative(op: Op) -> Kernel:
-    return _unary(op, jnp.negative, _NUMERIC, "int32, int64, float and double")
+    return unary(op, jnp.negative, NUMERIC, "int32, int64, float and double")
 
 
 @register("Abs")
 def abs_(op: Op) -> Kernel:
-    return _unary(op, jnp.abs, _FLOATING, "float")
+    return unary(op, jnp.abs, _FLOATING, "float")
 
 
 @register("Exp")
 def exp(op: Op) -> Kernel:
-    return _unary(op, jnp.exp, _FLOATING, "float")
+    return unary(op, jnp.exp, _FLOATING, "float")
 
 
 @register("Log")
 def log(op: Op) -> Kernel:
-    return _unary(op, jnp.log, _FLOATING, "float")
+    return unary(op, jnp.log, _FLOATING, "float")
 
 
 @register("Sqrt")
 def sqrt(op: Op) -> Kernel:
-    return _unary(op, jnp.sqrt, _FLOATING, "float")
+    return unary(op, jnp.sqrt, _FLOATING, "float")
