@@ -17,6 +17,7 @@ from .errors import (
 from .load import load
 from .lower import lower
 from .netdef import Net, Op, Plan
+from .verify import VerificationReport, verify
 
 __all__ = [
     "BadArgumentError",
@@ -29,9 +30,11 @@ __all__ = [
     "Rnn2JaxError",
     "ShapeError",
     "UnsupportedOpError",
+    "VerificationReport",
     "compile",
     "load",
     "lower",
+    "verify",
 ]
 
 __version__ = "0.1.0"

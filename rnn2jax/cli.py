@@ -1,4 +1,4 @@
-"""The `rnn2jax` command line: `inspect` a net, run the bundled `demo`.
+"""The `rnn2jax` command line: `inspect` a net, `verify` its backward step nets, run the bundled `demo`.
 
 Exit status: 0 on success, 1 when a check fails, 2 on bad input (an `Rnn2JaxError`, one line on stderr).
 """
@@ -21,6 +21,31 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, tuple(int(d) for d in dims.split(",") if d.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected blob=D0,D1,..., got {text!r}") from None
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .verify import verify
+
+    report = verify(
+        args.net,
+        shapes=dict(args.shape or []),
+        seed=args.seed,
+        dtype=args.dtype,
+        init_net=args.init,
+        finite_differences=args.fd,
+    )
+    print(report.to_json() if args.json else report)
+    return 0 if report.ok else 1
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -33,6 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="list a net's ops, recurrent ops and unsupported ops")
     inspect.add_argument("nets", nargs="+", metavar="NET", help="a NetDef or PlanDef file (.pb or .pbtxt)")
     inspect.set_defaults(handler=_inspect)
+    check = commands.add_parser(
+        "verify", help="check hand-built backward step nets against jax.grad (exit 1 on mismatch)"
+    )
+    check.add_argument("net", metavar="NET", help="a NetDef or PlanDef file")
+    check.add_argument("--init", metavar="INIT", help="an init net that creates the parameters")
+    check.add_argument(
+        "--shape", action="append", type=_shape_arg, metavar="BLOB=D0,D1,...", help="shape of an input blob"
+    )
+    check.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--fd", action="store_true", help="also compare with central finite differences")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.set_defaults(handler=_verify)
     demo = commands.add_parser("demo", help="compile and run the bundled example")
     demo.set_defaults(handler=_demo)
     return parser

@@ -215,8 +215,14 @@ class RecurrentLowering:
         linked = {link.internal for link in self.spec.links}
         skip = linked | set(self.spec.recompute) | {self.spec.timestep}
         per_step_written = {n for p in self.per_step for n in self.spec.step_net.ops[p].outputs}
-        needed = set(backward.external_inputs) | {n for o in backward.ops for n in o.inputs}
-        return tuple(sorted(n for n in needed & written & per_step_written if n not in skip))
+        return tuple(sorted(n for n in self.backward_reads & written & per_step_written if n not in skip))
+
+    @property
+    def backward_reads(self) -> set[str]:
+        backward = self.spec.backward_step_net
+        if backward is None:
+            return set()
+        return set(backward.external_inputs) | {n for o in backward.ops for n in o.inputs}
 
     def _scope_reads(self) -> tuple[str, ...]:
         """Blobs the step net reads from enclosing scopes (by name, as Caffe2's workspaces did)."""
@@ -246,17 +252,30 @@ class RecurrentLowering:
         scan = self._scan_rows if compact else self._scan_buffers
         buffers, scratches = scan(initial, self._fuse(externals, outer), outer, steps, key)
         values = {alias.dst: self._alias(alias, buffers) for alias in spec.aliases}
+        workspaces = self._workspaces(buffers, scratches, outer) if spec.backward_step_net else {}
         results = []
         for position, name in enumerate(op.outputs):
             if name in values:
                 results.append(values[name])
             elif position == len(op.outputs) - 1:
-                results.append(scratches)  # step_workspaces: what the backward pass will need
+                results.append(workspaces)
             else:
                 raise BadArgumentError(
                     f"{op.where}: output '{name}' is neither an alias_dst nor step_workspaces"
                 )
         return tuple(results)
+
+    def _workspaces(self, buffers: Mapping[str, Any], scratches: dict, outer: ChainMap) -> dict[str, Any]:
+        """The `step_workspaces` output: what RecurrentNetworkGradient reads of the forward pass (Caffe2
+        kept a workspace per step): every state tensor, the per-step blobs the backward step net reads
+        (stacked over steps), and the loop-invariant blobs it reads. Unused under jit, XLA drops them."""
+        states = {
+            s: jnp.concatenate([b.initial, b.written]) if isinstance(b, _CompactBuffer) else b
+            for s, b in buffers.items()
+        }
+        hoisted = outer.maps[0]
+        shared = {n: hoisted[n] for n in self.backward_reads if n in hoisted}
+        return {"states": states, "per_step": scratches, "shared": shared}
 
     def _externals(self, scope: Mapping[str, Any], steps: int) -> _Externals:
         """The arrays behind links that are not recurrent states (the input sequence, mostly)."""

@@ -325,7 +325,14 @@ def test_forward_keeps_no_per_step_intermediates(backward):
     expected = [(steps, 1, batch, hidden)] * 2 + ([(steps, 1, batch, 4 * hidden)] if backward else [])
     assert sorted(per_step) == sorted(expected)
     workspaces = fn(inputs)["lstm/step_workspaces"]
-    assert sorted(workspaces) == (["lstm/gates_t"] if backward else [])
+    if backward:
+        assert sorted(workspaces["per_step"]) == ["lstm/gates_t"]
+        assert {k: v.shape for k, v in workspaces["states"].items()} == {
+            "lstm/lstm/hidden_t_prev_states": (steps + 1, batch, hidden),
+            "lstm/lstm/cell_t_prev_states": (steps + 1, batch, hidden),
+        }
+    else:
+        assert workspaces == {}
 
 
 def test_forward_only_detection():

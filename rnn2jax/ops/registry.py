@@ -96,9 +96,12 @@ def _check_arity(op: Op, opdef: OpDef) -> None:
             raise BadArgumentError(f"{op.where}: {op.type} takes {_count_text(low, high, what)}, {given}")
 
 
-# Nested nets that the forward op carries but never runs: RecurrentNetwork keeps its backward step
-# net only for the RecurrentNetworkGradient op that Caffe2's gradient maker derives from it.
-NOT_RUN = {"RecurrentNetwork": frozenset({"backward_step_net"})}
+# Nested nets an op carries but never runs: RecurrentNetwork keeps its backward step net only for the
+# RecurrentNetworkGradient op that Caffe2's gradient maker derives from it (which copies every argument).
+NOT_RUN = {
+    "RecurrentNetwork": frozenset({"backward_step_net"}),
+    "RecurrentNetworkGradient": frozenset({"step_net"}),  # it reads the forward op's step_workspaces
+}
 
 
 def _ops_to_check(net: Net, runnable_only: bool) -> Iterable[Op]:

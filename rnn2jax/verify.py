@@ -1,0 +1,277 @@
+"""The verification harness: hand-built backward step nets against `jax.vjp` of the forward scan.
+
+For every RecurrentNetwork op that carries a `backward_step_net`, `verify` draws inputs and output
+gradients, then computes the op's input gradients twice: by running the RecurrentNetworkGradient op that
+Caffe2's gradient maker derived from it (the backward step net, exactly as Caffe2 ran it), and by
+`jax.vjp` of the forward op. It reports, per gradient blob, how far apart they are; optionally a third
+opinion comes from float64 central finite differences along a random direction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .compile import run_init_net
+from .errors import BadArgumentError
+from .load import load
+from .lower import lower
+from .netdef import Net, Op, Plan
+from .recurrent import decode_spec
+
+TOLERANCES = {"float32": (1e-4, 1e-5), "float64": (1e-9, 1e-11)}  # (rtol, atol) per dtype
+FD_TOLERANCES = {"float32": 1e-2, "float64": 1e-5}  # relative error of a central difference
+
+
+@dataclass(frozen=True)
+class GradientCheck:
+    """One gradient blob of one RecurrentNetwork op: hand-built backward vs `jax.vjp`."""
+
+    op: str
+    blob: str
+    of: str
+    kind: str  # "input", "parameter" or "initial state"
+    max_abs: float
+    max_rel: float
+    ok: bool
+    fd_rel: float | None = None  # finite-difference relative error of the hand-built gradient
+
+
+@dataclass
+class VerificationReport:
+    dtype: str
+    rtol: float
+    atol: float
+    checks: list[GradientCheck] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def failed(self) -> list[GradientCheck]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_json(self) -> str:
+        return json.dumps({"ok": self.ok, **asdict(self)}, indent=2)
+
+    def __str__(self) -> str:
+        rows = [("op", "gradient blob", "kind", "max abs err", "max rel err", "fd rel err", "")]
+        for c in self.checks:
+            fd = "-" if c.fd_rel is None else f"{c.fd_rel:.2e}"
+            verdict = "ok" if c.ok else "MISMATCH"
+            rows.append((c.op, c.blob, c.kind, f"{c.max_abs:.2e}", f"{c.max_rel:.2e}", fd, verdict))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = [
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        verdict = "all gradients agree" if self.ok else f"{len(self.failed)} gradient(s) disagree"
+        if not self.checks:
+            verdict = "no RecurrentNetwork op with a backward_step_net found"
+        lines.append(f"{verdict} (dtype {self.dtype}, rtol {self.rtol:g}, atol {self.atol:g})")
+        return "\n".join(lines)
+
+
+def gradient_op(op: Op) -> Op:
+    """The RecurrentNetworkGradient op Caffe2's gradient maker derives from a RecurrentNetwork op
+    (SEMANTICS.md 2.7): output gradients, forward inputs, forward outputs in; input, parameter and
+    initial-state gradients out; every forward argument copied."""
+    with_grads = op.ints("outputs_with_grads")
+    params = op.ints("param", ())
+    spec = decode_spec(op)
+    inputs = [op.outputs[k] + "_grad" for k in with_grads] + list(op.inputs) + list(op.outputs)
+    outputs = [op.inputs[0] + "_grad"] + [op.inputs[i] + "_grad" for i in (*params, *spec.initial_ids)]
+    return Op(
+        type="RecurrentNetworkGradient",
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+        args=op.args,
+        index=op.index + 1,
+        where=f"{op.where} (its gradient)",
+        is_gradient_op=True,
+    )
+
+
+def _integer_blobs(net: Net) -> set[str]:
+    """Blobs a step net uses as sequence lengths (int32)."""
+    names = set()
+    for op in net.walk():
+        if op.type in ("LSTMUnit", "GRUUnit") and op.bool("sequence_lengths", True) and len(op.inputs) >= 4:
+            names.add(op.inputs[-2])
+        elif op.type == "SequenceMask" and len(op.inputs) > 1:
+            names.add(op.inputs[1])
+        elif op.type in ("GT", "GE", "LT", "LE"):
+            names.add(op.inputs[0])
+    return names
+
+
+def _shape_of(spec: Any) -> tuple[int, ...]:
+    if isinstance(spec, str):
+        return tuple(int(v) for v in spec.split(",") if v.strip())
+    return tuple(int(v) for v in spec)
+
+
+class _OpCheck:
+    """Inputs, forward function and both gradient paths for one RecurrentNetwork op."""
+
+    def __init__(self, op: Op, values: Mapping[str, Any], shapes: Mapping[str, Any], rng, dtype):
+        self.op = op
+        self.spec = decode_spec(op)
+        self.integers = _integer_blobs(self.spec.step_net)
+        self.inputs = self._draw_inputs(values, shapes, rng, dtype)
+        self.forward_net = Net(f"{op.type}#{op.index}", (op,), op.inputs, op.outputs, where=op.where)
+        self.backward_net = Net(
+            f"{op.type}#{op.index} with gradient", (op, gradient_op(op)), (), (), where=op.where
+        )
+
+    def _draw_inputs(self, values, shapes, rng, dtype) -> dict[str, Any]:
+        missing = [n for n in self.op.inputs if n not in values and n not in shapes]
+        if missing:
+            example = " ".join(f"--shape {n}=..." for n in missing)
+            raise BadArgumentError(
+                f"{self.op.where}: give the shapes of {', '.join(missing)} (shapes={{blob: (dims)}} or "
+                f"`rnn2jax verify NET {example}`), or an init net that creates them"
+            )
+        steps = None
+        drawn: dict[str, Any] = {}
+        for position, name in enumerate(self.op.inputs):
+            if name in values:
+                value = np.asarray(values[name])
+                drawn[name] = value if value.dtype.kind in "iub" else value.astype(dtype)
+                if position == 0:
+                    steps = value.shape[0]
+                continue
+            shape = _shape_of(shapes[name])
+            if position == 0:
+                steps = shape[0]
+            if name in self.integers:
+                drawn[name] = rng.integers(0, (steps or 1) + 1, size=shape).astype(np.int32)
+            else:
+                drawn[name] = (rng.standard_normal(shape) * 0.5).astype(dtype)
+        return drawn
+
+    def float_names(self) -> list[str]:
+        """What gets gradients: input 0, the parameters and the initial states."""
+        picked = [0, *self.op.ints("param", ()), *self.spec.initial_ids]
+        return [self.op.inputs[i] for i in dict.fromkeys(picked)]
+
+    def forward(self, floats: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        env = lower(self.forward_net)({**self.inputs, **floats})
+        return {name: env[name] for name in self.op.outputs[:-1]}
+
+    def output_grads(self, rng, dtype) -> dict[str, np.ndarray]:
+        shapes = jax.eval_shape(self.forward, {n: self.inputs[n] for n in self.float_names()})
+        names = [self.op.outputs[k] for k in self.op.ints("outputs_with_grads")]
+        return {n: (rng.standard_normal(shapes[n].shape)).astype(dtype) for n in names}
+
+    def hand_built(self, grads: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        grad_op = self.backward_net.ops[1]
+        env = lower(self.backward_net)({**self.inputs, **{n + "_grad": g for n, g in grads.items()}})
+        return {name: env[name] for name in grad_op.outputs}
+
+    def autodiff(self, grads: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        floats = {n: jnp.asarray(self.inputs[n]) for n in self.float_names()}
+        outputs, pullback = jax.vjp(self.forward, floats)
+        cotangents = {
+            n: jnp.asarray(grads[n]) if n in grads else jnp.zeros_like(v) for n, v in outputs.items()
+        }
+        (result,) = pullback(cotangents)
+        return result
+
+    def finite_difference(self, grads, name: str, hand: jax.Array, rng) -> float:
+        """Relative error of <hand-built gradient, v> against a central difference along random v."""
+        direction = rng.standard_normal(np.shape(self.inputs[name]))
+        eps = 1e-6
+
+        def loss(scale: float) -> float:
+            floats = {n: jnp.asarray(self.inputs[n]) for n in self.float_names()}
+            floats[name] = floats[name] + scale * direction
+            out = self.forward(floats)
+            return float(sum(jnp.vdot(out[n], g) for n, g in grads.items()))
+
+        numeric = (loss(eps) - loss(-eps)) / (2 * eps)
+        analytic = float(np.vdot(np.asarray(hand), direction))
+        return abs(numeric - analytic) / max(abs(numeric), abs(analytic), 1e-12)
+
+
+def _kind(op: Op, name: str) -> str:
+    position = op.inputs.index(name)
+    if position == 0:
+        return "input"
+    return "initial state" if position in decode_spec(op).initial_ids else "parameter"
+
+
+def _recurrent_ops(loaded: Net | Plan) -> list[Op]:
+    nets = loaded.nets.values() if isinstance(loaded, Plan) else [loaded]
+    found = []
+    for net in nets:
+        for op in net.ops:
+            if op.type == "RecurrentNetwork" and decode_spec(op).backward_step_net is not None:
+                found.append(op)
+    return found
+
+
+def verify(
+    net: Any,
+    shapes: Mapping[str, Sequence[int] | str] | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    *,
+    init_net: Any = None,
+    params: Mapping[str, Any] | None = None,
+    finite_differences: bool = False,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> VerificationReport:
+    """Check every RecurrentNetwork op's backward step net against `jax.vjp` of its forward scan.
+
+    Input values come from `params`, then from `init_net` (run once), then are drawn at random with
+    the `shapes` given (`{blob: dims}`; sequence lengths are drawn in [0, T]). `dtype` is "float32" or
+    "float64" (float64 runs with JAX's x64 mode on). `finite_differences` adds a float64-style central
+    difference check of the hand-built gradients along a random direction.
+    """
+    if dtype not in TOLERANCES:
+        raise BadArgumentError(f"dtype must be one of {', '.join(TOLERANCES)}, got {dtype!r}")
+    default_rtol, default_atol = TOLERANCES[dtype]
+    report = VerificationReport(
+        dtype, default_rtol if rtol is None else rtol, default_atol if atol is None else atol
+    )
+    loaded = load(net)
+    values: dict[str, Any] = dict(run_init_net(init_net, seed)) if init_net is not None else {}
+    values.update(params or {})
+    rng = np.random.default_rng(seed)
+    with jax.enable_x64(dtype == "float64"):
+        for op in _recurrent_ops(loaded):
+            checks = _check_op(op, values, dict(shapes or {}), rng, dtype, report, finite_differences)
+            report.checks.extend(checks)
+    return report
+
+
+def _check_op(op, values, shapes, rng, dtype, report, finite_differences) -> list[GradientCheck]:
+    check = _OpCheck(op, values, shapes, rng, dtype)
+    grads = check.output_grads(rng, dtype)
+    hand = check.hand_built(grads)
+    auto = check.autodiff(grads)
+    grad_op = check.backward_net.ops[1]
+    of_blobs = [op.inputs[0]] + [op.inputs[i] for i in (*op.ints("param", ()), *check.spec.initial_ids)]
+    results = []
+    for grad_name, of in zip(grad_op.outputs, of_blobs, strict=True):
+        ours, reference = np.asarray(hand[grad_name], np.float64), np.asarray(auto[of], np.float64)
+        if ours.shape != reference.shape:
+            max_abs, max_rel, ok = float("inf"), float("inf"), False
+        else:
+            max_abs = float(np.max(np.abs(ours - reference), initial=0.0))
+            scale = float(np.max(np.abs(reference), initial=0.0))
+            max_rel = max_abs / scale if scale else max_abs
+            ok = max_abs <= report.atol + report.rtol * scale
+        fd = check.finite_difference(grads, of, hand[grad_name], rng) if finite_differences else None
+        ok = ok and (fd is None or fd <= FD_TOLERANCES[dtype])
+        results.append(GradientCheck(op.where, grad_name, of, _kind(op, of), max_abs, max_rel, ok, fd))
+    return results
