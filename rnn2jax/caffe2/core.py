@@ -98,7 +98,9 @@ def create_operator(
     **kwargs: Any,
 ) -> pb.OperatorDef:
     """An `OperatorDef`, arguments in keyword order (as Caffe2's CreateOperator emitted them)."""
-    op = pb.OperatorDef(type=op_type, name=name, engine=engine)
+    op = pb.OperatorDef(type=op_type, name=name)
+    if engine:  # Caffe2 left the field unset unless an engine was asked for
+        op.engine = engine
     op.input.extend([inputs] if isinstance(inputs, str) else inputs)
     op.output.extend([outputs] if isinstance(outputs, str) else outputs)
     op.control_input.extend(control_input)

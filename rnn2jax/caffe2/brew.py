@@ -1,0 +1,113 @@
+"""The `brew` helpers Caffe2's RNN cells use, with brew's argument merging.
+
+`brew.<helper>(model, ...)` started from a copy of `model.arg_scope` (order, use_cudnn,
+cudnn_exhaustive_search), kept only the helper's own parameters when it took no `**kwargs`, then
+applied the caller's keywords. Whatever the helper did not consume became op arguments, in that order:
+this is where the `order`/`use_cudnn`/`cudnn_exhaustive_search` arguments of FC, Sum, Concat, ...
+and their argument order in Caffe2 RNN nets come from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .model import BIAS, COMPUTED_PARAM, WEIGHT, BlobReference, ModelHelper
+
+
+def _merged(model: ModelHelper, kwargs: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(model.arg_scope)
+    merged.update(kwargs)
+    return merged
+
+
+def fc(
+    model: ModelHelper,
+    blob_in: str,
+    blob_out: str,
+    dim_in: int,
+    dim_out: int,
+    weight_init: tuple[str, dict] | None = None,
+    bias_init: tuple[str, dict] | None = None,
+    **kwargs: Any,
+) -> BlobReference:
+    """`brew.fc`: XavierFill `[dim_out, dim_in]` weight `<out>_w`, ConstantFill `[dim_out]` bias `<out>_b`."""
+    kwargs = _merged(model, kwargs)
+    if kwargs.pop("enable_tensor_core", False):
+        kwargs["engine"] = "TENSORCORE"
+    if kwargs.pop("float16_compute", False):
+        kwargs["float16_compute"] = True
+    bias_tags = [BIAS, COMPUTED_PARAM] if "freeze_bias" in kwargs else [BIAS]
+    weight = model.create_param(
+        blob_out + "_w", [dim_out, dim_in], weight_init or ("XavierFill", {}), [WEIGHT]
+    )
+    bias = model.create_param(blob_out + "_b", [dim_out], bias_init or ("ConstantFill", {}), bias_tags)
+    return model.net.FC([blob_in, weight, bias], blob_out, **kwargs)
+
+
+def sum(model: ModelHelper, blob_in: Sequence[str], blob_out: str, **kwargs: Any) -> BlobReference:
+    return model.net.Sum(list(blob_in), blob_out, **_merged(model, kwargs))
+
+
+def concat(model: ModelHelper, blobs_in: Sequence[str], blob_out: str, **kwargs: Any) -> BlobReference:
+    """`brew.concat`: outputs `(out, "_" + out + "_concat_dims")`; drops `order` when `axis` is given."""
+    kwargs = _merged(model, kwargs)
+    if kwargs.get("order") and kwargs.get("axis"):
+        kwargs.pop("order")
+    return model.net.Concat(list(blobs_in), [blob_out, "_" + blob_out + "_concat_dims"], **kwargs)[0]
+
+
+def _cudnn_engine(kwargs: dict[str, Any]) -> dict[str, Any]:
+    if kwargs.pop("use_cudnn", False):
+        kwargs["engine"] = "CUDNN"
+    return kwargs
+
+
+def transpose(model: ModelHelper, blob_in: str, blob_out: str, **kwargs: Any) -> BlobReference:
+    return model.net.Transpose(blob_in, blob_out, **_cudnn_engine(_merged(model, kwargs)))
+
+
+def softmax(model: ModelHelper, blob_in: str, blob_out: str | None = None, **kwargs: Any) -> BlobReference:
+    return model.net.Softmax(blob_in, blob_out, **_cudnn_engine(_merged(model, kwargs)))
+
+
+def batch_mat_mul(model: ModelHelper, blob_in: Sequence[str], blob_out: str, **kwargs: Any) -> BlobReference:
+    kwargs = _merged(model, kwargs)
+    if kwargs.pop("enable_tensor_core", False):
+        kwargs["engine"] = "TENSORCORE"
+    return model.net.BatchMatMul(list(blob_in), blob_out, **kwargs)
+
+
+def layer_norm(
+    model: ModelHelper,
+    blob_in: str,
+    blob_out: str,
+    dim_in: int,
+    axis: int = 1,
+    epsilon: float = 1e-4,
+    initial_scale: float = 1.0,
+    initial_bias: float = 0.0,
+) -> tuple[BlobReference, BlobReference, BlobReference]:
+    """`brew.layer_norm`: LayerNorm (no affine), then `* <out>_scale` and `+ <out>_bias` (legacy broadcast).
+
+    Takes no `**kwargs`, so the arg-scope arguments do not reach its ops. Returns (biased, mean, stdev).
+    """
+    normalized, mean, stdev = model.net.LayerNorm(
+        [blob_in], [blob_out, blob_out + "_mean", blob_out + "_stdev"], axis=axis, epsilon=epsilon
+    )
+    scale = model.create_param(
+        f"{blob_out}_scale", [dim_in], ("ConstantFill", {"value": initial_scale}), [WEIGHT]
+    )
+    bias = model.create_param(f"{blob_out}_bias", [dim_in], ("ConstantFill", {"value": initial_bias}), [BIAS])
+    scaled = model.net.Mul([normalized, scale], [f"{blob_out}_scaled"], broadcast=1, axis=axis)
+    biased = model.net.Add([scaled, bias], [f"{blob_out}_biased"], broadcast=1, axis=axis)
+    return biased, mean, stdev
+
+
+def dropout(model: ModelHelper, blob_in: str, blob_out: str, **kwargs: Any) -> BlobReference:
+    """`brew.dropout`: outputs `(out, "_" + out + "_mask")`, engine CUDNN or DEFAULT; needs `is_test`."""
+    kwargs = _merged(model, kwargs)
+    kwargs["engine"] = "CUDNN" if kwargs.pop("use_cudnn", False) else "DEFAULT"
+    if "is_test" not in kwargs:
+        raise ValueError("Argument 'is_test' is required")
+    return model.net.Dropout(blob_in, [blob_out, "_" + blob_out + "_mask"], **kwargs)[0]

@@ -1,0 +1,175 @@
+"""`recurrent_net`: Caffe2's `recurrent.recurrent_net`, which wraps a step net into a RecurrentNetwork op.
+
+It adds one op to the main net: inputs (sequence, initial states, then every other external input of
+the step net, the "references"), outputs (`<state output>_all`, `_last` per state, then
+`<scope>/step_workspaces`) and the arguments of section 2.3 of SEMANTICS.md. Unless `forward_only`,
+it also builds the backward step net B from the step net's gradient (gradients.py), section 2.10:
+recomputed ops first, then gradient ops; B's external inputs are the forward scratches B reads, the
+state-output gradients, the step net's external inputs and outputs; then the `_accum` rewrite makes
+B's writes to an externally provided gradient add to it rather than overwrite it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..proto import caffe2_pb2 as pb
+from .gradients import get_backward_pass, get_ssa, get_undefined_blobs
+from .model import BlobReference, Net, make_op
+
+
+def recurrent_net(
+    net: Net,
+    cell_net: Net | pb.NetDef,
+    inputs: Sequence[tuple[str, str]],
+    initial_cell_inputs: Sequence[tuple[str, str]],
+    links: Mapping[str, str],
+    timestep: str | None = None,
+    scope: str | None = None,
+    outputs_with_grads: Sequence[int] = (0,),
+    recompute_blobs_on_backward: Iterable[str] | None = None,
+    forward_only: bool = False,
+) -> list[BlobReference]:
+    """Add a RecurrentNetwork op running `cell_net` over `inputs` to `net`; returns its outputs
+    (`<output>_all`, `<output>_last` per state) without the trailing step-workspaces blob.
+
+    inputs: `[(input_t, sequence)]` (exactly one); initial_cell_inputs: `[(state_prev, initial)]`;
+    links: state_prev -> the step-net blob holding the next value of that state; timestep: the step
+    net's timestep blob; scope: prefix of the states blobs (default `<net>/recurrent`).
+    `cell_net` may be a `Net` or a bare `NetDef` (its external inputs/outputs must be filled in).
+    """
+    if len(inputs) != 1:
+        raise ValueError("Only one input blob is supported so far")
+    op_name = net.next_name("recurrent")
+
+    def s(name: str) -> str:
+        return f"{op_name if scope is None else scope}/{name}"
+
+    cell = cell_net.proto if isinstance(cell_net, Net) else cell_net
+    known = [str(i[0]) for i in inputs] + [str(x[1]) for x in initial_cell_inputs]
+    known += [str(x[0]) for x in initial_cell_inputs]
+    if timestep is not None:
+        known.append(str(timestep))
+    references = [BlobReference(b) for b in cell.external_input if b not in known]
+
+    backward = None
+    if not forward_only:
+        ys = {o: o + "_grad" for o in cell.external_output}
+        backward_ops, backward_mapping = get_backward_pass(cell.op, ys)
+        recompute = list(dict.fromkeys(str(b) for b in recompute_blobs_on_backward or ()))
+        backward = Net("RecurrentBackwardStep")
+        backward.proto.op.extend(_recompute_ops(cell.op, recompute))
+        backward.proto.op.extend(backward_ops)
+        backward_ssa, backward_versions = get_ssa(backward.proto)
+        undefined = get_undefined_blobs(backward_ssa)
+        _, versions = get_ssa(cell)
+        scratches = [
+            b for b, v in versions.items() if v > 0 and b in undefined and b not in cell.external_output
+        ]
+        backward.proto.external_input.extend(scratches)
+        backward.proto.type = "simple"
+
+    all_inputs = [i[1] for i in inputs] + [x[1] for x in initial_cell_inputs] + references
+    all_outputs: list[str] = []
+    cell.type = "simple"
+    forward_links, backward_links, aliases, states = [], [], [], []
+    for cell_input, _ in initial_cell_inputs:
+        cell_input = str(cell_input)
+        state = s(cell_input + "_states")
+        cell_output = links[cell_input]
+        forward_links += [(cell_input, state, 0), (cell_output, state, 1)]
+        aliases += [(state, cell_output + "_all", 1), (state, cell_output + "_last", -1)]
+        all_outputs += [cell_output + "_all", cell_output + "_last"]
+        states.append(state)
+        if backward is not None:
+            backward_links.append((cell_output + "_grad", state + "_grad", 1))
+            backward.proto.external_input.append(str(cell_output) + "_grad")
+            # nobody writes the prev-state gradient (e.g. it only feeds a Sum): link its pass-through
+            prev_grad = cell_input + "_grad"
+            source = prev_grad if backward_versions.get(prev_grad, 0) else backward_mapping[cell_input]
+            backward_links.append((source, state + "_grad", 0))
+    for input_t, input_blob in inputs:
+        forward_links.append((str(input_t), str(input_blob), 0))
+
+    backward_args: dict[str, Any] = {}
+    if backward is not None:
+        for input_t, input_blob in inputs:
+            backward_links.append((backward_mapping[str(input_t)], str(input_blob) + "_grad", 0))
+        backward.proto.external_input.extend(cell.external_input)
+        backward.proto.external_input.extend(cell.external_output)
+        _accumulate_external_gradients(backward.proto)
+        params = [p for p in references if p in backward_mapping]
+        backward_args = {
+            "param": [all_inputs.index(p) for p in params],
+            "backward_link_internal": [str(link[0]) for link in backward_links],
+            "backward_link_external": [str(link[1]) for link in backward_links],
+            "backward_link_offset": [link[2] for link in backward_links],
+            "outputs_with_grads": list(outputs_with_grads),
+            "recompute_blobs_on_backward": recompute,
+            "param_grads": [str(backward_mapping[p]) for p in params],
+        }
+        if backward.proto.op:
+            backward_args["backward_step_net"] = backward.proto
+
+    results = net.add_op(
+        "RecurrentNetwork",
+        all_inputs,
+        [*all_outputs, s("step_workspaces")],
+        alias_src=[a[0] for a in aliases],
+        alias_dst=[str(a[1]) for a in aliases],
+        alias_offset=[a[2] for a in aliases],
+        recurrent_states=states,
+        initial_recurrent_state_ids=[all_inputs.index(str(x[1])) for x in initial_cell_inputs],
+        link_internal=[str(link[0]) for link in forward_links],
+        link_external=[str(link[1]) for link in forward_links],
+        link_offset=[link[2] for link in forward_links],
+        enable_rnn_executor=1,
+        step_net=cell,
+        timestep="timestep" if timestep is None else str(timestep),
+        **backward_args,
+    )
+    return list(results[:-1])
+
+
+def _recompute_ops(ops: Iterable[pb.OperatorDef], recompute: list[str]) -> list[pb.OperatorDef]:
+    """Forward ops writing a recomputed blob, in forward order; they may write nothing else."""
+    selected = []
+    for op in ops:
+        if set(recompute).isdisjoint(op.output):
+            continue
+        if not set(op.output) <= set(recompute):
+            raise ValueError(
+                f"op {op.type} writes blobs besides recompute_blobs_on_backward: {list(op.output)}"
+            )
+        selected.append(op)
+    return selected
+
+
+def _accumulate_external_gradients(proto: pb.NetDef) -> None:
+    """The `_accum` rewrite: an op output (not also an input) that is an external input of B is renamed
+    `<x>_accum` and `Sum([x, x_accum]) -> x` follows, so B adds to an externally provided gradient.
+
+    Caffe2 built these Sums with `Net.Sum`, whose table of defined blobs was filled once, at the first
+    such Sum; ops re-added to the proto afterwards were not in it, so a later `<x>_accum` input counted
+    as undefined and was appended to B's external inputs. That quirk is reproduced.
+    """
+    ops = list(proto.op)
+    del proto.op[:]
+    defined: set[str] | None = None
+    for op in ops:
+        proto.op.append(op)
+        added = proto.op[-1]
+        for j, output in enumerate(list(added.output)):
+            if output not in proto.external_input or output in added.input:
+                continue
+            accum = output + "_accum"
+            added.output[j] = accum
+            if defined is None:
+                defined = {o for o2 in proto.op for o in o2.output} | set(proto.external_input)
+            for blob in (output, accum):
+                if blob not in defined:
+                    proto.external_input.append(blob)
+                    defined.add(blob)
+            proto.op.append(make_op("Sum", [output, accum], [output]))
+            defined.add(output)
