@@ -103,7 +103,14 @@ def _run(
     if step.opdef.random:
         kwargs["key"] = jax.random.fold_in(key if key is not None else jax.random.key(0), op.index)
     try:
-        result = step.kernel(*args, **kwargs)
+        if args and _foldable(step.opdef, args):
+            # Every input is a constant (shapes and lengths that Caffe2 nets compute with Shape, Slice,
+            # Cast...): compute now, so ops that need concrete values (fills with input_as_shape,
+            # Reshape's new_shape) still get them under jax.jit.
+            with jax.ensure_compile_time_eval():
+                result = step.kernel(*args, **kwargs)
+        else:
+            result = step.kernel(*args, **kwargs)
     except Rnn2JaxError:
         raise
     except (TypeError, ValueError, IndexError) as error:
@@ -112,6 +119,12 @@ def _run(
     outputs = result if isinstance(result, tuple) else (result,)
     for name, value in zip(op.outputs, outputs, strict=False):
         env[name] = value
+
+
+def _foldable(opdef: OpDef, args: list[Any]) -> bool:
+    if opdef.random or opdef.scoped:
+        return False
+    return not any(isinstance(a, jax.core.Tracer) for a in args)
 
 
 def lower(net: Net) -> LoweredNet:

@@ -305,11 +305,17 @@ def decode_argument(arg: pb.Argument, where: str) -> Arg:
     return Arg(name, "empty", ())
 
 
-def _decode_arguments(args: Any, where: str) -> Mapping[str, Arg]:
+def _decode_arguments(args: Any, where: str, allow_repeats: bool = False) -> Mapping[str, Arg]:
+    """Arguments by name. Caffe2 let an operator repeat an argument with identical contents (its Scale
+    gradient maker does) and refused different contents, or any repeat on a net."""
     decoded: dict[str, Arg] = {}
+    first: dict[str, Any] = {}
     for arg in args:
         if arg.name in decoded:
-            raise ParseError(f"{where}: argument '{arg.name}' is given twice")
+            if not allow_repeats or arg != first[arg.name]:
+                raise ParseError(f"{where}: argument '{arg.name}' is given twice")
+            continue
+        first[arg.name] = arg
         decoded[arg.name] = decode_argument(arg, where)
     return MappingProxyType(decoded)
 
@@ -331,7 +337,7 @@ def decode_op(proto: pb.OperatorDef, index: int, net_where: str) -> Op:
         type=proto.type,
         inputs=tuple(proto.input),
         outputs=tuple(proto.output),
-        args=_decode_arguments(proto.arg, where),
+        args=_decode_arguments(proto.arg, where, allow_repeats=True),
         index=index,
         where=where,
         name=proto.name,
