@@ -7,6 +7,8 @@ SEMANTICS.md, not from rnn2jax.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import jax
 import numpy as np
 import pytest
@@ -30,17 +32,32 @@ from rnn2jax.caffe2 import (
     MultiRNNCell,
 )
 
-F32 = np.float32
 CELL_EXAMPLES = settings(max_examples=6, deadline=None)
+# The dtype the cell tests run in, with its tolerance: float32 by default; test_cells_in_float64
+# reruns every cell with x64 on. (rtol, atol) for plain cells and for those with layer norm/attention.
+PRECISION = {"dtype": np.float32, "tight": (1e-5, 1e-6), "loose": (2e-5, 2e-6)}
 
 
-def compile_model(model: ModelHelper, outputs, rng, x64=False):
+@contextmanager
+def float64():
+    saved = dict(PRECISION)
+    PRECISION.update(dtype=np.float64, tight=(1e-10, 1e-12), loose=(1e-10, 1e-12))
+    try:
+        with jax.enable_x64(True):
+            yield
+    finally:
+        PRECISION.update(saved)
+
+
+def real(a):
+    return np.asarray(a).astype(PRECISION["dtype"])
+
+
+def compile_model(model: ModelHelper, outputs, rng):
     """Compile the model's main net; parameters drawn from N(0, 0.5^2) in the init net's shapes."""
-    fn = rnn2jax.compile(
-        model.net.proto, init_net=model.param_init_net.proto, outputs=[str(o) for o in outputs]
-    )
-    dtype = np.float64 if x64 else F32
-    params = {k: (rng.standard_normal(v.shape) * 0.5).astype(dtype) for k, v in fn.params.items()}
+    init = model.param_init_net.proto
+    fn = rnn2jax.compile(model.net.proto, init_net=init, outputs=[str(o) for o in outputs])
+    params = {k: real(rng.standard_normal(v.shape) * 0.5) for k, v in fn.params.items()}
     return fn, params
 
 
@@ -52,7 +69,7 @@ def run(fn, params, inputs):
 def initial_state(rng, form, batch, size):
     """An initial state in one of the forms Caffe2 accepts, and its value per batch row."""
     shape = {"1-D": (size,), "2-D": (batch, size), "3-D": (1, batch, size)}[form]
-    value = (rng.standard_normal(shape) * 0.5).astype(F32)
+    value = real(rng.standard_normal(shape) * 0.5)
     return value, np.broadcast_to(value.reshape(-1, size), (batch, size))
 
 
@@ -60,7 +77,9 @@ def lengths_for(rng, use, steps, batch):
     return rng.integers(0, steps + 1, size=batch).astype(np.int32) if use else None
 
 
-def close(actual, expected, rtol=1e-5, atol=1e-6):
+def close(actual, expected, loose=False):
+    assert np.asarray(actual).dtype == PRECISION["dtype"]
+    rtol, atol = PRECISION["loose" if loose else "tight"]
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol)
 
 
@@ -95,7 +114,7 @@ def test_lstm(variant, s):
     lengths_blob = "seq_lengths" if s["lengths"] else None
     outs = LSTM(model, "x", lengths_blob, ("h0", "c0"), s["dim_in"], s["hidden"], scope="lstm", **kwargs)
     fn, p = compile_model(model, outs, rng)
-    x = rng.standard_normal((s["steps"], s["batch"], s["dim_in"])).astype(F32)
+    x = real(rng.standard_normal((s["steps"], s["batch"], s["dim_in"])))
     h0, h0_rows = initial_state(rng, s["form"], s["batch"], s["hidden"])
     c0, c0_rows = initial_state(rng, s["form"], s["batch"], s["hidden"])
     lengths = lengths_for(rng, s["lengths"], s["steps"], s["batch"])
@@ -109,7 +128,7 @@ def test_lstm(variant, s):
         p["lstm/gates_t_w"],
         p["lstm/gates_t_b"],
         lengths,
-        kwargs.get("forget_bias", 0.0),
+        float(np.float32(kwargs.get("forget_bias", 0.0))),  # the argument is stored as a float32
         kwargs.get("drop_states", False),
     )
     for name, value in zip(outs, expected, strict=True):
@@ -129,7 +148,7 @@ def test_milstm_and_layer_norm_cells(cell, s):
     scope = {"milstm": "milstm", "layernorm_lstm": "lnlstm", "layernorm_milstm": "lnmilstm"}[cell]
     outs = MILSTM_FAMILY[cell](model, "x", "seq_lengths", ("h0", "c0"), s["dim_in"], s["hidden"], scope=scope)
     fn, p = compile_model(model, outs, rng)
-    x = rng.standard_normal((s["steps"], s["batch"], s["dim_in"])).astype(F32)
+    x = real(rng.standard_normal((s["steps"], s["batch"], s["dim_in"])))
     h0, h0_rows = initial_state(rng, s["form"], s["batch"], s["hidden"])
     c0, c0_rows = initial_state(rng, s["form"], s["batch"], s["hidden"])
     lengths = lengths_for(rng, True, s["steps"], s["batch"])
@@ -144,7 +163,7 @@ def test_milstm_and_layer_norm_cells(cell, s):
         gates = ref.layer_normed(gates, q["gates_t_norm_scale"], q["gates_t_norm_bias"])
     expected = ref.lstm_family(x_proj, h0_rows, c0_rows, gates, lengths)
     for name, value in zip(outs, expected, strict=True):
-        close(out[name], value.reshape(out[name].shape), rtol=2e-5, atol=2e-6)
+        close(out[name], value.reshape(out[name].shape), loose=True)
 
 
 @pytest.mark.parametrize("linear_before_reset", [False, True])
@@ -159,7 +178,7 @@ def test_gru(linear_before_reset, s):
         linear_before_reset=linear_before_reset,
     )  # fmt: skip
     fn, p = compile_model(model, outs, rng)
-    x = rng.standard_normal((s["steps"], s["batch"], s["dim_in"])).astype(F32)
+    x = real(rng.standard_normal((s["steps"], s["batch"], s["dim_in"])))
     h0, h0_rows = initial_state(rng, s["form"], s["batch"], s["hidden"])
     lengths = lengths_for(rng, s["lengths"], s["steps"], s["batch"])
     out = run(fn, p, {"x": x, "h0": h0} | ({"seq_lengths": lengths} if s["lengths"] else {}))
@@ -186,7 +205,7 @@ def test_basic_rnn(activation, s):
         forward_only=s["lengths"],
     )  # fmt: skip
     fn, p = compile_model(model, outs, rng)
-    x = rng.standard_normal((s["steps"], s["batch"], s["dim_in"])).astype(F32)
+    x = real(rng.standard_normal((s["steps"], s["batch"], s["dim_in"])))
     h0, h0_rows = initial_state(rng, s["form"], s["batch"], s["hidden"])
     lengths = lengths_for(rng, s["lengths"], s["steps"], s["batch"])
     out = run(fn, p, {"x": x, "h0": h0} | ({"seq_lengths": lengths} if s["lengths"] else {}))
@@ -230,7 +249,7 @@ def test_multi_rnn_cell_stack(s):
         return_last_layer_only=False,
     )  # fmt: skip
     fn, p = compile_model(model, outs, rng)
-    x = rng.standard_normal((s["steps"], s["batch"], s["dim_in"])).astype(F32)
+    x = real(rng.standard_normal((s["steps"], s["batch"], s["dim_in"])))
     values, rows = {}, []
     for name, size in zip(initial, (hidden, hidden, hidden + 1, hidden + 1), strict=True):
         values[name], row = initial_state(rng, s["form"], s["batch"], size)
@@ -259,8 +278,8 @@ def test_dropout_cell_in_test_mode_is_the_plain_stack():
     step_ops = [op.type for op in rnn2jax.load(model.net.proto).walk()]
     assert "Dropout" in step_ops
     fn, p = compile_model(model, [output], rng)
-    x = rng.standard_normal((5, 2, 3)).astype(F32)
-    states = {n: (rng.standard_normal((1, 2, 4)) * 0.5).astype(F32) for n in ("h0_0", "c0_0", "h0_1", "c0_1")}
+    x = real(rng.standard_normal((5, 2, 3)))
+    states = {n: real(rng.standard_normal((1, 2, 4)) * 0.5) for n in ("h0_0", "c0_0", "h0_1", "c0_1")}
     lengths = np.array([5, 3], np.int32)
     out = run(fn, p, {"x": x, "seq_lengths": lengths, **states})
     rows = [v[0] for v in states.values()]
@@ -349,16 +368,16 @@ def test_lstm_with_attention(kind, steps, batch, enc_steps, seed):
         attention_memory_optimization=masked,
     )  # fmt: skip
     fn, p = compile_model(model, outs, rng)
-    dec_in = rng.standard_normal((steps, batch, dec_dim)).astype(F32)
-    enc = rng.standard_normal((enc_steps, batch, enc_dim)).astype(F32)
+    dec_in = real(rng.standard_normal((steps, batch, dec_dim)))
+    enc = real(rng.standard_normal((enc_steps, batch, enc_dim)))
     dec_len = rng.integers(0, steps + 1, size=batch).astype(np.int32)
     enc_len = rng.integers(1, enc_steps + 1, size=batch).astype(np.int32)
-    h0, c0 = (rng.standard_normal((1, batch, hidden)).astype(F32) for _ in range(2))
-    ctx0 = rng.standard_normal((1, batch, enc_dim)).astype(F32)
+    h0, c0 = (real(rng.standard_normal((1, batch, hidden))) for _ in range(2))
+    ctx0 = real(rng.standard_normal((1, batch, enc_dim)))
     inputs = {"dec_in": dec_in, "enc": enc, "dec_len": dec_len, "h0": h0, "c0": c0, "ctx0": ctx0}
     out = run(fn, p, inputs | ({"enc_len": enc_len} if masked else {}))
     name = {"regular_masked": "regular", "dot_same_size": "dot_same"}.get(kind, kind)
-    initial = {"h": h0[0], "c": c0[0], "ctx": ctx0[0], "cov": np.zeros((batch, enc_steps), F32)}
+    initial = {"h": h0[0], "c": c0[0], "ctx": ctx0[0], "cov": real(np.zeros((batch, enc_steps)))}
     expected = attention_reference(
         name, p, dec_in, dec_len, h0[0], c0[0], ctx0[0], enc, enc_len if masked else None, initial["cov"]
     )
@@ -366,7 +385,30 @@ def test_lstm_with_attention(kind, steps, batch, enc_steps, seed):
     for i, (blob, key) in enumerate(zip(outs, keys, strict=True)):
         series = expected[key]
         if i % 2 == 0:
-            value = np.stack(series) if series else np.zeros((0, *out[blob].shape[1:]), F32)
+            value = np.stack(series) if series else real(np.zeros((0, *out[blob].shape[1:])))
         else:
             value = (series[-1] if series else initial[key])[None]
-        close(out[blob], value.reshape(out[blob].shape), rtol=2e-5, atol=2e-6)
+        close(out[blob], value.reshape(out[blob].shape), loose=True)
+
+
+FIXED = {"steps": 3, "batch": 2, "dim_in": 3, "hidden": 4, "form": "2-D", "lengths": True, "seed": 11}
+FLOAT64_CASES = {
+    **{f"lstm-{v}": (test_lstm, {"variant": v, "s": FIXED}) for v in LSTM_VARIANTS},
+    **{c: (test_milstm_and_layer_norm_cells, {"cell": c, "s": FIXED}) for c in MILSTM_FAMILY},
+    **{f"gru-{b}": (test_gru, {"linear_before_reset": b, "s": FIXED}) for b in (False, True)},
+    # BasicRNN's length mask is Cast(to=float): float32 by definition, so float64 runs it without lengths.
+    **{f"rnn-{a}": (test_basic_rnn, {"activation": a, "s": {**FIXED, "lengths": False}}) for a in ("tanh", "relu")},
+    "stack": (test_multi_rnn_cell_stack, {"s": FIXED}),
+    **{
+        f"attention-{k}": (test_lstm_with_attention, dict(kind=k, steps=3, batch=2, enc_steps=3, seed=5))
+        for k in ATTENTION
+    },
+}
+
+
+@pytest.mark.parametrize("case", FLOAT64_CASES)
+def test_cells_in_float64(case):
+    """Every cell again in float64 (x64 on), to 1e-10."""
+    test, kwargs = FLOAT64_CASES[case]
+    with float64():
+        test.hypothesis.inner_test(**kwargs)

@@ -57,14 +57,21 @@ def _legacy_axis(op: Op) -> int:
     return order.index(axis_str)
 
 
-def _legacy_b_shape(op: Op, a_shape: tuple[int, ...], b_shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+def _legacy_b_shape(
+    op: Op,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+    axis: int,
+    names: tuple[str, str] | None = None,
+) -> tuple[int, ...]:
     """The shape to view B as so that NumPy broadcasting against A does Caffe2's legacy broadcast
     (elementwise_ops_utils.cc ComputeLegacyBroadcastSizes): B without its leading and trailing
     size-1 dims must equal A's dims starting at `axis` + (number of leading 1s stripped); A is then
-    `pre x n x post` and B is `n`, repeated over pre and post. A B of one element is a scalar."""
+    `pre x n x post` and B is `n`, repeated over pre and post. A B of one element is a scalar.
+    `names` are the blob names of A and B for messages (default: the op's first two inputs)."""
     if math.prod(b_shape) == 1:
         return ()
-    a_name, b_name = op.inputs[0], op.inputs[1]
+    a_name, b_name = names or (op.inputs[0], op.inputs[1])
     if len(b_shape) > len(a_shape):
         raise ShapeError(
             f"{op.where}: with broadcast=1, '{b_name}' {list(b_shape)} may not have more dims than "
@@ -93,12 +100,15 @@ def _legacy_b_shape(op: Op, a_shape: tuple[int, ...], b_shape: tuple[int, ...], 
     return (*core, *(1,) * (len(a_shape) - first - len(core)))
 
 
-def _numpy_shape(op: Op, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> tuple[int, ...]:
+def _numpy_shape(
+    op: Op, a_shape: tuple[int, ...], b_shape: tuple[int, ...], names: tuple[str, str] | None = None
+) -> tuple[int, ...]:
+    a_name, b_name = names or (op.inputs[0], op.inputs[1])
     try:
         return tuple(np.broadcast_shapes(a_shape, b_shape))
     except ValueError:
         raise ShapeError(
-            f"{op.where}: '{op.inputs[0]}' {list(a_shape)} and '{op.inputs[1]}' {list(b_shape)} do not "
+            f"{op.where}: '{a_name}' {list(a_shape)} and '{b_name}' {list(b_shape)} do not "
             "broadcast (numpy rules, broadcast=0); old nets set broadcast=1 for Caffe2's legacy mode"
         ) from None
 
@@ -153,6 +163,126 @@ def mul(op: Op) -> Kernel:
 @register("Div", inputs=2)
 def div(op: Op) -> Kernel:
     return binary(op, _divide)
+
+
+# --------------------------------------------------------------------------------------------------
+# Gradients of the binary arithmetic ops
+
+
+def _sum_to(g: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Sum `g` down to `shape`, a shape that broadcasts to g's (right-aligned): the leading dims g
+    has in excess and the dims where `shape` is 1 are summed (ComputeBinaryBroadcastBackwardAxes)."""
+    lead = g.ndim - len(shape)
+    ones = [lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1]
+    axes = (*range(lead), *ones)
+    return jnp.reshape(jnp.sum(g, axis=axes, dtype=g.dtype) if axes else g, shape)
+
+
+def _gradient_views(
+    op: Op, a: jax.Array, b: jax.Array, legacy: bool, axis: int, names: tuple[str, str]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape of the forward output C, shape to view B as) under the forward op's broadcast mode:
+    legacy mode makes C A-shaped and B an `n` block of A's `pre x n x post`; numpy mode broadcasts."""
+    if legacy:
+        return tuple(a.shape), _legacy_b_shape(op, a.shape, b.shape, axis, names)
+    return _numpy_shape(op, a.shape, b.shape, names), tuple(b.shape)
+
+
+def _check_like(op: Op, name: str, x: jax.Array, shape: tuple[int, ...], what: str) -> jax.Array:
+    """Caffe2 reads the output (gradient) blobs as flat C-shaped buffers; the sizes must agree."""
+    if x.size != math.prod(shape):
+        raise ShapeError(
+            f"{op.where}: {what} '{name}' {list(x.shape)} does not have the forward output's "
+            f"shape {list(shape)}"
+        )
+    return jnp.reshape(x, shape)
+
+
+# (dC, A, B, C) -> (dA, dB), each still C-shaped (or broadcasting to it) before the reduction.
+Backward = Callable[[jax.Array, jax.Array, jax.Array, jax.Array | None], tuple[jax.Array, jax.Array]]
+
+
+def binary_gradient(op: Op, backward: Backward) -> Kernel:
+    """`<Op>Gradient(dC, A, B[, C]) -> (dA, dB)` (BinaryElementwiseWithArgsGradientOp): the forward
+    op's `broadcast`/`axis`/`axis_str`/`order` say how A and B were broadcast; each elementwise
+    derivative is summed back over the broadcast dims to its input's shape."""
+    legacy = op.bool("broadcast", False)
+    axis = _legacy_axis(op) if legacy else -1
+    names = (op.inputs[1], op.inputs[2])
+
+    def kernel(dc, a, b, c=None):
+        arrays = (dc, a, b) if c is None else (dc, a, b, c)
+        _check_dtypes(op, arrays, NUMERIC, "int32, int64, float and double")
+        c_shape, b_view = _gradient_views(op, a, b, legacy, axis, names)
+        dc = _check_like(op, op.inputs[0], dc, c_shape, "output gradient")
+        if c is not None:
+            c = _check_like(op, op.inputs[3], c, c_shape, "output")
+        da, db = backward(dc, a, jnp.reshape(b, b_view), c)
+        da = _sum_to(jnp.broadcast_to(da, c_shape), a.shape)
+        db = _sum_to(jnp.broadcast_to(db, c_shape), b_view)
+        return da, jnp.reshape(db, b.shape)
+
+    return kernel
+
+
+@register("AddGradient", inputs=3, outputs=2)
+def add_gradient(op: Op) -> Kernel:
+    return binary_gradient(op, lambda dc, a, b, c: (dc, dc))
+
+
+@register("SubGradient", inputs=3, outputs=2)
+def sub_gradient(op: Op) -> Kernel:
+    return binary_gradient(op, lambda dc, a, b, c: (dc, -dc))
+
+
+@register("MulGradient", inputs=3, outputs=2)
+def mul_gradient(op: Op) -> Kernel:
+    return binary_gradient(op, lambda dc, a, b, c: (dc * b, dc * a))
+
+
+def _div_backward(dc, a, b, c):
+    """dA = dC / B, dB = -dC·C / B, in Caffe2's order of evaluation (integers truncate)."""
+    b = jnp.broadcast_to(b, dc.shape)  # lax.div does not broadcast
+    return _divide(dc, b), _divide(-dc * c, b)
+
+
+@register("DivGradient", inputs=(3, 4), outputs=2)
+def div_gradient(op: Op) -> Kernel:
+    """Two layouts (elementwise_div_op.cc): `(dC, A, B, C)` from the current maker, and the
+    pre-2018 `(B, C, dC)`, where A's shape is taken to be C's (dA gets C's shape)."""
+    if len(op.inputs) == 4:
+        return binary_gradient(op, _div_backward)
+    legacy = op.bool("broadcast", False)
+    axis = _legacy_axis(op) if legacy else -1
+    names = (op.inputs[1], op.inputs[0])
+
+    def kernel(b, c, dc):
+        _check_dtypes(op, (b, c, dc), NUMERIC, "int32, int64, float and double")
+        c_shape, b_view = _gradient_views(op, c, b, legacy, axis, names)
+        c = _check_like(op, op.inputs[1], c, c_shape, "output")
+        dc = _check_like(op, op.inputs[2], dc, c_shape, "output gradient")
+        da, db = _div_backward(dc, None, jnp.reshape(b, b_view), c)
+        return jnp.broadcast_to(da, c_shape), jnp.reshape(_sum_to(db, b_view), b.shape)
+
+    return kernel
+
+
+_FLOAT_DOUBLE = frozenset(np.dtype(t) for t in (np.float32, np.float64))
+
+
+@register("SumReduceLike", inputs=2)
+def sum_reduce_like(op: Op) -> Kernel:
+    """Pre-2018 broadcast gradients: sum A down to B's shape, B placed in A as by the legacy
+    broadcast (`axis`/`axis_str`/`order`; a one-element B takes the sum of all of A). Only B's
+    shape is read; the output has A's float type (elementwise_ops.cc SumReduceLikeOp)."""
+    axis = _legacy_axis(op)
+
+    def kernel(a, b):
+        _check_dtypes(op, (a,), _FLOAT_DOUBLE, "float and double")
+        b_view = _legacy_b_shape(op, a.shape, b.shape, axis)
+        return jnp.reshape(_sum_to(a, b_view), b.shape)
+
+    return kernel
 
 
 # --------------------------------------------------------------------------------------------------

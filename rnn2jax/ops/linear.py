@@ -38,6 +38,25 @@ def _matmul(a: jax.Array, b: jax.Array) -> jax.Array:
 # FC
 
 
+def _fc_dims(
+    op: Op, x: jax.Array, w: jax.Array, axis: int, axis_w: int, weight_n_by_k: bool
+) -> tuple[int, int, int, int, int, int]:
+    """(x_axis, M, K, N, rows, cols): X is `M x K` at `axis`, W `rows x cols` at `axis_w`, which
+    is `N x K` (FC) or `K x N` (FCTransposed). FC and its gradient check shapes alike."""
+    x_axis = canonical_axis(op, axis, x.ndim, "axis")
+    w_axis = canonical_axis(op, axis_w, w.ndim, "axis_w")
+    m, k = size_to_dim(x.shape, x_axis), size_from_dim(x.shape, x_axis)
+    rows, cols = size_to_dim(w.shape, w_axis), size_from_dim(w.shape, w_axis)
+    n, w_k = (rows, cols) if weight_n_by_k else (cols, rows)
+    layout = "N x K" if weight_n_by_k else "K x N"
+    if w_k != k:
+        raise ShapeError(
+            f"{op.where}: weight '{op.inputs[1]}' {list(w.shape)} is {rows} x {cols} at axis_w={axis_w} "
+            f"({layout}), but input '{op.inputs[0]}' {list(x.shape)} has K = {k} at axis={axis}"
+        )
+    return x_axis, m, k, n, rows, cols
+
+
 def _fc(op: Op, weight_n_by_k: bool) -> Kernel:
     """X is flattened to `M x K` at `axis`, W to `N x K` (FC) or `K x N` (FCTransposed) at `axis_w`;
     Y keeps X's dims before `axis` and gets N as its last dim."""
@@ -47,17 +66,7 @@ def _fc(op: Op, weight_n_by_k: bool) -> Kernel:
 
     def kernel(x, w, b):
         _check_float_inputs(op, (x, w, b))
-        x_axis = canonical_axis(op, axis, x.ndim, "axis")
-        w_axis = canonical_axis(op, axis_w, w.ndim, "axis_w")
-        m, k = size_to_dim(x.shape, x_axis), size_from_dim(x.shape, x_axis)
-        rows, cols = size_to_dim(w.shape, w_axis), size_from_dim(w.shape, w_axis)
-        n, w_k = (rows, cols) if weight_n_by_k else (cols, rows)
-        layout = "N x K" if weight_n_by_k else "K x N"
-        if w_k != k:
-            raise ShapeError(
-                f"{op.where}: weight '{op.inputs[1]}' {list(w.shape)} is {rows} x {cols} at axis_w={axis_w} "
-                f"({layout}), but input '{op.inputs[0]}' {list(x.shape)} has K = {k} at axis={axis}"
-            )
+        x_axis, m, k, n, rows, cols = _fc_dims(op, x, w, axis, axis_w, weight_n_by_k)
         if b.ndim != 1 or b.shape[0] != n:
             raise ShapeError(f"{op.where}: bias '{op.inputs[2]}' must be 1-D [{n}], got {list(b.shape)}")
         w2 = jnp.reshape(w, (rows, cols))
@@ -77,6 +86,42 @@ def fc(op: Op) -> Kernel:
 def fc_transposed(op: Op) -> Kernel:
     """`Y = X·W + b` with W `[dim_in, dim_out]`."""
     return _fc(op, weight_n_by_k=False)
+
+
+def _fc_gradient(op: Op, weight_n_by_k: bool) -> Kernel:
+    """`(X, W, dY) -> (dW, db[, dX])` (FullyConnectedGradientOp): X and W flattened as in the
+    forward op, dY read as `M x N`. An empty X gives dW = db = 0 (even if dY is not empty)."""
+    axis = op.int("axis", 1)
+    axis_w = op.int("axis_w", 1)
+    op.bool("float16_compute", False)
+
+    def kernel(x, w, dy):
+        _check_float_inputs(op, (x, w, dy))
+        _, m, k, n, rows, cols = _fc_dims(op, x, w, axis, axis_w, weight_n_by_k)
+        if dy.size != m * n:
+            raise ShapeError(
+                f"{op.where}: output gradient '{op.inputs[2]}' {list(dy.shape)} must hold M x N = "
+                f"{m} x {n} values (M from '{op.inputs[0]}', N from '{op.inputs[1]}')"
+            )
+        x2, dy2, w2 = jnp.reshape(x, (m, k)), jnp.reshape(dy, (m, n)), jnp.reshape(w, (rows, cols))
+        dw = _matmul(dy2.T, x2) if weight_n_by_k else _matmul(x2.T, dy2)
+        db = jnp.sum(dy2, axis=0) if x.size else jnp.zeros((n,), dy.dtype)
+        dx = _matmul(dy2, w2 if weight_n_by_k else w2.T)
+        return jnp.reshape(dw, w.shape), db, jnp.reshape(dx, x.shape)
+
+    return kernel
+
+
+@register("FCGradient", inputs=3, outputs=(2, 3))
+def fc_gradient(op: Op) -> Kernel:
+    """`dW = dYᵀ·X`, `db = Σ_rows dY`, `dX = dY·W`; outputs in the maker's order dW, db, dX."""
+    return _fc_gradient(op, weight_n_by_k=True)
+
+
+@register("FCTransposedGradient", inputs=3, outputs=(2, 3))
+def fc_transposed_gradient(op: Op) -> Kernel:
+    """`dW = Xᵀ·dY`, `db = Σ_rows dY`, `dX = dY·Wᵀ`."""
+    return _fc_gradient(op, weight_n_by_k=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -203,5 +248,31 @@ def elementwise_linear(op: Op) -> Kernel:
                 )
         rows = jnp.reshape(x, (size_to_dim(x.shape, k), d))
         return jnp.reshape(rows * a + b, x.shape)
+
+    return kernel
+
+
+@register("ElementwiseLinearGradient", inputs=3, outputs=3)
+def elementwise_linear_gradient(op: Op) -> Kernel:
+    """`(dY, X, a) -> (dX, da, db)` with X viewed `N x D` at `axis`: `dX = dY·a`,
+    `da = Σ_n dY·X`, `db = Σ_n dY` (elementwise_linear_op.cc)."""
+    axis = op.int("axis", 1)
+
+    def kernel(dy, x, a):
+        _check_float_inputs(op, (dy, x, a))
+        k = canonical_axis(op, axis, x.ndim)
+        n, d = size_to_dim(x.shape, k), size_from_dim(x.shape, k)
+        if a.ndim != 1 or a.shape[0] != d:
+            raise ShapeError(
+                f"{op.where}: '{op.inputs[2]}' must be 1-D [{d}] (the size of '{op.inputs[1]}' "
+                f"{list(x.shape)} from axis {axis}), got {list(a.shape)}"
+            )
+        if dy.size != x.size:
+            raise ShapeError(
+                f"{op.where}: output gradient '{op.inputs[0]}' {list(dy.shape)} must have the size of "
+                f"'{op.inputs[1]}' {list(x.shape)}"
+            )
+        dy2, x2 = jnp.reshape(dy, (n, d)), jnp.reshape(x, (n, d))
+        return jnp.reshape(dy2 * a, x.shape), jnp.sum(dy2 * x2, axis=0), jnp.sum(dy2, axis=0)
 
     return kernel

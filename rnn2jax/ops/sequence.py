@@ -35,7 +35,8 @@ _MODES: dict[str, MaskFn] = {
 _NEEDS_INPUT = {"sequence": "lengths", "window": "centers"}
 
 # The CPU kernel runs on float only; the CUDA one on half too. Lengths/centers are read as int32.
-_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32))
+# Caffe2 registers float (and float16 on GPU); float64 is accepted too, for float64 verification runs.
+_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 
 
 def _mask_fn(op: Op, mode: str) -> MaskFn:
