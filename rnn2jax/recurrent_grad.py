@@ -61,7 +61,10 @@ class RecurrentGradientLowering:
         self.state_grads = {s: _renamed(op, s + "_grad") for s in spec.states}
         self.input_grad = _renamed(op, self.forward_inputs[0] + "_grad")
         self.params = self._params()
+        # Blobs the backward step net reads from enclosing scopes; what the forward step wrote comes
+        # from step_workspaces instead.
         local = {link.internal for link in (*spec.links, *self.backward_links)} | {spec.timestep}
+        local |= {name for o in spec.step_net.ops for name in o.outputs}
         self.scope_reads = tuple(n for n in self.backward.inputs if n not in local)
         self.all_grads, self.last_grads = self._output_grads()
         expected_outputs = 1 + len(self.params) + len(spec.states)

@@ -11,6 +11,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import rnn2jax
 from helpers import run_op
 from rnn2jax.caffe2 import create_net, create_operator
 from rnn2jax.errors import BadArgumentError, ShapeError
@@ -633,3 +634,30 @@ def test_gather_errors(jit):
         run_op("Gather", [data, np.zeros((2,), np.int32)], jit=jit, axis=2)
     with pytest.raises(ShapeError, match="must start with DATA's outer dims"):
         run_op("Gather", [data, np.zeros((3, 1), np.int32)], jit=jit, axis=1, match_outer=1)
+
+
+@given(shape=hnp.array_shapes(min_dims=0, max_dims=4, max_side=4), data=st.data())
+def test_shape(jit, shape, data):
+    x = np.zeros(shape, np.float32)
+    (out,) = run_op("Shape", [x], jit=jit)
+    np.testing.assert_array_equal(out, np.array(shape, dtype=np.int64))
+    if shape:
+        axes = data.draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1, max_size=3))
+        (out,) = run_op("Shape", [x], jit=jit, axes=axes)
+        np.testing.assert_array_equal(out, [shape[a] for a in axes])
+
+
+def test_shape_feeds_fill_under_jit():
+    """Caffe2's SoftCoverage attention sizes its initial coverage with Shape -> Slice -> ConstantFill."""
+    net = create_net(
+        "n",
+        [
+            create_operator("Shape", "enc", "shape"),
+            create_operator("Slice", "shape", "length", starts=[0], ends=[1]),
+            create_operator("ConstantFill", "length", "coverage", value=0.0, input_as_shape=1),
+        ],
+        external_outputs=["coverage"],
+    )
+    fn = rnn2jax.compile(net)
+    out = jax.jit(lambda e: fn.apply({}, {"enc": e}))(np.ones((5, 2, 3), np.float32))
+    np.testing.assert_array_equal(np.asarray(out["coverage"]), np.zeros(5, np.float32))

@@ -1,4 +1,6 @@
-"""Shape and data-movement ops: copies, reshapes, transposes, concat/split, slicing, casts and gathers.
+"""Shape and data-movement ops: copies, reshapes, transposes, concat/split, slicing, casts and gathers,
+plus the gradient ops of those whose gradient is not another forward op (SliceGradient, and Gather's
+dense gradients SparseToDense and BatchGatherGradient).
 
 Most of these only rearrange data, so their kernels are static-shape `jax.numpy` code. Blobs that
 describe shapes (Reshape's `old_shape`, Concat's `split_info`) are returned as NumPy constants, so that
@@ -170,6 +172,19 @@ def reshape(op: Op) -> Kernel:
 
 # --------------------------------------------------------------------------------------------------
 # Transpose, Squeeze, ExpandDims, Flatten
+
+
+@register("Shape")
+def shape(op: Op) -> Kernel:
+    """The input's dims as an int64 1-D tensor (optionally only `axes`), as a constant: shapes are
+    static under jit, so what nets compute from them (initial coverage sizes...) stays concrete."""
+    axes = op.ints("axes", ())
+
+    def kernel(x):
+        dims = [x.shape[canonical_axis(op, a, x.ndim, "axes entry")] for a in axes] if axes else list(x.shape)
+        return _shape_constant(dims, np.int64)
+
+    return kernel
 
 
 @register("Transpose")
@@ -366,34 +381,67 @@ def _slice_limits(
     return lo, hi
 
 
+def _slice_arguments(op: Op, from_inputs: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The `starts`/`ends` arguments (empty when the bounds come as inputs: Caffe2 then ignores them)."""
+    if from_inputs:
+        return (), ()
+    starts, ends = op.ints("starts"), op.ints("ends")
+    if len(starts) != len(ends):
+        raise BadArgumentError(
+            f"{op.where}: arguments 'starts' ({len(starts)} values) and 'ends' ({len(ends)}) differ"
+        )
+    return starts, ends
+
+
+def _slice_bounds(
+    op: Op, shape: Sequence[int], arguments: tuple[Sequence[int], Sequence[int]], blobs: tuple[Any, ...]
+) -> tuple[list[int], list[int]]:
+    """[lo, hi) per dim, from the `starts`/`ends` blobs (inputs 1 and 2) if given, else the arguments."""
+    if not blobs:
+        return _slice_limits(op, shape, *arguments)
+    hint = "use the arguments 'starts'/'ends' instead, or feed the bounds as constants"
+    names = op.inputs[1:3]
+    starts, ends = (_concrete_ints(op, b, n, hint).tolist() for b, n in zip(blobs, names, strict=True))
+    return _slice_limits(op, shape, starts, ends)
+
+
 @register("Slice", inputs=(1, 3))
 def slice_(op: Op) -> Kernel:
     """(data[, starts, ends]) -> out; bounds from arguments `starts`/`ends` or from inputs 1 and 2.
     Unlike Caffe2's CPU kernel (one sliced dim at most), any number of dims may be sliced."""
     if len(op.inputs) == 2:
         raise BadArgumentError(f"{op.where}: Slice takes 1 input (with arguments) or 3 (data, starts, ends)")
-    from_inputs = len(op.inputs) == 3
-    starts: tuple[int, ...] = ()
-    ends: tuple[int, ...] = ()
-    if not from_inputs:  # Caffe2 ignores the arguments when the bounds come as inputs
-        starts, ends = op.ints("starts"), op.ints("ends")
-        if len(starts) != len(ends):
-            raise BadArgumentError(
-                f"{op.where}: arguments 'starts' ({len(starts)} values) and 'ends' ({len(ends)}) differ"
-            )
+    arguments = _slice_arguments(op, len(op.inputs) == 3)
 
-    def kernel(x, starts_blob=None, ends_blob=None):
-        if from_inputs:
-            hint = "use the arguments 'starts'/'ends' instead, or feed the bounds as constants"
-            lo, hi = _slice_limits(
-                op,
-                x.shape,
-                _concrete_ints(op, starts_blob, op.inputs[1], hint).tolist(),
-                _concrete_ints(op, ends_blob, op.inputs[2], hint).tolist(),
-            )
-        else:
-            lo, hi = _slice_limits(op, x.shape, starts, ends)
+    def kernel(x, *bound_blobs):
+        lo, hi = _slice_bounds(op, x.shape, arguments, bound_blobs)
         return jax.lax.slice(x, lo, hi)
+
+    return kernel
+
+
+@register("SliceGradient", inputs=(2, 4))
+def slice_gradient(op: Op) -> Kernel:
+    """(data[, starts, ends], dY) -> dX: zeros shaped like data (in dY's dtype) with dY written where
+    the forward Slice read (caffe2/operators/slice_op.h, `SliceImpl` backward). Bounds as in Slice."""
+    if len(op.inputs) == 3:
+        raise BadArgumentError(
+            f"{op.where}: SliceGradient takes 2 inputs (data, dY; with arguments) "
+            "or 4 (data, starts, ends, dY)"
+        )
+    arguments = _slice_arguments(op, len(op.inputs) == 4)
+
+    def kernel(data, *rest):
+        *bound_blobs, dy = rest
+        lo, hi = _slice_bounds(op, data.shape, arguments, tuple(bound_blobs))
+        sliced = tuple(h - low for low, h in zip(lo, hi, strict=True))
+        if tuple(dy.shape) != sliced:
+            raise ShapeError(
+                f"{op.where}: dY '{op.inputs[-1]}' has shape {list(dy.shape)}, but the slice of data "
+                f"'{op.inputs[0]}' {list(data.shape)} has shape {list(sliced)}"
+            )
+        padding = [(low, dim - h, 0) for low, h, dim in zip(lo, hi, data.shape, strict=True)]
+        return jax.lax.pad(dy, jnp.zeros((), dy.dtype), padding)
 
     return kernel
 
@@ -419,9 +467,12 @@ def cast(op: Op) -> Kernel:
 # Gather
 
 
-def _check_indices(op: Op, indices: Any) -> None:
+def _check_indices(op: Op, indices: Any, position: int = 1) -> None:
+    """INDICES (input `position`) must be int32 or int64."""
     if indices.dtype not in _INDEX_DTYPES:
-        raise ShapeError(f"{op.where}: INDICES '{op.inputs[1]}' must be int32 or int64, got {indices.dtype}")
+        raise ShapeError(
+            f"{op.where}: INDICES '{op.inputs[position]}' must be int32 or int64, got {indices.dtype}"
+        )
 
 
 @register("Gather", inputs=2)
@@ -462,5 +513,87 @@ def gather(op: Op) -> Kernel:
         flat_indices = jnp.reshape(indices, (batch, *indices.shape[ax:]))
         out = jax.vmap(lambda d, i: take(d, i, 0))(flat, flat_indices)
         return jnp.reshape(out, (*outer, *out.shape[1:]))
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Gather's dense gradients: scatter-adds back into DATA's shape
+
+
+def _in_range(indices: Any, dim: int) -> Any:
+    """Indices as Gather reads them: negative ones wrap once; what is still out of range (Caffe2
+    raises, but values are unknown while tracing) is clamped, like Gather's forward."""
+    indices = jnp.where(indices < 0, indices + dim, indices)
+    return jnp.clip(indices, 0, max(dim - 1, 0))
+
+
+@register("SparseToDense", inputs=(2, 3))
+def sparse_to_dense(op: Op) -> Kernel:
+    """(INDICES [K], VALUES [K, ...][, DATA_TO_INFER_DIM]) -> OUT [first_dim, ...] with
+    `OUT[INDICES[k]] += VALUES[k]` (duplicates add up): Gather's gradient with `dense_gradient`.
+    first_dim is argument `output_first_dim` (only with 2 inputs), else DATA_TO_INFER_DIM's dim 0,
+    else max(INDICES) + 1, which must then be known when tracing (caffe2/operators/sparse_to_dense_op.h)."""
+    first_dim_arg = op.int("output_first_dim", 0)
+    if first_dim_arg > 0 and len(op.inputs) == 3:
+        raise BadArgumentError(
+            f"{op.where}: argument 'output_first_dim' cannot be used together with input '{op.inputs[2]}'"
+        )
+
+    def first_dim(indices, data):
+        if first_dim_arg > 0:
+            return first_dim_arg
+        if data is not None:
+            if data.ndim < 1:
+                raise ShapeError(f"{op.where}: DATA_TO_INFER_DIM '{op.inputs[2]}' must have rank >= 1")
+            return data.shape[0]
+        hint = "pass DATA_TO_INFER_DIM or argument 'output_first_dim' instead"
+        values = _concrete_ints(op, indices, op.inputs[0], hint)
+        return int(values.max()) + 1 if values.size else 0
+
+    def kernel(indices, values, data=None):
+        _check_indices(op, indices, 0)
+        if indices.ndim != 1:
+            raise ShapeError(
+                f"{op.where}: INDICES '{op.inputs[0]}' must be 1-D, got shape {list(indices.shape)}"
+            )
+        if values.ndim < 1 or values.shape[0] != indices.shape[0]:
+            raise ShapeError(
+                f"{op.where}: VALUES '{op.inputs[1]}' {list(values.shape)} must have one row per index "
+                f"({indices.shape[0]} in '{op.inputs[0]}')"
+            )
+        n = first_dim(indices, data)
+        out = jnp.zeros((n, *values.shape[1:]), values.dtype)
+        if n == 0 or values.size == 0:
+            return out
+        return out.at[_in_range(indices, n)].add(values)
+
+    return kernel
+
+
+@register("BatchGatherGradient", inputs=3)
+def batch_gather_gradient(op: Op) -> Kernel:
+    """(DATA, INDICES, dOUT) -> dDATA: Gather's gradient for `axis` > 0 (argument `axis`, default 1):
+    zeros like DATA with each slice of dOUT added at its index along the axis (duplicates add up)
+    (caffe2/operators/batch_gather_ops.h)."""
+    axis = op.int("axis", 1)
+
+    def kernel(data, indices, grad):
+        _check_indices(op, indices, 1)
+        if data.ndim < 2:
+            raise ShapeError(f"{op.where}: DATA '{op.inputs[0]}' must have rank >= 2, got {data.ndim}")
+        ax = canonical_axis(op, axis, data.ndim)
+        expected = (*data.shape[:ax], *indices.shape, *data.shape[ax + 1 :])
+        if tuple(grad.shape) != expected:
+            raise ShapeError(
+                f"{op.where}: dOUT '{op.inputs[2]}' has shape {list(grad.shape)}, but gathering INDICES "
+                f"{list(indices.shape)} from DATA {list(data.shape)} along axis {ax} gives {list(expected)}"
+            )
+        out = jnp.zeros(data.shape, data.dtype)
+        if data.size == 0 or grad.size == 0:
+            return out
+        flat = _in_range(indices.reshape(-1), data.shape[ax])
+        rows = grad.reshape(*data.shape[:ax], flat.shape[0], *data.shape[ax + 1 :]).astype(data.dtype)
+        return out.at[(slice(None),) * ax + (flat,)].add(rows)
 
     return kernel

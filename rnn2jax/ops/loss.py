@@ -1,0 +1,439 @@
+"""Losses: the ops that end Caffe2 training nets (cross entropies, SoftmaxWithLoss, SquaredL2Distance,
+AveragedLoss) and the gradient ops their backward nets start with.
+
+Each follows Caffe2's CPU kernel, clamps and quirks included (caffe2/operators/cross_entropy_op.cc,
+softmax_with_loss_op.cc, distance_op.cc, loss_op.h). Caffe2 also checks label *values* (class indices in
+range, probabilities in [0, 1]); values are unknown while tracing, so here an out-of-range class index
+is clamped to the nearest class instead, and probability labels are used as given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import BadArgumentError, ShapeError
+from ..netdef import Op
+from .common import canonical_axis, size_from_dim, size_to_dim
+from .registry import Kernel, register
+
+# Caffe2's kLOG_THRESHOLD: probabilities are clamped to at least this before log or division.
+LOG_THRESHOLD = 1e-20
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _shape(x: Any) -> list[int]:
+    return list(x.shape)
+
+
+def _check_float(op: Op, x: Any, position: int) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ShapeError(f"{op.where}: input '{op.inputs[position]}' must be a float tensor, got {x.dtype}")
+
+
+def _check_int(op: Op, x: Any, position: int) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ShapeError(
+            f"{op.where}: labels '{op.inputs[position]}' must be an integer tensor, got {x.dtype}"
+        )
+
+
+def _reciprocal(n: int, dtype: Any) -> Any:
+    """`static_cast<T>(1) / n` in the data type, as Caffe2's averaging scales."""
+    return np.asarray(1.0, dtype) / np.asarray(n, dtype)
+
+
+def _batch_rows(op: Op, x: Any) -> tuple[int, int]:
+    """(N, D) of the cross-entropy ops: X [N, ...] is N rows of size_from_dim(1); a 1-D X is one row."""
+    if x.ndim == 0:
+        raise ShapeError(f"{op.where}: X '{op.inputs[0]}' must have rank >= 1, got a scalar")
+    if x.ndim == 1:
+        return 1, x.shape[0]
+    return x.shape[0], size_from_dim(x.shape, 1)
+
+
+def _check_row_grad(op: Op, dy: Any, n: int) -> None:
+    """dY of a per-row loss: 1-D with one value per row."""
+    if dy.ndim != 1 or dy.shape[0] != n:
+        raise ShapeError(f"{op.where}: dY '{op.inputs[-1]}' must have shape [{n}], got {_shape(dy)}")
+
+
+def _class_labels(op: Op, label: Any, n: int, d: int) -> Any:
+    """LabelCrossEntropy's labels: [N] or [N, 1] integers, as a clamped [N] vector."""
+    _check_int(op, label, 1)
+    if not (label.ndim == 1 or (label.ndim == 2 and label.shape[1] == 1)) or label.shape[0] != n:
+        raise ShapeError(
+            f"{op.where}: label '{op.inputs[1]}' must have shape [{n}] or [{n}, 1], got {_shape(label)}"
+        )
+    if d == 0 and n > 0:
+        raise ShapeError(f"{op.where}: X '{op.inputs[0]}' has no classes to pick a label from")
+    return jnp.clip(label.reshape(n), 0, max(d - 1, 0))
+
+
+def _pick(rows: Any, labels: Any) -> Any:
+    """rows[n, labels[n]] for each row n (rows [N, D], D > 0 unless N is 0)."""
+    if rows.shape[1] == 0:
+        return jnp.zeros((rows.shape[0],), rows.dtype)
+    return jnp.take_along_axis(rows, labels[:, None], axis=1)[:, 0]
+
+
+def _one_hot(labels: Any, d: int, dtype: Any) -> Any:
+    return (jnp.arange(d)[None, :] == labels[:, None]).astype(dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# AveragedLoss
+
+
+@register("AveragedLoss")
+def averaged_loss(op: Op) -> Kernel:
+    """The mean of all elements as a 0-d scalar: the sum times `1/numel` in the data type (SumElements
+    with average; an empty input gives 0)."""
+
+    def kernel(x):
+        _check_float(op, x, 0)
+        total = jnp.sum(x, dtype=x.dtype)
+        return total * _reciprocal(x.size, x.dtype) if x.size else total
+
+    return kernel
+
+
+@register("AveragedLossGradient", inputs=(1, 2))
+def averaged_loss_gradient(op: Op) -> Kernel:
+    """(X, dLoss) -> dX = dLoss / numel(X) everywhere. Caffe2 before 2017 emitted it with X only,
+    meaning dLoss = 1."""
+
+    def kernel(x, dloss=None):
+        if dloss is None:
+            dloss = jnp.ones((), x.dtype)
+        _check_float(op, dloss, 1 if len(op.inputs) == 2 else 0)
+        if dloss.size != 1:
+            raise ShapeError(
+                f"{op.where}: dLoss '{op.inputs[-1]}' must hold one element, got shape {_shape(dloss)}"
+            )
+        value = dloss.reshape(())
+        if x.size:
+            value = value / jnp.asarray(x.size, value.dtype)
+        return jnp.broadcast_to(value, x.shape)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# LabelCrossEntropy / CrossEntropy
+
+
+@register("LabelCrossEntropy", inputs=2)
+def label_cross_entropy(op: Op) -> Kernel:
+    """(X [N, D...], label [N] int) -> Y [N] = -log(max(X[n, label[n]], 1e-20)); X holds probabilities."""
+
+    def kernel(x, label):
+        _check_float(op, x, 0)
+        n, d = _batch_rows(op, x)
+        labels = _class_labels(op, label, n, d)
+        picked = _pick(x.reshape(n, d), labels)
+        return -jnp.log(jnp.maximum(picked, jnp.asarray(LOG_THRESHOLD, x.dtype)))
+
+    return kernel
+
+
+@register("LabelCrossEntropyGradient", inputs=3)
+def label_cross_entropy_gradient(op: Op) -> Kernel:
+    """(X, label, dY) -> dX: zero except dX[n, label[n]] = -dY[n] / max(X[n, label[n]], 1e-20)."""
+
+    def kernel(x, label, dy):
+        _check_float(op, x, 0)
+        n, d = _batch_rows(op, x)
+        labels = _class_labels(op, label, n, d)
+        _check_row_grad(op, dy, n)
+        rows = x.reshape(n, d)
+        grad = -dy[:, None].astype(x.dtype) / jnp.maximum(rows, jnp.asarray(LOG_THRESHOLD, x.dtype))
+        return (grad * _one_hot(labels, d, x.dtype)).reshape(x.shape)
+
+    return kernel
+
+
+def _soft_labels(op: Op, label: Any, n: int, d: int) -> Any:
+    """CrossEntropy's labels: [N, D] probabilities (a 1-D label only fits when D is 1)."""
+    _check_float(op, label, 1)
+    fits = label.ndim == 1 or (label.ndim == 2 and label.shape[1] == d)
+    if not fits or label.shape[0] != n or label.size != n * d:
+        raise ShapeError(
+            f"{op.where}: label '{op.inputs[1]}' must have shape [{n}, {d}] to match X "
+            f"'{op.inputs[0]}', got {_shape(label)}"
+        )
+    return label.reshape(n, d)
+
+
+@register("CrossEntropy", inputs=2)
+def cross_entropy(op: Op) -> Kernel:
+    """(X [N, D], label [N, D] soft labels) -> Y [N] = -Σ_j label[n, j] · log(max(X[n, j], 1e-20))."""
+
+    def kernel(x, label):
+        _check_float(op, x, 0)
+        n, d = _batch_rows(op, x)
+        labels = _soft_labels(op, label, n, d).astype(x.dtype)
+        logs = jnp.log(jnp.maximum(x.reshape(n, d), jnp.asarray(LOG_THRESHOLD, x.dtype)))
+        return -jnp.sum(labels * logs, axis=1)
+
+    return kernel
+
+
+@register("CrossEntropyGradient", inputs=3)
+def cross_entropy_gradient(op: Op) -> Kernel:
+    """(X, label, dY) -> dX = -dY[n] · label[n, j] / max(X[n, j], 1e-20)."""
+
+    def kernel(x, label, dy):
+        _check_float(op, x, 0)
+        n, d = _batch_rows(op, x)
+        labels = _soft_labels(op, label, n, d).astype(x.dtype)
+        _check_row_grad(op, dy, n)
+        clamped = jnp.maximum(x.reshape(n, d), jnp.asarray(LOG_THRESHOLD, x.dtype))
+        return (labels / clamped * -dy[:, None].astype(x.dtype)).reshape(x.shape)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# SigmoidCrossEntropyWithLogits
+
+
+def _sigmoid_xent_mode(op: Op) -> str:
+    log_d_trick = op.bool("log_D_trick", False)
+    unjoined = op.bool("unjoined_lr_loss", False)
+    if log_d_trick and unjoined:
+        raise BadArgumentError(
+            f"{op.where}: arguments 'log_D_trick' and 'unjoined_lr_loss' cannot both be set"
+        )
+    return "log_D_trick" if log_d_trick else "unjoined" if unjoined else "default"
+
+
+def _check_logits_targets(op: Op, logits: Any, targets: Any, first: int) -> None:
+    _check_float(op, logits, first)
+    if logits.shape != targets.shape:
+        raise ShapeError(
+            f"{op.where}: logits '{op.inputs[first]}' {_shape(logits)} and targets "
+            f"'{op.inputs[first + 1]}' {_shape(targets)} must have the same shape"
+        )
+
+
+def _log1p_exp_neg_abs(x: Any) -> Any:
+    """log(1 + exp(-|x|)): Caffe2 writes it as log(1 + exp(x - 2·x·[x >= 0]))."""
+    return jnp.log1p(jnp.exp(-jnp.abs(x)))
+
+
+def _sigmoid_xent_terms(mode: str, lgt: Any, tgt: Any) -> Any:
+    """Per-element log-likelihood terms (the loss is minus their row mean)."""
+    pos = (lgt >= 0).astype(lgt.dtype)
+    if mode == "log_D_trick":
+        partition = lgt * pos + _log1p_exp_neg_abs(lgt)  # log(1 + exp(lgt))
+        return (2 * tgt - 1) * (lgt - partition)
+    if mode == "unjoined":
+        return lgt * tgt + (tgt - 1) * lgt * pos - (1 - tgt) * _log1p_exp_neg_abs(lgt)
+    return lgt * (tgt - pos) - _log1p_exp_neg_abs(lgt)
+
+
+def _sigmoid_xent_slopes(mode: str, lgt: Any, tgt: Any) -> Any:
+    """Caffe2's per-element backward factors (log_D_trick's is the trick's, not the exact derivative)."""
+    if mode == "log_D_trick":
+        return (2 * tgt - 1) / (1 + jnp.exp(lgt))
+    if mode == "unjoined":
+        return tgt - (1 - tgt) / (1 + jnp.exp(-lgt))
+    return tgt - 1 / (1 + jnp.exp(-lgt))
+
+
+def _inner_size(x: Any) -> int:
+    return x.shape[-1] if x.ndim else 1
+
+
+@register("SigmoidCrossEntropyWithLogits", inputs=2)
+def sigmoid_cross_entropy_with_logits(op: Op) -> Kernel:
+    """(logits, targets) -> loss shaped like logits without its last dim: minus the mean over the
+    last dim of the sigmoid log-likelihood, computed stably from the logits. Args `log_D_trick`
+    (Goodfellow et al.'s variant) and `unjoined_lr_loss` (false; not both)."""
+    mode = _sigmoid_xent_mode(op)
+
+    def kernel(logits, targets):
+        _check_logits_targets(op, logits, targets, 0)
+        terms = _sigmoid_xent_terms(mode, logits, targets.astype(logits.dtype))
+        if logits.ndim == 0:
+            return -terms
+        return -jnp.sum(terms, axis=-1) / jnp.asarray(_inner_size(logits), logits.dtype)
+
+    return kernel
+
+
+@register("SigmoidCrossEntropyWithLogitsGradient", inputs=3)
+def sigmoid_cross_entropy_with_logits_gradient(op: Op) -> Kernel:
+    """(dY, logits, targets) -> dlogits = -dY[row] / inner · slope(logit, target)."""
+    mode = _sigmoid_xent_mode(op)
+
+    def kernel(g, logits, targets):
+        _check_logits_targets(op, logits, targets, 1)
+        inner = _inner_size(logits)
+        outer = size_to_dim(logits.shape, logits.ndim - 1) if logits.ndim else 1
+        if g.size != outer:
+            raise ShapeError(
+                f"{op.where}: dY '{op.inputs[0]}' has {g.size} values for {outer} rows of logits "
+                f"'{op.inputs[1]}' {_shape(logits)}"
+            )
+        rows = (*logits.shape[:-1], 1) if logits.ndim else ()
+        factor = -g.astype(logits.dtype).reshape(rows) / jnp.asarray(inner, logits.dtype)
+        return factor * _sigmoid_xent_slopes(mode, logits, targets.astype(logits.dtype))
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# SoftmaxWithLoss
+
+
+def _softmax_with_loss_args(op: Op) -> tuple[float, bool, int]:
+    """(scale, label_prob, axis); Caffe2 requires scale >= 0 and order NCHW."""
+    scale = op.float("scale", 1.0)
+    if scale < 0:
+        raise BadArgumentError(f"{op.where}: argument 'scale' = {scale} must be >= 0")
+    order = op.str("order", "NCHW")
+    if order != "NCHW":
+        raise BadArgumentError(f"{op.where}: argument 'order' = {order!r}: only NCHW is supported")
+    return scale, op.bool("label_prob", False), op.int("axis", 1)
+
+
+def _softmax_loss_labels(op: Op, t: Any, axis: int, n: int, d: int, label_prob: bool) -> Any:
+    """The labels as [N] class indices, or [N, D] probabilities with label_prob."""
+    what = f"labels '{op.inputs[1]}' {_shape(t)}"
+    if label_prob:
+        _check_float(op, t, 1)
+        if t.ndim < max(2, axis) or size_to_dim(t.shape, axis) != n or size_from_dim(t.shape, axis) != d:
+            raise ShapeError(f"{op.where}: with label_prob=1, {what} must have the logits' shape [{n} x {d}]")
+        return t.reshape(n, d)
+    _check_int(op, t, 1)
+    if t.ndim == axis:
+        fits = t.size == n
+    else:
+        fits = t.ndim > axis and size_to_dim(t.shape, axis) == n and size_from_dim(t.shape, axis) == 1
+    if not fits:
+        raise ShapeError(f"{op.where}: {what} must hold one class index per row of the logits ({n} rows)")
+    if d == 0 and n > 0:
+        raise ShapeError(f"{op.where}: logits '{op.inputs[0]}' have no classes to pick a label from")
+    return jnp.clip(t.reshape(n), 0, max(d - 1, 0))
+
+
+def _sample_weights(op: Op, w: Any, n: int, dtype: Any) -> Any:
+    if w is None:
+        return jnp.ones((n,), dtype)
+    if w.size != n:
+        raise ShapeError(f"{op.where}: weights '{op.inputs[2]}' must hold {n} values, got shape {_shape(w)}")
+    return w.reshape(n).astype(dtype)
+
+
+@register("SoftmaxWithLoss", inputs=(2, 3), outputs=2)
+def softmax_with_loss(op: Op) -> Kernel:
+    """(logits, labels[, weights]) -> (softmax, loss). Logits are coerced to N x D at `axis`; loss is
+    the weighted mean over rows of -log softmax[label] (or -Σ label · log max(softmax, 1e-20) with
+    `label_prob`), times `scale`; 0 if the weights sum to 0."""
+    scale, label_prob, axis = _softmax_with_loss_args(op)
+
+    def kernel(x, t, w=None):
+        _check_float(op, x, 0)
+        k = canonical_axis(op, axis, x.ndim)
+        n, d = size_to_dim(x.shape, k), size_from_dim(x.shape, k)
+        labels = _softmax_loss_labels(op, t, k, n, d, label_prob)
+        weights = _sample_weights(op, w, n, x.dtype)
+        rows = x.reshape(n, d)
+        shifted = rows - jnp.max(rows, axis=1, keepdims=True) if rows.size else rows
+        total = jnp.sum(jnp.exp(shifted), axis=1, keepdims=True)
+        if label_prob:
+            p = jnp.exp(shifted) / total
+            logp = jnp.log(jnp.maximum(p, jnp.asarray(LOG_THRESHOLD, x.dtype)))
+            losses = -jnp.sum(logp * labels.astype(x.dtype), axis=1)
+        else:  # Caffe2 computes log-softmax, picks the label's entry, then exponentiates
+            logp = shifted - jnp.log(jnp.maximum(total, jnp.asarray(LOG_THRESHOLD, x.dtype)))
+            p = jnp.exp(logp)
+            losses = -_pick(logp, labels)
+        weight_sum = jnp.sum(weights)
+        loss_sum = jnp.sum(losses.astype(x.dtype) * weights)
+        safe = jnp.where(weight_sum != 0, weight_sum, jnp.ones((), x.dtype))
+        loss = jnp.where(weight_sum != 0, loss_sum * jnp.asarray(scale, x.dtype) / safe, 0)
+        return p.reshape(x.shape), loss.astype(x.dtype)
+
+    return kernel
+
+
+@register("SoftmaxWithLossGradient", inputs=(4, 5))
+def softmax_with_loss_gradient(op: Op) -> Kernel:
+    """(logits, labels[, weights], softmax, dLoss) -> dlogits = weight[n] · (softmax - target) ·
+    scale · dLoss / Σ weights, where target is the one-hot label (or the label probabilities). When
+    the weights sum to <= 0 Caffe2 skips the final scaling, and so does this."""
+    scale, label_prob, axis = _softmax_with_loss_args(op)
+
+    def kernel(x, t, *rest):
+        w, p, dloss = rest if len(rest) == 3 else (None, *rest)
+        k = canonical_axis(op, axis, x.ndim)
+        n, d = size_to_dim(x.shape, k), size_from_dim(x.shape, k)
+        labels = _softmax_loss_labels(op, t, k, n, d, label_prob)
+        _check_float(op, p, len(op.inputs) - 2)
+        if p.shape != x.shape:
+            raise ShapeError(
+                f"{op.where}: softmax '{op.inputs[-2]}' {_shape(p)} must have the logits' shape {_shape(x)}"
+            )
+        if dloss.size < 1:
+            raise ShapeError(f"{op.where}: dLoss '{op.inputs[-1]}' is empty")
+        weights = _sample_weights(op, w, n, p.dtype)
+        target = labels.astype(p.dtype) if label_prob else _one_hot(labels, d, p.dtype)
+        grad = (p.reshape(n, d) - target) * weights[:, None]
+        total = jnp.sum(weights) if w is not None else jnp.asarray(n, p.dtype)
+        safe = jnp.where(total > 0, total, jnp.ones((), p.dtype))
+        factor = jnp.asarray(scale, p.dtype) / safe * dloss.reshape(-1)[0].astype(p.dtype)
+        return (grad * jnp.where(total > 0, factor, jnp.ones((), p.dtype))).reshape(x.shape)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# SquaredL2Distance
+
+
+def _distance_rows(op: Op, x: Any, y: Any, first: int) -> int:
+    """N of the distance ops: X [N, ...] and Y of the same shape; a scalar is one row."""
+    _check_float(op, x, first)
+    if x.shape != y.shape:
+        raise ShapeError(
+            f"{op.where}: X '{op.inputs[first]}' {_shape(x)} and Y '{op.inputs[first + 1]}' "
+            f"{_shape(y)} must have the same shape"
+        )
+    return x.shape[0] if x.ndim else 1
+
+
+@register("SquaredL2Distance", inputs=2)
+def squared_l2_distance(op: Op) -> Kernel:
+    """(X, Y) -> [N]: 0.5 · Σ (X - Y)² over each row. (Caffe2 computes (X·X + Y·Y)/2 - X·Y, the same
+    value up to rounding; the difference form avoids its cancellation.)"""
+
+    def kernel(x, y):
+        n = _distance_rows(op, x, y, 0)
+        diff = (x - y.astype(x.dtype)).reshape(n, -1) if n else jnp.zeros((0, 0), x.dtype)
+        return jnp.asarray(0.5, x.dtype) * jnp.sum(diff * diff, axis=1)
+
+    return kernel
+
+
+@register("SquaredL2DistanceGradient", inputs=3, outputs=2)
+def squared_l2_distance_gradient(op: Op) -> Kernel:
+    """(X, Y, dDistance [N]) -> (dX, dY): dX = (X - Y) · dDistance[row], dY = -dX."""
+
+    def kernel(x, y, dd):
+        n = _distance_rows(op, x, y, 0)
+        if dd.ndim != 1 or dd.shape[0] != n:
+            raise ShapeError(
+                f"{op.where}: dDistance '{op.inputs[2]}' must have shape [{n}], got {_shape(dd)}"
+            )
+        rows = (n,) + (1,) * (x.ndim - 1) if x.ndim else ()
+        dx = (x - y.astype(x.dtype)) * dd.astype(x.dtype).reshape(rows)
+        return dx, -dx
+
+    return kernel
