@@ -20,6 +20,7 @@ enclosing scopes, as Caffe2's workspace chain resolved them.
 
 from __future__ import annotations
 
+import math
 from collections import ChainMap
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -250,9 +251,10 @@ class RecurrentLowering:
         externals = self._externals(outer, steps)
         compact = self.compact_links and all(rows.shape[0] == 1 for rows in initial.values())
         scan = self._scan_rows if compact else self._scan_buffers
-        buffers, scratches = scan(initial, self._fuse(externals, outer), outer, steps, key)
+        constants: dict[str, Any] = {}
+        buffers, scratches = scan(initial, self._fuse(externals, outer), outer, steps, key, constants)
         values = {alias.dst: self._alias(alias, buffers) for alias in spec.aliases}
-        workspaces = self._workspaces(buffers, scratches, outer) if spec.backward_step_net else {}
+        workspaces = self._workspaces(buffers, scratches, constants, outer) if spec.backward_step_net else {}
         results = []
         for position, name in enumerate(op.outputs):
             if name in values:
@@ -265,7 +267,21 @@ class RecurrentLowering:
                 )
         return tuple(results)
 
-    def _workspaces(self, buffers: Mapping[str, Any], scratches: dict, outer: ChainMap) -> dict[str, Any]:
+    def _per_step_scratches(self, env: Mapping[str, Any], constants: dict[str, Any]) -> dict[str, Any]:
+        """The scratches of this step; those that are constants (shape blobs such as Concat's
+        split_info) are the same at every step and go to `constants` instead, staying concrete."""
+        traced = {}
+        for name in self.scratch_names:
+            value = env[name]
+            if isinstance(value, jax.core.Tracer):
+                traced[name] = value
+            else:
+                constants[name] = value
+        return traced
+
+    def _workspaces(
+        self, buffers: Mapping[str, Any], scratches: dict, constants: dict, outer: ChainMap
+    ) -> dict[str, Any]:
         """The `step_workspaces` output: what RecurrentNetworkGradient reads of the forward pass (Caffe2
         kept a workspace per step): every state tensor, the per-step blobs the backward step net reads
         (stacked over steps), and the loop-invariant blobs it reads. Unused under jit, XLA drops them."""
@@ -274,7 +290,7 @@ class RecurrentLowering:
             for s, b in buffers.items()
         }
         hoisted = outer.maps[0]
-        shared = {n: hoisted[n] for n in self.backward_reads if n in hoisted}
+        shared = {n: hoisted[n] for n in self.backward_reads if n in hoisted} | constants
         return {"states": states, "per_step": scratches, "shared": shared}
 
     def _externals(self, scope: Mapping[str, Any], steps: int) -> _Externals:
@@ -337,7 +353,7 @@ class RecurrentLowering:
         for link, array in externals.sliced.items():
             env[link.internal] = _rows(array, t + link.offset, link.window)
 
-    def _scan_rows(self, initial, externals, outer, steps, key):
+    def _scan_rows(self, initial, externals, outer, steps, key, constants):
         """The compact form: the carry is the current row of each state."""
         spec = self.spec
         writes = {
@@ -355,7 +371,7 @@ class RecurrentLowering:
             new = {s: env[writes[s].internal] for s in spec.states}
             for s in spec.states:
                 self._check_row(s, new[s], carry[s], writes[s].internal)
-            return new, (new, {n: env[n] for n in self.scratch_names})
+            return new, (new, self._per_step_scratches(env, constants))
 
         init = {s: initial[s] for s in spec.states}
         final, (rows, scratches) = _scan(body, init, externals.per_step, steps)
@@ -365,7 +381,7 @@ class RecurrentLowering:
         }
         return buffers, scratches
 
-    def _scan_buffers(self, initial, externals, outer, steps, key):
+    def _scan_buffers(self, initial, externals, outer, steps, key, constants):
         """The general form: the carry is every state tensor, read and written through link views."""
         spec = self.spec
         buffers0 = {
@@ -376,31 +392,10 @@ class RecurrentLowering:
         def body(buffers, xs):
             t, rows = xs
             env = self._step_env(outer, t, rows)
-            buffers = dict(buffers)
-
-            def refresh(state):
-                for link in spec.links:
-                    if link.external == state:
-                        env[link.internal] = _rows(buffers[state], t + link.offset, link.window)
-
-            for state in spec.states:
-                refresh(state)
+            views = StateViews(env, dict(buffers), spec.links, t, self.op)
             self._read_sliced(env, externals, t)
-
-            def write_back(o: Op, env: MutableMapping) -> None:
-                for name in o.outputs:
-                    link = self.state_of.get(name)
-                    if link is not None:
-                        value = env[name]
-                        buffer = buffers[link.external]
-                        self._check_row(link.external, value, buffer[:1], name, rows=link.window)
-                        buffers[link.external] = lax.dynamic_update_slice_in_dim(
-                            buffer, value.astype(buffer.dtype), t + link.offset, axis=0
-                        )
-                        refresh(link.external)
-
-            self._run_step(env, externals, jax.random.fold_in(key, t), after_op=write_back)
-            return buffers, {n: env[n] for n in self.scratch_names}
+            self._run_step(env, externals, jax.random.fold_in(key, t), after_op=views.write_back)
+            return views.buffers, self._per_step_scratches(env, constants)
 
         buffers, scratches = _scan(body, buffers0, externals.per_step, steps)
         return buffers, scratches
@@ -447,6 +442,52 @@ def _scan(body: Any, init: Any, sequences: Mapping[str, jax.Array], steps: int) 
 
 def _rows(array: jax.Array, start: jax.Array, window: int) -> jax.Array:
     return lax.dynamic_slice_in_dim(array, start, window, axis=0)
+
+
+class StateViews:
+    """Caffe2's link views of state tensors during one step. Reading a link's internal blob gives rows
+    [t + offset, t + offset + window) of its tensor. Writing the blob stores the values there: Caffe2's
+    internal blob shared the tensor's memory, so any shape of the same size goes (an in-place Reshape
+    keeps its new shape), and every other view of the tensor sees the new values at once."""
+
+    def __init__(self, env: MutableMapping[str, Any], buffers: dict[str, jax.Array], links, t, op: Op):
+        self.env, self.buffers, self.t, self.op = env, buffers, t, op
+        self.links = [link for link in links if link.external in buffers]
+        self.by_internal = {link.internal: link for link in self.links}
+        for external in buffers:
+            self.refresh(external)
+
+    def refresh(self, external: str, skip: str | None = None) -> None:
+        for link in self.links:
+            if link.external != external or link.internal == skip:
+                continue
+            rows = _rows(self.buffers[external], self.t + link.offset, link.window)
+            current = self.env.get(link.internal) if link.internal in self.env.maps[0] else None
+            if current is not None and getattr(current, "size", -1) == rows.size:
+                rows = jnp.reshape(rows, current.shape)
+            self.env[link.internal] = rows
+
+    def write_back(self, op: Op, env: MutableMapping[str, Any]) -> None:
+        """The `after_op` hook: store what `op` wrote to linked blobs."""
+        for name in op.outputs:
+            link = self.by_internal.get(name)
+            if link is not None:
+                self.store(link, env[name])
+                self.refresh(link.external, skip=name)
+
+    def store(self, link: Link, value: Any) -> None:
+        buffer = self.buffers[link.external]
+        shape = (link.window, *buffer.shape[1:])
+        if getattr(value, "size", None) != math.prod(shape):
+            raise ShapeError(
+                f"{self.op.where}: a step writes '{link.internal}' with shape "
+                f"{list(getattr(value, 'shape', ()))} into '{link.external}', "
+                f"whose linked rows are {list(shape)}"
+            )
+        row = jnp.reshape(value, shape).astype(buffer.dtype)
+        self.buffers[link.external] = lax.dynamic_update_slice_in_dim(
+            buffer, row, self.t + link.offset, axis=0
+        )
 
 
 @dataclass(frozen=True)

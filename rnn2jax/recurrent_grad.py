@@ -17,7 +17,7 @@ as it did in Caffe2: that is what `rnn2jax.verify` compares against `jax.vjp` of
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from .errors import BadArgumentError, ShapeError
 from .lower import LoweredNet
 from .netdef import Op
 from .ops.registry import register
-from .recurrent import _renamed, decode_links, decode_spec
+from .recurrent import StateViews, _renamed, _rows, decode_links, decode_spec
 
 
 @dataclass(frozen=True)
@@ -120,78 +120,45 @@ class RecurrentGradientLowering:
         sequence = forward[self.forward_inputs[0]]
         steps = sequence.shape[0]
         states = workspaces["states"]
-        grads = {s: jnp.zeros_like(states[s]) for s in spec.states}
+        # Gradient tensors the backward links view: one per state (only its last row starts at zero in
+        # Caffe2; the others are written before they are read), and the input sequence's gradient.
+        grads = {self.state_grads[s]: jnp.zeros_like(states[s]) for s in spec.states}
+        grads[self.input_grad] = jnp.zeros_like(sequence)
         for s, k in self.last_grads.items():
-            grads[s] = grads[s].at[-1].add(jnp.reshape(inputs[k], grads[s].shape[1:]))
+            g = self.state_grads[s]
+            grads[g] = grads[g].at[-1].add(jnp.reshape(inputs[k], grads[g].shape[1:]))
         outer = ChainMap({}, workspaces["shared"], forward, scope)
         accumulators = [jnp.zeros_like(forward[self.forward_inputs[p.input_index]]) for p in self.params]
         per_step = {
             "t": jnp.arange(steps, dtype=jnp.int32),
             "scratch": workspaces["per_step"],
-            "all_grads": {s: inputs[k] for s, k in self.all_grads.items()},
+            "all_grads": {self.state_grads[s]: inputs[k] for s, k in self.all_grads.items()},
         }
-        row_shape = (1, *sequence.shape[1:])
 
         def body(carry, xs):
             grads, accumulators = dict(carry[0]), list(carry[1])
             t = xs["t"]
-            for s, go in xs["all_grads"].items():  # rnn_internal_accumulate_gradient_input, offset 1
-                grads[s] = lax.dynamic_update_slice_in_dim(
-                    grads[s], _rows(grads[s], t + 1, 1) + go[None].astype(grads[s].dtype), t + 1, axis=0
-                )
+            for g, go in xs["all_grads"].items():  # rnn_internal_accumulate_gradient_input, offset 1
+                row = _rows(grads[g], t + 1, 1) + go[None].astype(grads[g].dtype)
+                grads[g] = lax.dynamic_update_slice_in_dim(grads[g], row, t + 1, axis=0)
             env = ChainMap({}, {spec.timestep: jnp.reshape(t, (1,)), **xs["scratch"]}, outer)
-            for link in spec.links:
+            for link in spec.links:  # forward links: views of the forward pass's tensors
                 source = states[link.external] if link.external in states else outer[link.external]
                 env[link.internal] = _rows(source, t + link.offset, link.window)
-            input_row = {"value": jnp.zeros(row_shape, sequence.dtype)}
-
-            def refresh(state: str) -> None:
-                for link in self.backward_links:
-                    if link.external == self.state_grads[state]:
-                        env[link.internal] = _rows(grads[state], t + link.offset, link.window)
-
-            for s in spec.states:
-                refresh(s)
-            for link in self.backward_links:
-                if link.external == self.input_grad:
-                    env[link.internal] = input_row["value"]
-
-            by_internal = {link.internal: link for link in self.backward_links}
-
-            def write_back(o: Op, env: MutableMapping) -> None:
-                for name in o.outputs:
-                    link = by_internal.get(name)
-                    if link is None:
-                        continue
-                    if link.external == self.input_grad:
-                        input_row["value"] = env[name]
-                        continue
-                    state = next((s for s, g in self.state_grads.items() if g == link.external), None)
-                    if state is not None:
-                        grads[state] = lax.dynamic_update_slice_in_dim(
-                            grads[state], env[name].astype(grads[state].dtype), t + link.offset, axis=0
-                        )
-                        refresh(state)
-
-            self.backward.run(env, after_op=write_back)
+            views = StateViews(env, grads, self.backward_links, t, self.op)
+            self.backward.run(env, after_op=views.write_back)
             for i, p in enumerate(self.params):
                 if p.blob in env.maps[0]:
                     accumulators[i] = accumulators[i] + jnp.reshape(env[p.blob], accumulators[i].shape)
-            return (grads, accumulators), jnp.reshape(input_row["value"], row_shape)
+            return (views.buffers, accumulators), None
 
         if steps:
-            (grads, accumulators), input_rows = lax.scan(body, (grads, accumulators), per_step, reverse=True)
-        else:
-            input_rows = jnp.zeros((0, *row_shape), sequence.dtype)
-        input_grad = jnp.reshape(input_rows, sequence.shape)
+            (grads, accumulators), _ = lax.scan(body, (grads, accumulators), per_step, reverse=True)
+        input_grad = grads[self.input_grad]
         results = [input_grad, *accumulators]
         for s, index in zip(spec.states, spec.initial_ids, strict=True):
-            results.append(_initial_gradient(grads[s], forward[self.forward_inputs[index]]))
+            results.append(_initial_gradient(grads[self.state_grads[s]], forward[self.forward_inputs[index]]))
         return tuple(results)
-
-
-def _rows(array: jax.Array, start: jax.Array, window: int) -> jax.Array:
-    return lax.dynamic_slice_in_dim(array, start, window, axis=0)
 
 
 def _initial_gradient(state_grad: jax.Array, initial: jax.Array) -> jax.Array:
