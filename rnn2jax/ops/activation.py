@@ -1,10 +1,14 @@
-"""Nonlinearities: the elementwise activations RNN cells use, and Caffe2's 2-D-coerced Softmax."""
+"""Nonlinearities: the elementwise activations RNN cells use, Caffe2's 2-D-coerced Softmax, and the
+gradient ops that Caffe2's backward nets run for them."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
+from ..errors import ShapeError
 from ..netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .registry import Kernel, register
@@ -57,5 +61,91 @@ def softmax(op: Op) -> Kernel:
         shifted = rows - jnp.max(rows, axis=1, keepdims=True)
         e = jnp.exp(shifted)
         return (e / jnp.sum(e, axis=1, keepdims=True)).reshape(x.shape)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Gradients: each takes the forward output Y (Softsign: the input X) and dY, both float and of one
+# shape (Caffe2 registers them for float only and indexes both by the first input's size).
+
+
+def _grad_pair(op: Op, first: jax.Array, dy: jax.Array) -> None:
+    for name, value in zip(op.inputs, (first, dy), strict=True):
+        if not jnp.issubdtype(value.dtype, jnp.floating):
+            raise ShapeError(f"{op.where}: {op.type} takes float inputs, '{name}' is {value.dtype}")
+    if first.shape != dy.shape:
+        raise ShapeError(
+            f"{op.where}: {op.type} needs '{op.inputs[0]}' and '{op.inputs[1]}' of one shape, got "
+            f"{list(first.shape)} and {list(dy.shape)}"
+        )
+
+
+def _elementwise_gradient(op: Op, formula: Callable[[jax.Array, jax.Array], jax.Array]) -> Kernel:
+    def kernel(first, dy):
+        _grad_pair(op, first, dy)
+        return formula(first, dy)
+
+    return kernel
+
+
+@register("SigmoidGradient", inputs=2)
+def sigmoid_gradient(op: Op) -> Kernel:
+    """`(Y, dY) -> dY * Y * (1 - Y)`."""
+    return _elementwise_gradient(op, lambda y, dy: dy * y * (1 - y))
+
+
+@register("TanhGradient", inputs=2)
+def tanh_gradient(op: Op) -> Kernel:
+    """`(Y, dY) -> dY * (1 - Y^2)`."""
+    return _elementwise_gradient(op, lambda y, dy: dy * (1 - y * y))
+
+
+@register("ReluGradient", inputs=2)
+def relu_gradient(op: Op) -> Kernel:
+    """`(Y, dY) -> dY where Y > 0, else 0` (so 0 at Y == 0)."""
+    return _elementwise_gradient(op, lambda y, dy: jnp.where(y > 0, dy, jnp.zeros((), dy.dtype)))
+
+
+@register("LeakyReluGradient", inputs=2)
+def leaky_relu_gradient(op: Op) -> Kernel:
+    """`(Y, dY) -> dY where Y >= 0, else alpha * dY` (caffe2/operators/leaky_relu_op.cc: the test is
+    on Y and includes 0). Caffe2 only needs Y and dY to have one size; dX is shaped like Y."""
+    alpha = op.float("alpha", 0.01)
+
+    def kernel(y, dy):
+        if dy.size != y.size:
+            raise ShapeError(
+                f"{op.where}: LeakyReluGradient needs '{op.inputs[0]}' and '{op.inputs[1]}' of one size, "
+                f"got {list(y.shape)} and {list(dy.shape)}"
+            )
+        dy = dy.reshape(y.shape)
+        _grad_pair(op, y, dy)
+        return jnp.where(y >= 0, dy, dy * jnp.asarray(alpha, dy.dtype))
+
+    return kernel
+
+
+@register("SoftsignGradient", inputs=2)
+def softsign_gradient(op: Op) -> Kernel:
+    """`(X, dY) -> dY / (1 + |X|)^2`: Softsign's maker passes the forward INPUT, not its output."""
+    return _elementwise_gradient(op, lambda x, dy: dy * (1 / jnp.square(1 + jnp.abs(x))))
+
+
+@register("SoftmaxGradient", inputs=2)
+def softmax_gradient(op: Op) -> Kernel:
+    """`(Y, dY) -> Y * (dY - sum(dY * Y))`, the sum over each row of the same 2-D view as Softmax
+    (`size_to_dim(axis) x size_from_dim(axis)`)."""
+    axis = op.int("axis", 1)
+
+    def kernel(y, dy):
+        _grad_pair(op, y, dy)
+        k = canonical_axis(op, axis, y.ndim)
+        if y.size == 0:
+            return jnp.zeros_like(y)
+        shape = (size_to_dim(y.shape, k), size_from_dim(y.shape, k))
+        rows, drows = y.reshape(shape), dy.reshape(shape)
+        dot = jnp.sum(rows * drows, axis=1, keepdims=True)
+        return ((drows - dot) * rows).reshape(y.shape)
 
     return kernel
