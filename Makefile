@@ -17,11 +17,12 @@ demo: $(STAMP)
 	$(BIN)/rnn2jax demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check rnn2jax tests scripts benchmarks
+	$(BIN)/python -m pytest -q -n 2
 
 lint: $(STAMP)
-	$(BIN)/ruff check rnn2jax tests scripts
-	$(BIN)/ruff format --check rnn2jax tests scripts
+	$(BIN)/ruff check rnn2jax tests scripts benchmarks
+	$(BIN)/ruff format --check rnn2jax tests scripts benchmarks
 
 clean:
 	rm -rf $(VENV) build *.egg-info

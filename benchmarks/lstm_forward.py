@@ -82,8 +82,9 @@ def _torch_lstm(params, x, hidden, threads):
         return None
     torch.set_num_threads(threads)
     lstm = torch.nn.LSTM(x.shape[-1], hidden)
-    order = np.concatenate([np.arange(0, 2 * hidden), np.arange(3 * hidden, 4 * hidden), np.arange(2 * hidden, 3 * hidden)])
-    with torch.no_grad():  # Caffe2 i, f, o, g -> PyTorch i, f, g, o
+    # PyTorch's gate blocks i, f, g, o from Caffe2's i, f, o, g
+    order = np.concatenate([np.arange(k * hidden, (k + 1) * hidden) for k in (0, 1, 3, 2)])
+    with torch.no_grad():
         lstm.weight_ih_l0.copy_(torch.from_numpy(params["i2h_w"][order]))
         lstm.bias_ih_l0.copy_(torch.from_numpy(params["i2h_b"][order]))
         lstm.weight_hh_l0.copy_(torch.from_numpy(params["w"][order]))

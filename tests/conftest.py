@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "default",
-    max_examples=int(os.environ.get("RNN2JAX_EXAMPLES", "15")),
+    max_examples=int(os.environ.get("RNN2JAX_EXAMPLES", "8")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

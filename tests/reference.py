@@ -96,10 +96,8 @@ def gru(
         x_r, x_u, x_o = np.split(x_proj[t], 3, axis=-1)
         r = h @ w_r.T + b_r + x_r
         u = h @ w_u.T + b_u + x_u
-        if linear_before_reset:
-            o = sigmoid(r) * (h @ w_o.T + b_o) + x_o
-        else:
-            o = (sigmoid(r) * h) @ w_o.T + b_o + x_o
+        # the reset gate scales the output gate's FC result, or (by default) its input
+        o = sigmoid(r) * (h @ w_o.T + b_o) + x_o if linear_before_reset else (sigmoid(r) * h) @ w_o.T + b_o + x_o
         h = gru_unit(h, np.concatenate([r, u, o], -1), valid_rows(t, seq_lengths, h.shape[0]), drop_states)
         hs.append(h)
     return _stack(hs, h), h

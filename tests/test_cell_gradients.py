@@ -118,10 +118,13 @@ def _multi_layer(lengths, form):
 CELLS["multi-rnn-cell"] = _multi_layer
 
 
-@pytest.mark.parametrize("form", ["1-D", "2-D"])
-@pytest.mark.parametrize("lengths", [True, False], ids=["lengths", "no-lengths"])
+@pytest.mark.parametrize(
+    ("lengths", "form"), [(True, "1-D"), (False, "2-D")], ids=["lengths-1-D", "no-lengths-2-D"]
+)
 @pytest.mark.parametrize("cell", CELLS)
 def test_backward_step_net_equals_jax_grad(cell, lengths, form):
+    """Each cell with and without sequence lengths, and with 1-D and 2-D initial states (the float64
+    test below adds lengths with 2-D states)."""
     build, shapes = CELLS[cell](lengths, form)
     model = _model(build)
     params = _random_params(model, seed=len(cell))

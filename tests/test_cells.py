@@ -12,10 +12,10 @@ from contextlib import contextmanager
 import jax
 import numpy as np
 import pytest
-import reference as ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import reference as ref
 import rnn2jax
 from rnn2jax.caffe2 import (
     GRU,

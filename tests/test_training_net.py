@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import REALNETS
 
 import rnn2jax
+from helpers import REALNETS
 from rnn2jax.caffe2 import LSTM, ModelHelper, get_backward_pass
 from rnn2jax.netdef import Net
 from rnn2jax.proto import caffe2_pb2 as pb
@@ -41,12 +41,12 @@ def breadbread():
         "hidden_init": np.zeros((batch, 100), np.float32),
         "cell_init": np.zeros((batch, 100), np.float32),
     }
-    return plan, train, dict(params), inputs
+    return train, dict(params), inputs
 
 
 @needs_realnets
 def test_breadbread_training_step_equals_sgd_with_jax_grad(breadbread):
-    plan, train, params, inputs = breadbread
+    train, params, inputs = breadbread
     step = rnn2jax.compile(train, params=params, outputs=["loss", "lr", *PARAMS, *(p + "_grad" for p in PARAMS)])
     out = step(inputs)
 
@@ -70,7 +70,7 @@ def test_breadbread_training_step_equals_sgd_with_jax_grad(breadbread):
 
 @needs_realnets
 def test_breadbread_training_loss_falls(breadbread):
-    _, train, params, inputs = breadbread
+    train, params, inputs = breadbread
     step = rnn2jax.compile(train, params=params, outputs=["loss", "optimizer_iteration", *PARAMS])
     losses = []
     state = dict(params)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 from google.protobuf import text_format
-from helpers import REALNETS
 
 import rnn2jax
+from helpers import REALNETS
 from rnn2jax.caffe2 import create_operator
 from rnn2jax.cli import main
 from rnn2jax.proto import caffe2_pb2 as pb
@@ -35,7 +35,9 @@ def dper_shapes(op) -> dict:
 @needs_realnets
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_breadbread_backward_step_net_agrees_with_jax(dtype):
-    report = rnn2jax.verify(BREADBREAD, shapes=BREADBREAD_SHAPES, dtype=dtype, finite_differences=dtype == "float64")
+    report = rnn2jax.verify(
+        BREADBREAD, shapes=BREADBREAD_SHAPES, dtype=dtype, finite_differences=dtype == "float64"
+    )
     assert report.ok, str(report)
     assert [c.blob for c in report.checks] == [
         "LSTM/i2h_grad",
@@ -61,7 +63,9 @@ def test_both_dper_lstm_ops_pass():
 
 @needs_realnets
 def test_cli_verify_prints_table_and_json(capsys):
-    args = ["verify", str(BREADBREAD)] + [f"--shape={k}={','.join(map(str, v))}" for k, v in BREADBREAD_SHAPES.items()]
+    args = ["verify", str(BREADBREAD)] + [
+        f"--shape={k}={','.join(map(str, v))}" for k, v in BREADBREAD_SHAPES.items()
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "LSTM/gates_t_w_grad" in out and "all gradients agree" in out
@@ -119,7 +123,9 @@ def _scale_fc_weight_gradient(rnn, backward):
 def _drop_backward_link(rnn, backward):
     """Forget the link that carries the cell-state gradient back to the previous step."""
     args = {a.name: a for a in rnn.arg}
-    keep = [i for i, name in enumerate(args["backward_link_internal"].strings) if name != b"LSTM/cell_t_prev_grad"]
+    keep = [
+        i for i, name in enumerate(args["backward_link_internal"].strings) if name != b"LSTM/cell_t_prev_grad"
+    ]
     for field in ("backward_link_internal", "backward_link_external"):
         values = [args[field].strings[i] for i in keep]
         del args[field].strings[:]
@@ -145,7 +151,13 @@ def _forget_param_accumulation(rnn, backward):
         (_drop_backward_link, {"cell_init_grad"}),
         (_forget_param_accumulation, {"LSTM/gates_t_b_grad"}),
     ],
-    ids=["drop-split-sum", "swap-gate-blocks", "scale-fc-gradient", "drop-backward-link", "forget-param-grad"],
+    ids=[
+        "drop-split-sum",
+        "swap-gate-blocks",
+        "scale-fc-gradient",
+        "drop-backward-link",
+        "forget-param-grad",
+    ],
 )
 def test_broken_backward_nets_are_caught(mutate, wrong):
     report = rnn2jax.verify(_breadbread_with(mutate), shapes=BREADBREAD_SHAPES)
@@ -153,3 +165,23 @@ def test_broken_backward_nets_are_caught(mutate, wrong):
     failed = {c.blob for c in report.failed}
     assert wrong <= failed, str(report)
     assert "MISMATCH" in str(report)
+
+
+def _rename_in_backward_net(rnn, backward):
+    """Memonger's blob sharing: the gates gradient is called `shared_blob_0` inside the backward net,
+    and the op says so with a `LSTM/gates_t_grad.rename` argument (SEMANTICS.md 2.9)."""
+    for op in backward.op:
+        for field in (op.input, op.output):
+            for i, name in enumerate(field):
+                if name == "LSTM/gates_t_grad":
+                    field[i] = "shared_blob_0"
+    rnn.arg.add(name="LSTM/gates_t_grad.rename", s=b"shared_blob_0")
+
+
+@needs_realnets
+def test_rename_arguments_are_honoured():
+    net = _breadbread_with(_rename_in_backward_net)
+    report = rnn2jax.verify(net, shapes=BREADBREAD_SHAPES)
+    assert report.ok, str(report)
+    without = _breadbread_with(lambda rnn, backward: _rename_in_backward_net(rnn, backward) or rnn.arg.pop())
+    assert not rnn2jax.verify(without, shapes=BREADBREAD_SHAPES).ok

@@ -22,8 +22,6 @@ from ..netdef import Op
 from .common import canonical_dtype
 from .registry import Kernel, register
 
-_COUNTER = canonical_dtype(np.int64)
-
 # --------------------------------------------------------------------------------------------------
 # Iteration counters
 
@@ -64,7 +62,7 @@ def iter_(op: Op) -> Kernel:
             return _increment(op, counter[0])
         if op.outputs[0] in scope:
             return _increment(op, scope[op.outputs[0]])
-        return jnp.ones((1,), _COUNTER)
+        return jnp.ones((1,), canonical_dtype(np.int64))  # decided per call: x64 may be on or off
 
     return kernel
 
