@@ -16,28 +16,41 @@ from rnn2jax.lower import lower
 REALNETS = Path(__file__).resolve().parents[2] / "shared" / "realnets"
 
 
+def forward(
+    op_type: str,
+    num_inputs: int,
+    num_outputs: int = 1,
+    *,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    **args: Any,
+):
+    """A single `op_type` op (built through protobuf, as a user's net holds it) as a traceable
+    function of its input arrays returning its output arrays. Blobs are x0.., y0.. unless named
+    (some ops care, e.g. in-place forms)."""
+    ins = list(input_names or [f"x{i}" for i in range(num_inputs)])
+    outs = list(output_names or [f"y{i}" for i in range(num_outputs)])
+    net = lower(load(create_net("forward", [create_operator(op_type, ins, outs, **args)])))
+
+    def fn(*arrays: Any, key: jax.Array | None = None) -> tuple:
+        env = net(dict(zip(ins, arrays, strict=True)), key=key)
+        return tuple(env[name] for name in outs)
+
+    return fn
+
+
 def run_op(
     op_type: str,
     inputs: Sequence[Any],
     num_outputs: int = 1,
     *,
     jit: bool = True,
-    input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None,
     key: jax.Array | None = None,
     **args: Any,
 ) -> tuple[np.ndarray, ...]:
     """Run a single `op_type` op on `inputs`, under `jax.jit` or eagerly; outputs as NumPy arrays."""
-    in_names = list(input_names or [f"x{i}" for i in range(len(inputs))])
-    out_names = list(output_names or [f"y{i}" for i in range(num_outputs)])
-    proto = create_net("t", [create_operator(op_type, in_names, out_names, **args)])
-    lowered = lower(load(proto))
-
-    def fn(arrays, key):
-        env = lowered(dict(zip(in_names, arrays, strict=True)), key=key)
-        return tuple(env[n] for n in out_names)
-
+    fn = forward(op_type, len(inputs), num_outputs, **args)
     if jit:
         fn = jax.jit(fn)
-    outs = fn(tuple(inputs), key if key is not None else jax.random.key(0))
+    outs = fn(*inputs, key=key if key is not None else jax.random.key(0))
     return tuple(np.asarray(o) for o in outs)

@@ -13,27 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from helpers import run_op
-from rnn2jax.caffe2 import create_net, create_operator
+from helpers import forward, run_op
 from rnn2jax.errors import BadArgumentError, ShapeError
-from rnn2jax.load import load
-from rnn2jax.lower import lower
 
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def forward(op_type: str, num_inputs: int, num_outputs: int = 1, **args):
-    """The forward op as a traceable function of its inputs, built like run_op builds it (run_op
-    returns NumPy arrays, which jax.vjp cannot trace through)."""
-    ins = [f"x{i}" for i in range(num_inputs)]
-    outs = [f"y{i}" for i in range(num_outputs)]
-    net = lower(load(create_net("forward", [create_operator(op_type, ins, outs, **args)])))
-
-    def fn(*arrays, key=None):
-        env = net(dict(zip(ins, arrays, strict=True)), key=key)
-        return tuple(env[name] for name in outs)
-
-    return fn
 
 
 def floats(shape, bound: float = 10.0):

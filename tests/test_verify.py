@@ -185,3 +185,18 @@ def test_rename_arguments_are_honoured():
     assert report.ok, str(report)
     without = _breadbread_with(lambda rnn, backward: _rename_in_backward_net(rnn, backward) or rnn.arg.pop())
     assert not rnn2jax.verify(without, shapes=BREADBREAD_SHAPES).ok
+
+
+@needs_realnets
+def test_breadbread_train_plan_passes_verify_from_the_command_line(capsys):
+    """The plan's training net holds the only real RecurrentNetworkGradient found: verify checks the
+    backward step net of its RecurrentNetwork op (the net's other ops need a database to run)."""
+    plan = REALNETS / "breadbread_lstmdemo_train_plan.pbtxt"
+    shapes = {"LSTM/i2h": (6, 10, 400), "hidden_init": (10, 100), "cell_init": (10, 100), "seq_lengths": (10,)}
+    shapes |= {"LSTM/gates_t_w": (400, 100), "LSTM/gates_t_b": (400,)}
+    assert rnn2jax.verify(plan, shapes=shapes).ok
+    args = ["verify", str(plan)] + [f"--shape={k}={','.join(map(str, v))}" for k, v in shapes.items()]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "net 'char_rnn' (in plan 'lstm_train_plan'), op #5 (RecurrentNetwork)" in out
+    assert "all gradients agree" in out
