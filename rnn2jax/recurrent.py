@@ -78,7 +78,7 @@ def _equal_lengths(op: Op, names: tuple[str, ...], *values: tuple) -> None:
         raise BadArgumentError(f"{op.where}: arguments {listed} must have equal lengths")
 
 
-def _renamed(op: Op, name: str) -> str:
+def remapped_name(op: Op, name: str) -> str:
     """Caffe2's `remappedName`: memonger may rename blobs with `<name>.rename` arguments."""
     arg = op.args.get(f"{name}.rename")
     return arg.value if arg is not None and arg.kind == "s" else name
@@ -98,14 +98,12 @@ def decode_links(op: Op, prefix: str = "") -> tuple[Link, ...]:
         window,
     )
     links = tuple(
-        Link(_renamed(op, i), _renamed(op, e), o, w)
+        Link(remapped_name(op, i), remapped_name(op, e), o, w)
         for i, e, o, w in zip(internal, external, offset, window, strict=True)
     )
     for link in links:
         if link.offset < 0 or link.window < 0:
-            raise BadArgumentError(
-                f"{op.where}: link {link.internal} -> {link.external} needs offset and window >= 0"
-            )
+            raise BadArgumentError(f"{op.where}: link {link.internal} -> {link.external} needs offset and window >= 0")
     return links
 
 
@@ -117,8 +115,7 @@ def decode_spec(op: Op) -> RecurrentSpec:
     for state, index in zip(states, initial_ids, strict=True):
         if not 0 <= index < len(op.inputs):
             raise BadArgumentError(
-                f"{op.where}: initial state of '{state}' is input #{index}, "
-                f"but the op has {len(op.inputs)} inputs"
+                f"{op.where}: initial state of '{state}' is input #{index}, but the op has {len(op.inputs)} inputs"
             )
     src, dst, offsets = op.strings("alias_src", ()), op.strings("alias_dst", ()), op.ints("alias_offset", ())
     _equal_lengths(op, ("alias_src", "alias_dst", "alias_offset"), src, dst, offsets)
@@ -262,9 +259,7 @@ class RecurrentLowering:
             elif position == len(op.outputs) - 1:
                 results.append(workspaces)
             else:
-                raise BadArgumentError(
-                    f"{op.where}: output '{name}' is neither an alias_dst nor step_workspaces"
-                )
+                raise BadArgumentError(f"{op.where}: output '{name}' is neither an alias_dst nor step_workspaces")
         return tuple(results)
 
     def _per_step_scratches(self, env: Mapping[str, Any], constants: dict[str, Any]) -> dict[str, Any]:
@@ -351,14 +346,12 @@ class RecurrentLowering:
 
     def _read_sliced(self, env: MutableMapping, externals: _Externals, t: jax.Array) -> None:
         for link, array in externals.sliced.items():
-            env[link.internal] = _rows(array, t + link.offset, link.window)
+            env[link.internal] = rows_at(array, t + link.offset, link.window)
 
     def _scan_rows(self, initial, externals, outer, steps, key, constants):
         """The compact form: the carry is the current row of each state."""
         spec = self.spec
-        writes = {
-            s: next(lk for lk in spec.links if lk.external == s and lk.offset == 1) for s in spec.states
-        }
+        writes = {s: next(lk for lk in spec.links if lk.external == s and lk.offset == 1) for s in spec.states}
 
         def body(carry, xs):
             t, rows = xs
@@ -440,7 +433,7 @@ def _scan(body: Any, init: Any, sequences: Mapping[str, jax.Array], steps: int) 
     return init, jax.tree.map(lambda a: jnp.zeros((0, *a.shape), a.dtype), per_step)
 
 
-def _rows(array: jax.Array, start: jax.Array, window: int) -> jax.Array:
+def rows_at(array: jax.Array, start: jax.Array, window: int) -> jax.Array:
     return lax.dynamic_slice_in_dim(array, start, window, axis=0)
 
 
@@ -461,7 +454,7 @@ class StateViews:
         for link in self.links:
             if link.external != external or link.internal == skip:
                 continue
-            rows = _rows(self.buffers[external], self.t + link.offset, link.window)
+            rows = rows_at(self.buffers[external], self.t + link.offset, link.window)
             current = self.env.get(link.internal) if link.internal in self.env.maps[0] else None
             if current is not None and getattr(current, "size", -1) == rows.size:
                 rows = jnp.reshape(rows, current.shape)
@@ -485,9 +478,7 @@ class StateViews:
                 f"whose linked rows are {list(shape)}"
             )
         row = jnp.reshape(value, shape).astype(buffer.dtype)
-        self.buffers[link.external] = lax.dynamic_update_slice_in_dim(
-            buffer, row, self.t + link.offset, axis=0
-        )
+        self.buffers[link.external] = lax.dynamic_update_slice_in_dim(buffer, row, self.t + link.offset, axis=0)
 
 
 @dataclass(frozen=True)

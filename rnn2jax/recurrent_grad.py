@@ -29,7 +29,7 @@ from .errors import BadArgumentError, ShapeError
 from .lower import LoweredNet
 from .netdef import Op
 from .ops.registry import register
-from .recurrent import StateViews, _renamed, _rows, decode_links, decode_spec
+from .recurrent import StateViews, decode_links, decode_spec, remapped_name, rows_at
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class RecurrentGradientLowering:
             )
         self.forward_inputs = op.inputs[num_go : num_go + self.num_forward_inputs]
         self.backward_links = decode_links(op, "backward_")
-        self.state_grads = {s: _renamed(op, s + "_grad") for s in spec.states}
-        self.input_grad = _renamed(op, self.forward_inputs[0] + "_grad")
+        self.state_grads = {s: remapped_name(op, s + "_grad") for s in spec.states}
+        self.input_grad = remapped_name(op, self.forward_inputs[0] + "_grad")
         self.params = self._params()
         # Blobs the backward step net reads from enclosing scopes; what the forward step wrote comes
         # from step_workspaces instead.
@@ -79,13 +79,11 @@ class RecurrentGradientLowering:
         indices = op.ints("param", ())
         names = op.strings("param_grads", ()) or op.outputs[1 : 1 + len(indices)]
         if len(names) != len(indices):
-            raise BadArgumentError(
-                f"{op.where}: param ({len(indices)}) and param_grads ({len(names)}) differ"
-            )
+            raise BadArgumentError(f"{op.where}: param ({len(indices)}) and param_grads ({len(names)}) differ")
         for index in indices:
             if not 0 <= index < self.num_forward_inputs:
                 raise BadArgumentError(f"{op.where}: param index {index} is not a forward input")
-        return tuple(ParamGrad(i, _renamed(op, n)) for i, n in zip(indices, names, strict=True))
+        return tuple(ParamGrad(i, remapped_name(op, n)) for i, n in zip(indices, names, strict=True))
 
     def _output_grads(self) -> tuple[dict[str, int], dict[str, int]]:
         """Which op input holds the gradient of each state's `_all` (offset 1) and `_last` (offset -1)."""
@@ -108,9 +106,7 @@ class RecurrentGradientLowering:
     def __call__(self, *inputs: Any, scope: Mapping[str, Any]) -> tuple:
         op, spec = self.op, self.spec
         num_go = len(self.outputs_with_grads)
-        forward = dict(
-            zip(self.forward_inputs, inputs[num_go : num_go + self.num_forward_inputs], strict=True)
-        )
+        forward = dict(zip(self.forward_inputs, inputs[num_go : num_go + self.num_forward_inputs], strict=True))
         workspaces = inputs[-1]
         if not isinstance(workspaces, Mapping) or "states" not in workspaces:
             raise ShapeError(
@@ -139,12 +135,12 @@ class RecurrentGradientLowering:
             grads, accumulators = dict(carry[0]), list(carry[1])
             t = xs["t"]
             for g, go in xs["all_grads"].items():  # rnn_internal_accumulate_gradient_input, offset 1
-                row = _rows(grads[g], t + 1, 1) + go[None].astype(grads[g].dtype)
+                row = rows_at(grads[g], t + 1, 1) + go[None].astype(grads[g].dtype)
                 grads[g] = lax.dynamic_update_slice_in_dim(grads[g], row, t + 1, axis=0)
             env = ChainMap({}, {spec.timestep: jnp.reshape(t, (1,)), **xs["scratch"]}, outer)
             for link in spec.links:  # forward links: views of the forward pass's tensors
                 source = states[link.external] if link.external in states else outer[link.external]
-                env[link.internal] = _rows(source, t + link.offset, link.window)
+                env[link.internal] = rows_at(source, t + link.offset, link.window)
             views = StateViews(env, grads, self.backward_links, t, self.op)
             self.backward.run(env, after_op=views.write_back)
             for i, p in enumerate(self.params):
