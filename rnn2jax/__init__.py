@@ -5,7 +5,10 @@ fn = rnn2jax.compile(net, init_net="init_net.pb")
 out = fn(data=x)
 """
 
-from .compile import CompiledNet, compile
+import importlib
+import sys
+import types
+
 from .errors import (
     BadArgumentError,
     MissingBlobError,
@@ -14,10 +17,42 @@ from .errors import (
     ShapeError,
     UnsupportedOpError,
 )
-from .load import load
-from .lower import lower
-from .netdef import Net, Op, Plan
-from .verify import VerificationReport, verify
+
+# The API is imported on first use, so that `import rnn2jax.serving` (which runs an exported model with
+# jax alone) does not pull in the protobuf importer and the op lowerings.
+_API = {
+    "CompiledNet": "compile",
+    "compile": "compile",
+    "load": "load",
+    "lower": "lower",
+    "Net": "netdef",
+    "Op": "netdef",
+    "Plan": "netdef",
+    "load_params": "params",
+    "VerificationReport": "verify",
+    "verify": "verify",
+}
+
+
+class _Package(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name not in _API:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        for attr, module in _API.items():  # all at once, as an eager `from .x import y` would
+            self.__dict__[attr] = getattr(importlib.import_module(f".{module}", self.__name__), attr)
+        return self.__dict__[name]
+
+    def __setattr__(self, name: str, value) -> None:
+        # Importing submodule rnn2jax.compile (or .load, .lower, .verify) must not hide the function.
+        if name in _API and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+    def __dir__(self):
+        return sorted({*super().__dir__(), *_API})
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "BadArgumentError",
@@ -33,6 +68,7 @@ __all__ = [
     "VerificationReport",
     "compile",
     "load",
+    "load_params",
     "lower",
     "verify",
 ]

@@ -1,4 +1,5 @@
-"""The `rnn2jax` command line: `inspect` a net, `verify` its backward step nets, run the bundled `demo`.
+"""The `rnn2jax` command line: `inspect` a net, `verify` its backward step nets, `run` or `export` it, run
+the bundled `demo`.
 
 Exit status: 0 on success, 1 when a check fails, 2 on bad input (an `Rnn2JaxError`, one line on stderr).
 """
@@ -46,6 +47,26 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _name_value_arg(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"expected blob=VALUE, got {text!r}")
+    return name, value
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .commands import run
+
+    return run(args.net, args.init, args.params, args.input or [], args.inputs, args.output)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .commands import export
+
+    shapes, dtypes = dict(args.input_shape or []), dict(args.input_dtype or [])
+    return export(args.net, args.init, args.params, shapes, dtypes, args.output)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -71,6 +92,24 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--fd", action="store_true", help="also compare with central finite differences")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(handler=_verify)
+    run = commands.add_parser("run", help="run a net on arrays from .npy/.npz files")
+    export = commands.add_parser("export", help="export a net as serialized StableHLO (jax.export)")
+    for sub in (run, export):
+        sub.add_argument("net", metavar="NET", help="a NetDef file (.pb or .pbtxt)")
+        sub.add_argument("--init", metavar="INIT", help="an init net that creates the parameters")
+        sub.add_argument("--params", metavar="P.npz", help="parameters by blob name (override the init net)")
+    run.add_argument("--input", action="append", type=_name_value_arg, metavar="BLOB=FILE.npy", help="one input array")
+    run.add_argument("--inputs", metavar="FILE.npz", help="input arrays by blob name")
+    run.add_argument("--output", metavar="OUT.npz", help="save the outputs here (default: print a summary)")
+    run.set_defaults(handler=_run)
+    export.add_argument(
+        "--input-shape", action="append", type=_shape_arg, metavar="BLOB=D0,D1,...", help="an input's shape"
+    )
+    export.add_argument(
+        "--input-dtype", action="append", type=_name_value_arg, metavar="BLOB=DTYPE", help="default float32"
+    )
+    export.add_argument("-o", "--output", required=True, metavar="MODEL.bin", help="the file to write")
+    export.set_defaults(handler=_export)
     demo = commands.add_parser("demo", help="compile and run the bundled example")
     demo.set_defaults(handler=_demo)
     return parser
@@ -79,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "verify":
+            from .progress import stage
+
+            with stage("verifying"):
+                return args.handler(args)
         return args.handler(args)
     except Rnn2JaxError as error:
         print(f"rnn2jax: error: {error}", file=sys.stderr)

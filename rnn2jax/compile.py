@@ -19,6 +19,7 @@ from .errors import MissingBlobError, ParseError
 from .load import load
 from .lower import LoweredNet, lower
 from .netdef import Net, Plan
+from .params import PathLike, check_no_external_storage, resolve_params, save_params
 
 Arrays = dict[str, jax.Array]
 
@@ -37,6 +38,7 @@ def as_net(source: Any, what: str = "net") -> Net:
 def run_init_net(init_net: Any, seed: int = 0) -> Arrays:
     """Run an init net once, eagerly: every blob it writes, by name (random fills seeded by `seed`)."""
     net = as_net(init_net, "init net")
+    check_no_external_storage(net)
     lowered = lower(net)
     needed = lowered.reads_before_writes()
     if needed:
@@ -95,9 +97,7 @@ class CompiledNet:
                 f"nor given to it; the net writes: {', '.join(sorted(known)) or '(nothing)'}"
             )
 
-    def apply(
-        self, params: Mapping[str, Any], inputs: Mapping[str, Any], key: jax.Array | None = None
-    ) -> Arrays:
+    def apply(self, params: Mapping[str, Any], inputs: Mapping[str, Any], key: jax.Array | None = None) -> Arrays:
         """The net as a pure function of its parameters and inputs (and a PRNG key for random ops)."""
         env = self._lowered({**params, **inputs}, key=key)
         return {name: env[name] for name in self.output_names}
@@ -112,11 +112,7 @@ class CompiledNet:
         unknown = [n for n in given if n not in self.input_names]
         if unknown:
             hint = [n for n in unknown if n in self.params]
-            extra = (
-                f" ({', '.join(hint)} are parameters: use .apply(params, inputs) to replace them)"
-                if hint
-                else ""
-            )
+            extra = f" ({', '.join(hint)} are parameters: use .apply(params, inputs) to replace them)" if hint else ""
             raise MissingBlobError(
                 f"{self.net.where}: unknown input(s) {', '.join(unknown)}{extra}; "
                 f"the net's inputs are: {', '.join(self.input_names) or '(none)'}"
@@ -129,6 +125,10 @@ class CompiledNet:
                 f"the net's inputs are: {', '.join(self.input_names)}"
             )
 
+    def save_params(self, path: PathLike) -> None:
+        """Write `params` to an `.npz` file (read it back with `rnn2jax.load_params` or `params=path`)."""
+        save_params(self.params, path)
+
     def __repr__(self) -> str:
         return (
             f"CompiledNet({self.net.name!r}, inputs={list(self.input_names)}, "
@@ -140,7 +140,7 @@ def compile(
     net: Any,
     init_net: Any = None,
     *,
-    params: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | PathLike | None = None,
     outputs: Sequence[str] | None = None,
     seed: int = 0,
     jit: bool = True,
@@ -148,12 +148,11 @@ def compile(
     """Compile a Caffe2 net into a `CompiledNet`.
 
     `net` and `init_net` take anything `rnn2jax.load` takes. The init net runs once, now, to make the
-    parameters (random fills seeded by `seed`); `params` adds or replaces arrays by blob name.
+    parameters (random fills seeded by `seed`); `params` (a dict, or the path of an `.npz` file) adds or
+    replaces arrays by blob name.
     `outputs` overrides which blobs are returned.
     """
     net = as_net(net)
     values: dict[str, Any] = run_init_net(init_net, seed) if init_net is not None else {}
-    values.update(
-        {k: np.asarray(v) if not isinstance(v, jax.Array) else v for k, v in (params or {}).items()}
-    )
+    values.update({k: np.asarray(v) if not isinstance(v, jax.Array) else v for k, v in resolve_params(params).items()})
     return CompiledNet(net, values, outputs, jit=jit)

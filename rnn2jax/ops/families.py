@@ -13,5 +13,6 @@ from . import (  # noqa: F401
     reduce,
     rnn_units,
     sequence,
+    sequence_packing,
     shape,
 )

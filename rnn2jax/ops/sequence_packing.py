@@ -1,0 +1,481 @@
+"""Sequence packing: ops that move between a flat "values + lengths" layout and padded or per-segment
+layouts (PackRNNSequence, AddPadding, LengthsSum...), plus the small index ops nets use around them
+(OneHot, ArgMax, Where).
+
+Several of these have output shapes that depend on the *values* of a lengths input (PackRNNSequence's
+`max(lengths)`, LengthsToSegmentIds' `sum(lengths)`). Shapes must be static under `jax.jit`, so those
+ops need the lengths to be concrete when the net is traced: a NumPy constant, or a blob the net computes
+from constants only (rnn2jax folds such ops at trace time). A traced lengths blob raises a `ShapeError`
+that says so. Ops whose output shape follows from the input shapes alone (AddPadding, RemovePadding,
+GatherPadding, ReversePackedSegs, LengthsSum/Mean, LengthsToRanges, BatchOneHot) accept traced lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import BadArgumentError, ShapeError
+from ..netdef import Op
+from .common import canonical_axis, canonical_dtype
+from .registry import Kernel, register
+
+_HINT = (
+    "these ops need concrete lengths: feed the lengths as a NumPy constant (closed over, not a jit "
+    "argument), or compute them in the net from constants only"
+)
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _check_lengths(op: Op, lengths: Any, index: int = 1) -> None:
+    """Lengths inputs are 1-D integer tensors (Caffe2 reads them as int32)."""
+    name = op.inputs[index]
+    if lengths.ndim != 1 or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        shape = ",".join(map(str, lengths.shape))
+        raise ShapeError(f"{op.where}: input '{name}' must be a 1-D integer tensor, got {lengths.dtype}[{shape}]")
+
+
+def _concrete_lengths(op: Op, lengths: Any, index: int = 1) -> np.ndarray:
+    """The values of a lengths input that decides an output shape (see the module docstring)."""
+    name = op.inputs[index]
+    if isinstance(lengths, jax.core.Tracer):
+        raise ShapeError(
+            f"{op.where}: {op.type}'s output shape depends on the values of input '{name}', but it is a "
+            f"traced array here; {_HINT}"
+        )
+    values = np.asarray(lengths)
+    _check_lengths(op, values, index)
+    if (values < 0).any():
+        raise ShapeError(f"{op.where}: input '{name}' has negative lengths {values.tolist()}")
+    return values.astype(np.int64)
+
+
+def _is_concrete(value: Any) -> bool:
+    return not isinstance(value, jax.core.Tracer)
+
+
+def _take_clip(values: Any, index: Any) -> jax.Array:
+    """values[index] with out-of-range indices clamped; zeros when `values` is empty."""
+    values = jnp.asarray(values)
+    if values.shape[0] == 0:
+        return jnp.zeros((*jnp.shape(index), *values.shape[1:]), values.dtype)
+    return jnp.take(values, index, axis=0, mode="clip")
+
+
+def _starts(lengths: Any) -> jax.Array:
+    lengths = jnp.asarray(lengths).astype(jnp.int32)
+    return jnp.cumsum(lengths) - lengths
+
+
+def _segments(lengths: Any, n: int) -> tuple[jax.Array, jax.Array]:
+    """For positions 0..n-1 of a flat layout split by `lengths`: (segment index, position within the
+    segment). Positions past sum(lengths) get segment index len(lengths). Works on traced lengths."""
+    lengths = jnp.asarray(lengths).astype(jnp.int32)
+    positions = jnp.arange(n, dtype=jnp.int32)
+    segment = jnp.searchsorted(jnp.cumsum(lengths), positions, side="right").astype(jnp.int32)
+    return segment, positions - _take_clip(_starts(lengths), segment)
+
+
+def _take_rows_or_zero(data: jax.Array, rows: Any, valid: Any) -> jax.Array:
+    """data[rows] where `valid`, zero rows elsewhere (also when data has no rows at all)."""
+    padded = jnp.concatenate([data, jnp.zeros((1, *data.shape[1:]), data.dtype)])
+    rows = jnp.where(valid, jnp.clip(rows, 0, data.shape[0] - 1), data.shape[0])
+    return jnp.take(padded, rows, axis=0)
+
+
+def _check_total(op: Op, lengths: Any, rows: int, what: str = "rows") -> None:
+    """When the lengths are concrete, check they cover the data exactly (Caffe2 enforces it)."""
+    if _is_concrete(lengths):
+        total = int(np.asarray(lengths).sum())
+        if total != rows:
+            raise ShapeError(
+                f"{op.where}: the lengths in '{op.inputs[1]}' sum to {total}, but input "
+                f"'{op.inputs[0]}' has {rows} {what}"
+            )
+
+
+def _padding_widths(op: Op) -> tuple[int, int]:
+    """`padding_width` (default 1) and `end_padding_width` (default: padding_width)."""
+    start = op.int("padding_width", 1)
+    end = op.int("end_padding_width", -1)
+    if start < 0:
+        raise BadArgumentError(f"{op.where}: argument 'padding_width' = {start} must be >= 0")
+    return start, start if end < 0 else end
+
+
+# --------------------------------------------------------------------------------------------------
+# PackRNNSequence / UnpackRNNSequence (each is the other's gradient)
+
+
+@register("PackRNNSequence", inputs=2)
+def pack_rnn_sequence(op: Op) -> Kernel:
+    """(values [Σlen, …], lengths [C]) -> [max(len), C, …], zero padded: column c is segment c."""
+
+    def kernel(values, lengths):
+        lens = _concrete_lengths(op, lengths)
+        if values.ndim < 2:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 2 dims, got {values.ndim}")
+        if lens.sum() > values.shape[0]:
+            raise ShapeError(
+                f"{op.where}: the lengths in '{op.inputs[1]}' sum to {lens.sum()}, more than the "
+                f"{values.shape[0]} rows of '{op.inputs[0]}'"
+            )
+        rows = int(lens.max()) if lens.size else 0
+        offsets = np.cumsum(lens) - lens
+        r = np.arange(rows)[:, None]
+        index = np.where(r < lens[None, :], offsets[None, :] + r, -1)  # [rows, C]
+        return _take_rows_or_zero(values, index, index >= 0)
+
+    return kernel
+
+
+@register("UnpackRNNSequence", inputs=2)
+def unpack_rnn_sequence(op: Op) -> Kernel:
+    """(packed [T, C, …], lengths [C]) -> [Σlen, …]: the segments, concatenated."""
+
+    def kernel(packed, lengths):
+        lens = _concrete_lengths(op, lengths)
+        if packed.ndim < 3:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 3 dims, got {packed.ndim}")
+        cols = lens.size
+        rows = int(lens.max()) if cols else 0
+        if packed.shape[1] != cols or packed.shape[0] < rows:
+            raise ShapeError(
+                f"{op.where}: input '{op.inputs[0]}' of shape {tuple(packed.shape)} does not hold "
+                f"{cols} sequences of up to {rows} steps (lengths '{op.inputs[1]}')"
+            )
+        column = np.repeat(np.arange(cols), lens)
+        step = np.arange(column.size) - np.repeat(np.cumsum(lens) - lens, lens)
+        flat = packed.reshape(packed.shape[0] * cols, *packed.shape[2:])
+        return jnp.take(flat, jnp.asarray(step * cols + column, jnp.int32), axis=0)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# AddPadding / RemovePadding / GatherPadding
+
+
+def _optional_lengths(op: Op, data: Any, lengths: Any) -> Any:
+    """Without a lengths input the whole tensor is one range."""
+    if lengths is None:
+        return np.asarray([data.shape[0]], np.int32)
+    _check_lengths(op, lengths)
+    return lengths
+
+
+@register("AddPadding", inputs=(1, 4), outputs=(1, 2))
+def add_padding(op: Op) -> Kernel:
+    """(data [N, …], lengths?, start_padding?, end_padding?) -> (data with `padding_width` rows before
+    and `end_padding_width` rows after each range, lengths + both widths)."""
+    start, end = _padding_widths(op)
+
+    def kernel(data, lengths=None, start_pad=None, end_pad=None):
+        if data.ndim < 1:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 1 dim")
+        lengths = _optional_lengths(op, data, lengths)
+        _check_total(op, lengths, data.shape[0])
+        block = data.shape[1:]
+        pads = []
+        for pad, index in ((start_pad, 2), (end_pad if end_pad is not None else start_pad, 3)):
+            if pad is None:
+                pads.append(jnp.zeros(block, data.dtype))
+                continue
+            if pad.size != math.prod(block):
+                raise ShapeError(
+                    f"{op.where}: padding input '{op.inputs[min(index, len(op.inputs) - 1)]}' has "
+                    f"{pad.size} elements, but a row of '{op.inputs[0]}' has {math.prod(block)}"
+                )
+            pads.append(jnp.reshape(pad, block).astype(data.dtype))
+        out_lengths = jnp.asarray(lengths).astype(jnp.int32) + (start + end)
+        n_out = data.shape[0] + (start + end) * lengths.shape[0]
+        segment, pos = _segments(out_lengths, n_out)
+        seg_len = _take_clip(jnp.asarray(lengths).astype(jnp.int32), segment)
+        in_row = _take_clip(_starts(lengths), segment) + pos - start
+        payload = (pos >= start) & (pos < start + seg_len)
+        rows = _take_rows_or_zero(data, in_row, payload)
+        bcast = (-1,) + (1,) * len(block)
+        out = jnp.where(jnp.reshape(pos < start, bcast), pads[0], rows)
+        out = jnp.where(jnp.reshape(pos >= start + seg_len, bcast), pads[1], out)
+        return out, out_lengths
+
+    return kernel
+
+
+@register("RemovePadding", inputs=(1, 2), outputs=(1, 2))
+def remove_padding(op: Op) -> Kernel:
+    """(data [N, …], lengths?) -> (data without the padding rows of each range, lengths − both widths).
+    AddPadding's gradient (on the data)."""
+    start, end = _padding_widths(op)
+
+    def kernel(data, lengths=None):
+        if data.ndim < 1:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 1 dim")
+        lengths = _optional_lengths(op, data, lengths)
+        _check_total(op, lengths, data.shape[0])
+        n_out = data.shape[0] - (start + end) * lengths.shape[0]
+        if n_out < 0:
+            raise ShapeError(
+                f"{op.where}: input '{op.inputs[0]}' has {data.shape[0]} rows, fewer than the "
+                f"{start + end} padding rows of each of its {lengths.shape[0]} ranges"
+            )
+        out_lengths = jnp.asarray(lengths).astype(jnp.int32) - (start + end)
+        segment, _ = _segments(out_lengths, n_out)
+        rows = jnp.arange(n_out, dtype=jnp.int32) + (start + end) * segment + start
+        return jnp.take(data, rows, axis=0), out_lengths
+
+    return kernel
+
+
+@register("GatherPadding", inputs=2, outputs=(1, 2))
+def gather_padding(op: Op) -> Kernel:
+    """(data [N, …], lengths) -> (Σ start padding rows, Σ end padding rows); with one output, the sum of
+    both. AddPadding's gradient on its padding inputs."""
+    start, end = _padding_widths(op)
+
+    def kernel(data, lengths):
+        if start == 0 and end == 0:  # Caffe2 returns empty int64 tensors
+            empty = jnp.zeros((0,), canonical_dtype(np.int64))
+            return empty, empty
+        if data.ndim < 1:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 1 dim")
+        if data.dtype == jnp.bool_:
+            raise ShapeError(f"{op.where}: GatherPadding cannot sum input '{op.inputs[0]}' of type bool")
+        _check_lengths(op, lengths)
+        _check_total(op, lengths, data.shape[0])
+        segment, pos = _segments(lengths, data.shape[0])
+        seg_len = _take_clip(jnp.asarray(lengths).astype(jnp.int32), segment)
+        inside = segment < lengths.shape[0]
+        bcast = (-1,) + (1,) * (data.ndim - 1)
+
+        def masked_sum(mask):
+            return jnp.sum(jnp.where(jnp.reshape(mask & inside, bcast), data, 0), axis=0).astype(data.dtype)
+
+        start_sum = masked_sum(pos < start)
+        end_sum = masked_sum((pos >= seg_len - end) & (pos < seg_len))
+        if len(op.outputs) == 1:
+            return start_sum + end_sum
+        return start_sum, end_sum
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# ReversePackedSegs, LengthsToRanges, LengthsToSegmentIds
+
+
+@register("ReversePackedSegs", inputs=2)
+def reverse_packed_segs(op: Op) -> Kernel:
+    """(data [T, B, D], lengths [B]) -> the first lengths[b] steps of each column b reversed, the rest
+    kept. Its own gradient."""
+
+    def kernel(data, lengths):
+        if data.ndim != 3:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must be 3-D [T, B, D], got {data.ndim}-D")
+        _check_lengths(op, lengths)
+        if lengths.shape[0] != data.shape[1]:
+            raise ShapeError(
+                f"{op.where}: input '{op.inputs[1]}' has {lengths.shape[0]} lengths for a batch of {data.shape[1]}"
+            )
+        if _is_concrete(lengths) and (np.asarray(lengths) > data.shape[0]).any():
+            raise ShapeError(f"{op.where}: input '{op.inputs[1]}' has lengths above T = {data.shape[0]}")
+        t = jnp.arange(data.shape[0], dtype=jnp.int32)[:, None]
+        lens = jnp.asarray(lengths).astype(jnp.int32)[None, :]
+        source = jnp.where(t < lens, lens - 1 - t, t)  # [T, B]
+        return jnp.take_along_axis(data, source[:, :, None], axis=0)
+
+    return kernel
+
+
+@register("LengthsToRanges")
+def lengths_to_ranges(op: Op) -> Kernel:
+    """lengths [N] -> int32 [N, 2] of (offset, length)."""
+
+    def kernel(lengths):
+        _check_lengths(op, lengths, 0)
+        return jnp.stack([_starts(lengths), jnp.asarray(lengths).astype(jnp.int32)], axis=1)
+
+    return kernel
+
+
+@register("LengthsToSegmentIds")
+def lengths_to_segment_ids(op: Op) -> Kernel:
+    """lengths [S] -> int32 [Σlen]: each row's segment index. Needs concrete lengths."""
+
+    def kernel(lengths):
+        lens = _concrete_lengths(op, lengths, 0)
+        return np.repeat(np.arange(lens.size, dtype=np.int32), lens)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# LengthsSum / LengthsMean and their gradients
+
+
+def _lengths_reduce(op: Op, mean: bool) -> Kernel:
+    def kernel(data, lengths):
+        if data.ndim < 1:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 1 dim")
+        _check_lengths(op, lengths)
+        _check_total(op, lengths, data.shape[0])
+        segment, _ = _segments(lengths, data.shape[0])
+        num = lengths.shape[0]
+        out = jax.ops.segment_sum(data, segment, num_segments=num)
+        if mean:  # Caffe2's MeanReducer leaves empty segments at zero
+            counts = jnp.maximum(jnp.asarray(lengths), 1).astype(data.dtype)
+            out = out / jnp.reshape(counts, (-1,) + (1,) * (data.ndim - 1))
+        return out
+
+    return kernel
+
+
+def _lengths_reduce_gradient(op: Op, mean: bool) -> Kernel:
+    def kernel(grad, lengths, _indices=None):  # newer nets pass INDICES third; unused on CPU
+        lens = _concrete_lengths(op, lengths)
+        if grad.ndim < 1 or grad.shape[0] != lens.size:
+            raise ShapeError(
+                f"{op.where}: input '{op.inputs[0]}' of shape {tuple(grad.shape)} needs one row per "
+                f"length in '{op.inputs[1]}' ({lens.size})"
+            )
+        segment = np.repeat(np.arange(lens.size), lens).astype(np.int32)
+        out = jnp.take(grad, segment, axis=0)
+        if mean:
+            scale = (1.0 / np.maximum(lens[segment], 1)).astype(np.dtype(grad.dtype))
+            out = out * jnp.reshape(scale, (-1,) + (1,) * (grad.ndim - 1))
+        return out
+
+    return kernel
+
+
+@register("LengthsSum", inputs=2)
+def lengths_sum(op: Op) -> Kernel:
+    """(data [Σlen, …], lengths [S]) -> [S, …]: the sum of each segment's rows."""
+    return _lengths_reduce(op, mean=False)
+
+
+@register("LengthsMean", inputs=2)
+def lengths_mean(op: Op) -> Kernel:
+    """(data [Σlen, …], lengths [S]) -> [S, …]: the mean of each segment's rows (0 when empty)."""
+    return _lengths_reduce(op, mean=True)
+
+
+@register("LengthsSumGradient", inputs=(2, 3))
+def lengths_sum_gradient(op: Op) -> Kernel:
+    """(dY [S, …], lengths [S]) -> dX [Σlen, …]: each row gets its segment's gradient."""
+    return _lengths_reduce_gradient(op, mean=False)
+
+
+@register("LengthsMeanGradient", inputs=(2, 3))
+def lengths_mean_gradient(op: Op) -> Kernel:
+    """(dY [S, …], lengths [S]) -> dX [Σlen, …]: each row gets its segment's gradient / length."""
+    return _lengths_reduce_gradient(op, mean=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# OneHot, BatchOneHot, ArgMax/ArgMin, Where
+
+
+@register("OneHot", inputs=2)
+def one_hot(op: Op) -> Kernel:
+    """(indices [N], index_size scalar) -> float32 [N, index_size]. The size decides the output shape, so
+    it must be concrete."""
+
+    def kernel(indices, index_size):
+        if isinstance(index_size, jax.core.Tracer):
+            raise ShapeError(
+                f"{op.where}: OneHot's output shape depends on the value of input '{op.inputs[1]}', but "
+                f"it is a traced array here; feed it as a NumPy constant or compute it from constants"
+            )
+        size = np.asarray(index_size)
+        if size.size != 1 or not np.issubdtype(size.dtype, np.integer) or int(size.reshape(())) < 0:
+            raise ShapeError(f"{op.where}: input '{op.inputs[1]}' must be one non-negative integer, got {size}")
+        if indices.ndim != 1:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must be 1-D, got {indices.ndim}-D")
+        columns = jnp.arange(int(size.reshape(())), dtype=jnp.asarray(indices).dtype)
+        return (jnp.asarray(indices)[:, None] == columns[None, :]).astype(jnp.float32)
+
+    return kernel
+
+
+@register("BatchOneHot", inputs=3)
+def batch_one_hot(op: Op) -> Kernel:
+    """(data [N, D…], lens [D], vals [Σlens]) -> [N, Σlens] of data's type: column j is
+    data[:, d] == vals[j] for the feature d that column j belongs to."""
+
+    def kernel(data, lens, vals):
+        if data.ndim < 1:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 1 dim")
+        _check_lengths(op, lens)
+        flat = jnp.reshape(data, (data.shape[0], math.prod(data.shape[1:])))
+        if lens.shape[0] != flat.shape[1]:
+            raise ShapeError(
+                f"{op.where}: input '{op.inputs[1]}' has {lens.shape[0]} lengths for {flat.shape[1]} "
+                f"columns of '{op.inputs[0]}'"
+            )
+        if vals.ndim != 1:
+            raise ShapeError(f"{op.where}: input '{op.inputs[2]}' must be 1-D, got {vals.ndim}-D")
+        if _is_concrete(lens) and int(np.asarray(lens).sum()) != vals.shape[0]:
+            raise ShapeError(
+                f"{op.where}: the lengths in '{op.inputs[1]}' sum to {int(np.asarray(lens).sum())}, but "
+                f"'{op.inputs[2]}' has {vals.shape[0]} values"
+            )
+        feature, _ = _segments(lens, vals.shape[0])
+        picked = _take_clip(flat.T, feature).T  # [N, Σlens]
+        return (picked == jnp.asarray(vals).astype(flat.dtype)[None, :]).astype(data.dtype)
+
+    return kernel
+
+
+def _arg_reduce(op: Op, reduce: Any) -> Kernel:
+    axis = op.int("axis", -1)
+    keepdims = op.bool("keepdims", True)
+
+    def kernel(x):
+        ax = canonical_axis(op, axis, x.ndim)
+        if x.shape[ax] == 0:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' is empty along axis {axis}")
+        return reduce(x, axis=ax, keepdims=keepdims).astype(canonical_dtype(np.int64))
+
+    return kernel
+
+
+@register("ArgMax")
+def arg_max(op: Op) -> Kernel:
+    """Index (int64) of the first maximum along `axis` (default -1); `keepdims` (default 1)."""
+    return _arg_reduce(op, jnp.argmax)
+
+
+@register("ArgMin")
+def arg_min(op: Op) -> Kernel:
+    """Index (int64) of the first minimum along `axis` (default -1); `keepdims` (default 1)."""
+    return _arg_reduce(op, jnp.argmin)
+
+
+@register("Where", inputs=3)
+def where(op: Op) -> Kernel:
+    """(C bool, X, Y) -> X where C else Y. C has X's shape, or with `broadcast_on_rows` is 1-D and picks
+    whole rows."""
+    on_rows = op.bool("broadcast_on_rows", False)
+
+    def kernel(c, x, y):
+        if x.shape != y.shape:
+            raise ShapeError(f"{op.where}: inputs '{op.inputs[1]}' {x.shape} and '{op.inputs[2]}' {y.shape} differ")
+        if on_rows:
+            if c.ndim != 1 or x.ndim < 1 or c.shape[0] != x.shape[0]:
+                raise ShapeError(
+                    f"{op.where}: with broadcast_on_rows, input '{op.inputs[0]}' {c.shape} must be 1-D with "
+                    f"one entry per row of '{op.inputs[1]}' {x.shape}"
+                )
+            c = jnp.reshape(c, (-1,) + (1,) * (x.ndim - 1))
+        elif c.shape != x.shape:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' {c.shape} must have the shape of {x.shape}")
+        return jnp.where(jnp.asarray(c).astype(bool), x, y)
+
+    return kernel

@@ -1,0 +1,92 @@
+"""Parameters as .npz files: save/load round trip (names with '/'), params= as a path, and init nets
+that read external storage (Caffe2's Load, CreateDB, ...) refused with a pointer to params=."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rnn2jax
+from helpers import REALNETS
+from rnn2jax.errors import ParseError, UnsupportedOpError
+from rnn2jax.params import EXTERNAL_STORAGE_OPS, load_params, save_params
+
+PREDICT = "rnn2jax/examples/mlp_predict_net.pbtxt"
+INIT = "rnn2jax/examples/mlp_init_net.pbtxt"
+BREAD_INIT = REALNETS / "breadbread_lstmdemo_lstm_init_net.pbtxt"
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch, request):
+    monkeypatch.chdir(request.config.rootpath)
+
+
+def test_round_trip_keeps_names_dtypes_and_values(tmp_path):
+    arrays = {
+        "LSTM/i2h_w": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "a/b/c": np.array([1, 2, 3], dtype=np.int64),
+        "file": np.array(2.5, dtype=np.float64),  # would clash with np.savez's own argument
+        "allow_pickle": np.zeros((0, 2), dtype=np.int32),
+        "x.npy": np.array([True, False]),
+    }
+    save_params(arrays, tmp_path / "p.npz")
+    loaded = rnn2jax.load_params(tmp_path / "p.npz")
+    assert list(loaded) == list(arrays)
+    for name, value in arrays.items():
+        assert loaded[name].dtype == value.dtype and loaded[name].shape == value.shape
+        np.testing.assert_array_equal(loaded[name], value)
+
+
+def test_np_savez_files_load_too(tmp_path):
+    np.savez(tmp_path / "p.npz", **{"LSTM/w": np.ones(3, np.float32)})
+    np.testing.assert_array_equal(load_params(tmp_path / "p.npz")["LSTM/w"], np.ones(3))
+
+
+def test_compiled_net_save_params_and_compile_from_path(tmp_path):
+    fn = rnn2jax.compile(PREDICT, init_net=INIT)
+    fn.save_params(tmp_path / "mlp.npz")
+    again = rnn2jax.compile(PREDICT, params=str(tmp_path / "mlp.npz"))
+    assert again.input_names == ("data",)
+    data = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    np.testing.assert_allclose(again(data=data)["prob"], fn(data=data)["prob"], rtol=1e-6, atol=1e-7)
+    again = rnn2jax.compile(PREDICT, params=tmp_path / "mlp.npz")  # a Path works as well
+    assert set(again.params) == set(fn.params)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [(None, "cannot read parameter file"), (b"not a zip", "not a readable .npz"), ("npy", "single .npy")],
+)
+def test_bad_params_file_is_a_parse_error(tmp_path, content, match):
+    path = tmp_path / "p.npz"
+    if content == "npy":
+        np.save(tmp_path / "p.npy", np.ones(2))
+        path = tmp_path / "p.npy"
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ParseError, match=match):
+        rnn2jax.compile(PREDICT, params=str(path))
+
+
+def test_save_params_to_missing_folder_is_a_parse_error(tmp_path):
+    with pytest.raises(ParseError, match="cannot write"):
+        save_params({"w": np.ones(2)}, tmp_path / "no" / "p.npz")
+
+
+@pytest.mark.parametrize("op_type", sorted(EXTERNAL_STORAGE_OPS))
+def test_init_net_reading_storage_is_refused(op_type):
+    init = f"""name: "init"
+op {{ output: "w" type: "ConstantFill" arg {{ name: "shape" ints: 2 }} }}
+op {{ output: "x" output: "y" type: "{op_type}"
+     arg {{ name: "db" s: "params_db" }} arg {{ name: "db_type" s: "lmdb" }} }}
+"""
+    with pytest.raises(UnsupportedOpError, match=r"reads x, y from lmdb 'params_db'.*params=") as info:
+        rnn2jax.compile(PREDICT, init_net=init)
+    assert info.value.unsupported[0][1] == op_type
+    assert "op #1" in str(info.value)
+
+
+@pytest.mark.skipif(not BREAD_INIT.is_file(), reason=f"real nets folder {REALNETS} is absent")
+def test_real_init_net_with_load_names_its_blobs():
+    with pytest.raises(UnsupportedOpError, match=r"Load.* reads LSTM/i2h_w, LSTM/i2h_b.*--params FILE\.npz"):
+        rnn2jax.compile(REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt", init_net=BREAD_INIT)
