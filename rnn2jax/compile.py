@@ -14,12 +14,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from .errors import MissingBlobError, ParseError
 from .load import load
 from .lower import LoweredNet, lower
 from .netdef import Net, Plan
 from .params import PathLike, check_no_external_storage, resolve_params, save_params
+from .sharding import replicate, shard_inputs
 
 Arrays = dict[str, jax.Array]
 
@@ -76,8 +78,12 @@ class CompiledNet:
         params: Mapping[str, Any],
         output_names: Sequence[str] | None = None,
         jit: bool = True,
+        mesh: Mesh | None = None,
+        batch_axes: Mapping[str, int | None] | None = None,
     ):
         self.net = net
+        self.mesh = mesh
+        self._batch_axes = dict(batch_axes or {})
         self._lowered: LoweredNet = lower(net)
         self.params: Arrays = {k: jnp.asarray(v) for k, v in params.items()}
         self._first_reader = self._lowered.reads_before_writes()
@@ -86,6 +92,8 @@ class CompiledNet:
             output_names = net.external_outputs or _leaf_outputs(net)
         self.output_names: tuple[str, ...] = tuple(output_names)
         self._check_outputs()
+        if mesh is not None:
+            self.params = replicate(mesh, self.params)
         self._call = jax.jit(self.apply) if jit else self.apply
 
     def _check_outputs(self) -> None:
@@ -106,6 +114,8 @@ class CompiledNet:
         given = {**(inputs or {}), **named}
         self._check_inputs(given)
         arrays = {name: jnp.asarray(value) for name, value in given.items()}
+        if self.mesh is not None:
+            arrays = shard_inputs(self.mesh, arrays, self._batch_axes, self.net.where)
         return self._call(self.params, arrays)
 
     def _check_inputs(self, given: Mapping[str, Any]) -> None:
@@ -144,6 +154,8 @@ def compile(
     outputs: Sequence[str] | None = None,
     seed: int = 0,
     jit: bool = True,
+    mesh: Mesh | None = None,
+    batch_axes: Mapping[str, int | None] | None = None,
 ) -> CompiledNet:
     """Compile a Caffe2 net into a `CompiledNet`.
 
@@ -151,8 +163,12 @@ def compile(
     parameters (random fills seeded by `seed`); `params` (a dict, or the path of an `.npz` file) adds or
     replaces arrays by blob name.
     `outputs` overrides which blobs are returned.
+    With a `jax.sharding.Mesh`, calls split the batch dimension of every input over the mesh's devices
+    and replicate the parameters (data parallelism). The batch axis is 1 for 3-D and larger inputs
+    (Caffe2's [T, N, ...] sequences) and 0 otherwise; `batch_axes` overrides it per input, with None
+    meaning replicate.
     """
     net = as_net(net)
     values: dict[str, Any] = run_init_net(init_net, seed) if init_net is not None else {}
     values.update({k: np.asarray(v) if not isinstance(v, jax.Array) else v for k, v in resolve_params(params).items()})
-    return CompiledNet(net, values, outputs, jit=jit)
+    return CompiledNet(net, values, outputs, jit=jit, mesh=mesh, batch_axes=batch_axes)

@@ -1,0 +1,85 @@
+"""Data parallelism: the batch split over 4 CPU devices gives the single-device results.
+
+The devices are forced with XLA_FLAGS in a subprocess: JAX fixes its device count when it starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import rnn2jax
+from rnn2jax.caffe2 import LSTM, ModelHelper
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+    import rnn2jax
+    from rnn2jax.caffe2 import LSTM, ModelHelper
+
+    assert len(jax.devices()) == 4, jax.devices()
+    model = ModelHelper(name="sharded")
+    outs = LSTM(model, "x", "seq_lengths", ("h0", "c0"), 3, 5, scope="lstm")
+    names = [str(o) for o in outs]
+    single = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto, outputs=names, seed=3)
+    mesh = Mesh(np.array(jax.devices()), ("batch",))
+    sharded = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto, outputs=names, seed=3, mesh=mesh)
+    rng = np.random.default_rng(0)
+    inputs = {
+        "x": rng.standard_normal((6, 8, 3)).astype(np.float32),
+        "h0": rng.standard_normal((1, 8, 5)).astype(np.float32),
+        "c0": rng.standard_normal((8, 5)).astype(np.float32),
+        "seq_lengths": rng.integers(0, 7, size=8).astype(np.int32),
+    }
+    a, b = single(inputs), sharded(inputs)
+    assert len(b[names[0]].sharding.device_set) == 4, b[names[0]].sharding
+    for name in names:
+        np.testing.assert_allclose(np.asarray(b[name]), np.asarray(a[name]), rtol=1e-6, atol=1e-6)
+    try:
+        sharded({**inputs, "x": inputs["x"][:, :6], "h0": inputs["h0"][:, :6], "c0": inputs["c0"][:6],
+                 "seq_lengths": inputs["seq_lengths"][:6]})
+    except rnn2jax.ShapeError as error:
+        assert "batch size 6" in str(error) and "4 devices" in str(error), error
+    else:
+        raise AssertionError("a batch of 6 over 4 devices must be refused")
+    print("sharded ok")
+    """
+)
+
+
+def test_four_device_batch_equals_single_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sharded ok" in result.stdout
+
+
+def test_one_device_mesh_is_the_plain_net():
+    import jax
+    from jax.sharding import Mesh
+
+    model = ModelHelper(name="mesh1")
+    outs = LSTM(model, "x", None, ("h0", "c0"), 2, 3, scope="lstm")
+    names = [str(o) for o in outs]
+    mesh = Mesh(np.array(jax.devices()[:1]), ("batch",))
+    plain = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto, outputs=names)
+    meshed = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto, outputs=names, mesh=mesh)
+    x = np.ones((4, 2, 2), np.float32)
+    h = np.zeros((2, 3), np.float32)
+    a, b = plain(x=x, h0=h, c0=h), meshed(x=x, h0=h, c0=h)
+    for name in names:
+        np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
+
+
+@pytest.mark.parametrize(("shape", "axis"), [((), None), ((5,), 0), ((4, 3), 0), ((7, 4, 3), 1)])
+def test_default_batch_axis(shape, axis):
+    from rnn2jax.sharding import default_batch_axis
+
+    assert default_batch_axis(np.zeros(shape)) == axis
