@@ -17,12 +17,12 @@ demo: $(STAMP)
 	$(BIN)/rnn2jax demo
 
 test: $(STAMP)
-	$(BIN)/ruff check rnn2jax tests scripts benchmarks
+	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples
 	$(BIN)/python -m pytest -q -n 2
 
 lint: $(STAMP)
-	$(BIN)/ruff check rnn2jax tests scripts benchmarks
-	$(BIN)/ruff format --check rnn2jax tests scripts benchmarks
+	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples
+	$(BIN)/ruff format --check rnn2jax tests scripts benchmarks examples
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -55,6 +55,8 @@ def test_demo_runs_and_checks_itself(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "output 'prob' (4, 3)" in out and ": ok" in out
+    assert "RecurrentNetworkGradient" in out and "- jax.grad|" in out  # the LSTM language model part
+    assert "at most half: ok" in out and "demo: all checks ok" in out
 
 
 def test_module_entry_point():
