@@ -1,7 +1,11 @@
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from rnn2jax.errors import Rnn2JaxError
+from rnn2jax.oracle import Caffe2Oracle, find_python39
 
 settings.register_profile(
     "default",
@@ -16,3 +20,28 @@ settings.load_profile("default")
 def jit(request):
     """Every op test runs both under jax.jit and eagerly."""
     return request.param
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def caffe2_python() -> Path:
+    """The interpreter of the real-Caffe2 venv: $RNN2JAX_CAFFE2_PYTHON, or .venv-caffe2 (made by make test)."""
+    return Path(os.environ.get("RNN2JAX_CAFFE2_PYTHON", ROOT / ".venv-caffe2" / "bin" / "python"))
+
+
+@pytest.fixture(scope="session")
+def caffe2():
+    """Real Caffe2 (torch 1.10.2 in its own Python 3.9 venv), one long-lived worker per pytest worker,
+    started on first use. Skips only where no Python 3.9 exists to build it from."""
+    python = caffe2_python()
+    if not python.exists():
+        try:
+            find_python39()
+        except Rnn2JaxError as error:
+            pytest.skip(f"real Caffe2 unavailable: {error}")
+        pytest.fail(f"Python 3.9 is here but {python} is missing: `make test` creates it")
+    oracle = Caffe2Oracle(python)
+    oracle.catalog()  # fails loudly when the venv is broken
+    yield oracle
+    oracle.close()

@@ -1,0 +1,400 @@
+"""The real-Caffe2 side of the oracle: a long-lived process in the Caffe2 venv (Python 3.9, torch 1.10.2).
+
+This file runs under *that* interpreter, never inside rnn2jax's process: it imports nothing from rnn2jax,
+only the standard library, NumPy 1.x and `caffe2`. It reads requests from stdin and writes answers to
+stdout as frames (an 8-byte big-endian length, then an `.npz` archive without pickles): the archive holds
+the JSON header as `__json__` (uint8) and every array or serialized protobuf as `a<i>` (string tensors
+travel as fixed-width bytes arrays). Anything Caffe2 itself prints goes to stderr, because fd 1 is moved
+there before Caffe2 is imported.
+
+Commands: `hello` (versions, registered ops, gradient makers, schema files), `run` (feed blobs, then run
+ops, nets, plans in one workspace and fetch blobs), `gradient_for_op`, `backward_pass`, and `build`
+(call Caffe2's front-end builders such as `rnn_cell.LSTM` from a JSON recipe and return the nets).
+A Caffe2 failure is answered as `{"ok": false, "error": {...}}`; an abort kills the process, and the
+client notices the closed pipe.
+"""
+
+import io
+import json
+import os
+import struct
+import sys
+import traceback
+
+_PROTOCOL_FD = os.dup(1)
+os.dup2(2, 1)  # whatever Caffe2 or glog prints must not corrupt the protocol stream
+sys.stdout = sys.stderr
+
+import numpy as np
+from caffe2.proto import caffe2_pb2
+from caffe2.python import (
+    attention,
+    brew,
+    core,
+    gru_cell,
+    model_helper,
+    recurrent,
+    rnn_cell,
+    scope,
+    workspace,
+)
+from google.protobuf import text_format
+
+workspace.GlobalInit(["caffe2", "--caffe2_log_level=2"])
+
+# Modules a `build` recipe may name (`"fn": "rnn_cell.LSTM"`): Caffe2's front end, nothing else.
+_MODULES = {
+    "attention": attention,
+    "brew": brew,
+    "core": core,
+    "gru_cell": gru_cell,
+    "model_helper": model_helper,
+    "recurrent": recurrent,
+    "rnn_cell": rnn_cell,
+    "scope": scope,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Framing
+
+
+def _read_exact(stream, count):
+    chunks = []
+    while count:
+        chunk = stream.read(count)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(stream):
+    head = _read_exact(stream, 8)
+    if head is None:
+        return None
+    (size,) = struct.unpack(">Q", head)
+    body = _read_exact(stream, size)
+    if body is None:
+        return None
+    with np.load(io.BytesIO(body), allow_pickle=False) as archive:
+        header = json.loads(archive["__json__"].tobytes().decode("utf-8"))
+        arrays = [archive["a%d" % i] for i in range(header.pop("__arrays__", 0))]
+    return header, arrays
+
+
+def write_frame(fd, header, arrays):
+    payload = dict(("a%d" % i, a) for i, a in enumerate(arrays))
+    header = dict(header, __arrays__=len(arrays))
+    payload["__json__"] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **payload)
+    body = buffer.getvalue()
+    data = struct.pack(">Q", len(body)) + body
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+class Arrays(object):
+    """The arrays of an answer, referenced from its JSON header by index."""
+
+    def __init__(self):
+        self.items = []
+
+    def add(self, array):
+        self.items.append(array)
+        return len(self.items) - 1
+
+    def proto(self, message):
+        return self.add(np.frombuffer(message.SerializeToString(), dtype=np.uint8))
+
+
+def _proto(arrays, index, cls):
+    message = cls()
+    message.ParseFromString(arrays[index].tobytes())
+    return message
+
+
+def _to_blob(array):
+    """Arrays from the client: fixed-width bytes become Caffe2 string tensors (object arrays)."""
+    if array.dtype.kind == "S":
+        out = np.empty(array.shape, dtype=object)
+        out.ravel()[:] = [bytes(v) for v in array.ravel()]
+        return out
+    return array
+
+
+def _from_blob(value):
+    """A fetched blob as an array that travels without pickles, or None when it is not a tensor."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            items = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in value.ravel()]
+            width = max([len(v) for v in items] + [1])
+            out = np.array(items, dtype="S%d" % width) if items else np.zeros(0, dtype="S1")
+            return out.reshape(value.shape)
+        return np.ascontiguousarray(value)
+    if isinstance(value, bytes):
+        return np.array(value, dtype="S%d" % max(len(value), 1))
+    if isinstance(value, (int, float, bool, np.generic)):
+        return np.asarray(value)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Device options: nets written for CUDA run on the CPU here
+
+
+def _cpu_net(net):
+    net.ClearField("device_option")
+    for op in net.op:
+        _cpu_op(op)
+    return net
+
+
+def _cpu_op(op):
+    op.ClearField("device_option")
+    for arg in op.arg:
+        if arg.HasField("n"):
+            _cpu_net(arg.n)
+        for inner in arg.nets:
+            _cpu_net(inner)
+        if arg.name in ("step_net", "backward_step_net") and arg.HasField("s"):
+            inner = caffe2_pb2.NetDef()
+            try:
+                text_format.Merge(arg.s.decode("utf-8"), inner)
+            except Exception:  # not text: leave it to Caffe2 to complain
+                continue
+            arg.s = text_format.MessageToString(_cpu_net(inner)).encode("utf-8")
+    return op
+
+
+def _cpu_plan(plan):
+    for net in plan.network:
+        _cpu_net(net)
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_hello(request, arrays, out):
+    ops = sorted(workspace.RegisteredOperators())
+    schema_files = {}
+    for name in ops:
+        schema = workspace.C.OpSchema.get(name)
+        if schema is not None:
+            schema_files[name] = schema.file
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": sys.version.split()[0],
+        "ops": ops,
+        "gradient_makers": sorted(core.GradientRegistry.gradient_registry_.keys()),
+        "schema_files": schema_files,
+    }
+
+
+def _run_step(step, arrays):
+    kind = step["kind"]
+    if kind == "op":
+        workspace.RunOperatorOnce(_cpu_op(_proto(arrays, step["proto"], caffe2_pb2.OperatorDef)))
+    elif kind == "ops":
+        workspace.RunOperatorsOnce([_cpu_op(_proto(arrays, i, caffe2_pb2.OperatorDef)) for i in step["protos"]])
+    elif kind == "net":
+        workspace.RunNetOnce(_cpu_net(_proto(arrays, step["proto"], caffe2_pb2.NetDef)))
+    elif kind == "create_net":
+        workspace.CreateNet(_cpu_net(_proto(arrays, step["proto"], caffe2_pb2.NetDef)), True)
+    elif kind == "run_net":
+        workspace.RunNet(step["name"], step.get("num_iter", 1))
+    elif kind == "plan":
+        workspace.RunPlan(_cpu_plan(_proto(arrays, step["proto"], caffe2_pb2.PlanDef)))
+    else:
+        raise ValueError("unknown step kind %r" % kind)
+
+
+def cmd_run(request, arrays, out):
+    workspace.SwitchWorkspace(request.get("workspace", "oracle"), True)
+    if request.get("reset", True):
+        workspace.ResetWorkspace()
+    for name, index in request.get("feeds", {}).items():
+        workspace.FeedBlob(name, _to_blob(arrays[index]))
+    for step in request.get("steps", []):
+        _run_step(step, arrays)
+    wanted = request.get("fetch")
+    names = workspace.Blobs() if wanted in (None, "*") else wanted
+    fetched, skipped = {}, []
+    for name in names:
+        if not workspace.HasBlob(name):
+            skipped.append(name)
+            continue
+        try:
+            value = _from_blob(workspace.FetchBlob(name))
+        except Exception:  # a blob of a type the Python binding cannot fetch (a mutex, a DB cursor)
+            value = None
+        if value is None:
+            skipped.append(name)
+        else:
+            fetched[name] = out.add(value)
+    return {"blobs": fetched, "skipped": skipped}
+
+
+def _gradient_names(g_input):
+    names = []
+    for item in g_input:
+        if item is None:
+            names.append(None)
+        elif isinstance(item, core.GradientSlice):
+            names.append({"indices": str(item.indices), "values": str(item.values)})
+        else:
+            names.append(str(item))
+    return names
+
+
+def cmd_gradient_for_op(request, arrays, out):
+    op = _proto(arrays, request["op"], caffe2_pb2.OperatorDef)
+    g_output = [None if g is None else g for g in request["g_output"]]
+    ops, g_input = core.GradientRegistry.GetGradientForOp(op, g_output)
+    return {"ops": [out.proto(o) for o in ops], "g_input": _gradient_names(g_input)}
+
+
+def cmd_backward_pass(request, arrays, out):
+    ops = [_proto(arrays, i, caffe2_pb2.OperatorDef) for i in request["ops"]]
+    ops_out, grad_map = core.GradientRegistry.GetBackwardPass(ops, request["ys"])
+    keys = list(grad_map.keys())
+    return {
+        "ops": [out.proto(o) for o in ops_out],
+        "grad_map": dict(zip(map(str, keys), _gradient_names([grad_map[k] for k in keys]))),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Front-end builders from a JSON recipe
+
+
+def _attribute(path):
+    module, _, rest = path.partition(".")
+    if module not in _MODULES:
+        raise ValueError("a recipe may only name %s, not %r" % (", ".join(sorted(_MODULES)), path))
+    value = _MODULES[module]
+    for part in rest.split(".") if rest else []:
+        value = getattr(value, part)
+    return value
+
+
+class Recipe(object):
+    def __init__(self, arrays):
+        self.arrays = arrays
+        self.models = {}
+        self.results = []
+
+    def value(self, spec):
+        if isinstance(spec, list):
+            return [self.value(v) for v in spec]
+        if not isinstance(spec, dict):
+            return spec
+        if len(spec) == 1:
+            ((key, arg),) = spec.items()
+            if key == "$model":
+                return self.models[arg]
+            if key == "$blob":
+                return core.BlobReference(arg)
+            if key == "$ref":
+                value = self.results[arg[0]]
+                for part in arg[1:]:
+                    value = getattr(value, part) if isinstance(part, str) else value[part]
+                return value
+            if key == "$call":
+                return self.call(arg)
+            if key == "$tuple":
+                return tuple(self.value(v) for v in arg)
+            if key == "$get":
+                return _attribute(arg)
+            if key == "$net":
+                return _proto(self.arrays, arg, caffe2_pb2.NetDef)
+            if key == "$array":
+                return self.arrays[arg]
+        return dict((k, self.value(v)) for k, v in spec.items())
+
+    def call(self, spec):
+        target = spec["fn"]
+        fn = _attribute(target) if isinstance(target, str) else self.value(target)
+        if "method" in spec:
+            fn = getattr(fn, spec["method"])
+        args = self.value(spec.get("args", []))
+        kwargs = self.value(spec.get("kwargs", {}))
+        if spec.get("scope"):
+            with scope.NameScope(spec["scope"]):
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+
+def _describe(value):
+    if isinstance(value, core.BlobReference):
+        return str(value)
+    if isinstance(value, core.GradientSlice):
+        return {"indices": str(value.indices), "values": str(value.values)}
+    if isinstance(value, (list, tuple)):
+        return [_describe(v) for v in value]
+    if isinstance(value, dict):
+        return dict((str(k), _describe(v)) for k, v in value.items())
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    return repr(value)
+
+
+def cmd_build(request, arrays, out):
+    core.Net._net_names_used = set()  # net names ("step_net", "step_net_1", ...) as in a fresh process
+    scope.CURRENT_NAME_SCOPE = ""
+    recipe = Recipe(arrays)
+    for name, kwargs in request.get("models", {}).items():
+        recipe.models[name] = model_helper.ModelHelper(**kwargs)
+    for spec in request.get("calls", []):
+        recipe.results.append(recipe.call(spec))
+    nets = {}
+    for name, model in recipe.models.items():
+        nets[name] = {"net": out.proto(model.net.Proto()), "init": out.proto(model.param_init_net.Proto())}
+    return {"nets": nets, "results": [_describe(r) for r in recipe.results]}
+
+
+COMMANDS = {
+    "hello": cmd_hello,
+    "run": cmd_run,
+    "gradient_for_op": cmd_gradient_for_op,
+    "backward_pass": cmd_backward_pass,
+    "build": cmd_build,
+}
+
+
+def main():
+    stream = sys.stdin.buffer
+    while True:
+        frame = read_frame(stream)
+        if frame is None:
+            return
+        request, arrays = frame
+        out = Arrays()
+        try:
+            command = COMMANDS[request["cmd"]]
+            answer = dict(command(request, arrays, out), ok=True)
+        except BaseException as error:  # every failure becomes an answer; only an abort ends the process
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            out = Arrays()
+            answer = {
+                "ok": False,
+                "error": {
+                    "type": type(error).__name__,
+                    "message": str(error),
+                    "traceback": traceback.format_exc(),
+                },
+            }
+        write_frame(_PROTOCOL_FD, answer, out.items)
+
+
+if __name__ == "__main__":
+    main()
