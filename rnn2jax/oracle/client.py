@@ -54,11 +54,10 @@ class Caffe2Error(OracleError):
 
 @dataclass(frozen=True)
 class Catalog:
-    """What the real Caffe2 build offers: its registered ops, gradient makers, and each op's schema file."""
+    """What the real Caffe2 build offers: its registered ops and each op's schema file."""
 
     versions: dict[str, str]
     ops: tuple[str, ...]
-    gradient_makers: frozenset[str]
     schema_files: dict[str, str]
 
 
@@ -83,7 +82,7 @@ def _portable(array: Any) -> np.ndarray:
         items = [v if isinstance(v, bytes) else str(v).encode() for v in array.ravel()]
         width = max([len(v) for v in items] + [1])
         return np.array(items, dtype=f"S{width}").reshape(array.shape)
-    return np.ascontiguousarray(array)
+    return np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d arrays 1-d
 
 
 class _Request:
@@ -224,10 +223,14 @@ class Caffe2Oracle:
             except OracleCrashedError as error:
                 raise OracleUnavailableError(f"{self.python} cannot start the Caffe2 worker: {error}") from None
             versions = {k: answer[k] for k in ("python", "torch", "numpy")}
-            self._catalog = Catalog(
-                versions, tuple(answer["ops"]), frozenset(answer["gradient_makers"]), answer["schema_files"]
-            )
+            self._catalog = Catalog(versions, tuple(answer["ops"]), answer["schema_files"])
         return self._catalog
+
+    def gradient_kinds(self, ops: Iterable[str] | None = None) -> dict[str, str]:
+        """What Caffe2's gradient registry says of each op (every registered op by default): "gradient",
+        "no_gradient", "should_not", "not_implemented", "none" or "crash" (a maker that segfaults)."""
+        answer, _ = self.request("gradient_kinds", {"ops": None if ops is None else list(ops)}, _Request())
+        return answer["kinds"]
 
     def run(
         self,

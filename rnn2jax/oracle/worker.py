@@ -7,7 +7,8 @@ the JSON header as `__json__` (uint8) and every array or serialized protobuf as 
 travel as fixed-width bytes arrays). Anything Caffe2 itself prints goes to stderr, because fd 1 is moved
 there before Caffe2 is imported.
 
-Commands: `hello` (versions, registered ops, gradient makers, schema files), `run` (feed blobs, then run
+Commands: `hello` (versions, registered ops, schema files), `gradient_kinds` (what the gradient registry
+says of each op), `run` (feed blobs, then run
 ops, nets, plans in one workspace and fetch blobs), `gradient_for_op`, `backward_pass`, and `build`
 (call Caffe2's front-end builders such as `rnn_cell.LSTM` from a JSON recipe and return the nets).
 A Caffe2 failure is answered as `{"ok": false, "error": {...}}`; an abort kills the process, and the
@@ -126,7 +127,7 @@ def _to_blob(array):
     return array
 
 
-def _from_blob(value):
+def _from_blob(value, name=""):
     """A fetched blob as an array that travels without pickles, or None when it is not a tensor."""
     if isinstance(value, np.ndarray):
         if value.dtype == object:
@@ -134,8 +135,10 @@ def _from_blob(value):
             width = max([len(v) for v in items] + [1])
             out = np.array(items, dtype="S%d" % width) if items else np.zeros(0, dtype="S1")
             return out.reshape(value.shape)
-        return np.ascontiguousarray(value)
+        return np.ascontiguousarray(value).reshape(value.shape)  # ascontiguousarray makes 0-d arrays 1-d
     if isinstance(value, bytes):
+        if value.startswith(name.encode("utf-8") + b", a C++ native class of type "):
+            return None  # FetchBlob's description of a blob that is not a tensor (a mutex, step workspaces)
         return np.array(value, dtype="S%d" % max(len(value), 1))
     if isinstance(value, (int, float, bool, np.generic)):
         return np.asarray(value)
@@ -194,9 +197,53 @@ def cmd_hello(request, arrays, out):
         "numpy": np.__version__,
         "python": sys.version.split()[0],
         "ops": ops,
-        "gradient_makers": sorted(core.GradientRegistry.gradient_registry_.keys()),
         "schema_files": schema_files,
     }
+
+
+def _gradient_kind(name):
+    schema = workspace.C.OpSchema.get(name)
+    inputs = max(1, schema.min_input) if schema else 1
+    outputs = max(1, schema.min_output) if schema else 1
+    names = []
+    for o in range(outputs):  # outputs the schema wants in place (Iter, AtomicIter) reuse the input's name
+        same = [i for i in range(inputs) if schema is not None and schema.inplace_enforced(i, o)]
+        names.append("i%d" % same[0] if same else "o%d" % o)
+    op = core.CreateOperator(name, ["i%d" % i for i in range(inputs)], names)
+    try:
+        ops, _ = core.GradientRegistry.GetGradientForOp(op, [n + "_grad" for n in names])
+    except Exception as error:
+        message = str(error)
+        if "GradientRegistry()->Has(def.type())" in message:
+            return "none"
+        if "not implemented" in message:
+            return "not_implemented"
+        if "hould not" in message or "not have gradient" in message:
+            return "should_not"
+        return "gradient"  # a maker exists but wants real arguments or inputs (Cast's `to`, say)
+    return "gradient" if ops else "no_gradient"
+
+
+def cmd_gradient_kinds(request, arrays, out):
+    """What Caffe2's gradient registry says of every op (or of `request["ops"]`): "gradient", "no_gradient"
+    (NO_GRADIENT), "should_not" (SHOULD_NOT_DO_GRADIENT), "not_implemented", "none" (no maker), or "crash".
+    Each op is asked in a forked child, because some makers crash on inputs they did not expect."""
+    kinds = {}
+    for name in request.get("ops") or sorted(workspace.RegisteredOperators()):
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            try:
+                os.write(write_end, _gradient_kind(name).encode("ascii"))
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        answer = os.read(read_end, 64).decode("ascii")
+        os.close(read_end)
+        os.waitpid(pid, 0)
+        kinds[name] = answer or "crash"
+    return {"kinds": kinds}
 
 
 def _run_step(step, arrays):
@@ -233,7 +280,7 @@ def cmd_run(request, arrays, out):
             skipped.append(name)
             continue
         try:
-            value = _from_blob(workspace.FetchBlob(name))
+            value = _from_blob(workspace.FetchBlob(name), name)
         except Exception:  # a blob of a type the Python binding cannot fetch (a mutex, a DB cursor)
             value = None
         if value is None:
@@ -363,6 +410,7 @@ def cmd_build(request, arrays, out):
 
 COMMANDS = {
     "hello": cmd_hello,
+    "gradient_kinds": cmd_gradient_kinds,
     "run": cmd_run,
     "gradient_for_op": cmd_gradient_for_op,
     "backward_pass": cmd_backward_pass,
