@@ -1,5 +1,5 @@
-"""The `rnn2jax` command line: `inspect` a net, `verify` its backward step nets, `run` or `export` it, run
-the bundled `demo`.
+"""The `rnn2jax` command line: `inspect` a net, `verify` its backward step nets, `run` or `export` it,
+`compare` it with real Caffe2 (made by `setup-caffe2`), run the bundled `demo`.
 
 Exit status: 0 on success, 1 when a check fails, 2 on bad input (an `Rnn2JaxError`, one line on stderr).
 """
@@ -42,6 +42,7 @@ def _verify(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         init_net=args.init,
         finite_differences=args.fd,
+        caffe2=_caffe2_arg(args.caffe2),
     )
     print(report.to_json() if args.json else report)
     return 0 if report.ok else 1
@@ -65,6 +66,58 @@ def _export(args: argparse.Namespace) -> int:
 
     shapes, dtypes = dict(args.input_shape or []), dict(args.input_dtype or [])
     return export(args.net, args.init, args.params, shapes, dtypes, args.output)
+
+
+def _caffe2_arg(value: str | None) -> str | None:
+    """`--caffe2 PYTHON`, or `--caffe2` alone for $RNN2JAX_CAFFE2_PYTHON; None when not asked for."""
+    if value is None:
+        return None
+    from .compare import caffe2_python
+
+    return caffe2_python(value or None)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .commands import gather_inputs
+    from .compare import caffe2_python, compare
+    from .params import load_params
+
+    python = caffe2_python(args.caffe2)  # before any work: say at once when there is no Caffe2
+    report = compare(
+        args.net,
+        init_net=args.init,
+        params=load_params(args.params) if args.params else None,
+        inputs=gather_inputs(args.input or [], args.inputs),
+        shapes=dict(args.shape or []),
+        seed=args.seed,
+        net_name=args.net_name,
+        caffe2=python,
+    )
+    print(report.to_json() if args.json else report)
+    return 0 if report.ok else 1
+
+
+def _setup_caffe2(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from .oracle import create_environment
+
+    venv = args.venv or _default_caffe2_venv()
+    try:
+        python = create_environment(venv, args.python)
+    except (OSError, subprocess.CalledProcessError) as error:
+        raise Rnn2JaxError(f"cannot create the Caffe2 environment in {venv}: {error}") from None
+    print(python)
+    print(f"pass it as --caffe2 {python}, or export RNN2JAX_CAFFE2_PYTHON={python}", file=sys.stderr)
+    return 0
+
+
+def _default_caffe2_venv() -> str:
+    import os
+    from pathlib import Path
+
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(data) / "rnn2jax" / "caffe2-venv")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -91,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--fd", action="store_true", help="also compare with central finite differences")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument(
+        "--caffe2",
+        nargs="?",
+        const="",
+        metavar="PYTHON",
+        help="also run real Caffe2's RecurrentNetworkGradient (the Python of `rnn2jax setup-caffe2`; "
+        "alone: $RNN2JAX_CAFFE2_PYTHON) and report its error against jax.grad",
+    )
     check.set_defaults(handler=_verify)
     run = commands.add_parser("run", help="run a net on arrays from .npy/.npz files")
     export = commands.add_parser("export", help="export a net as serialized StableHLO (jax.export)")
@@ -110,6 +171,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("-o", "--output", required=True, metavar="MODEL.bin", help="the file to write")
     export.set_defaults(handler=_export)
+    versus = commands.add_parser(
+        "compare",
+        help="run a net in rnn2jax and in real Caffe2 on the same arrays; compare every blob (exit 1 on mismatch)",
+        description="Run NET in rnn2jax and in real Caffe2 on the same parameters and inputs, and compare every "
+        "blob it writes (a training net's gradients and updated parameters too). Inputs not given are drawn "
+        "at random from --shape (sequence lengths in [0, T]). Ops that read files or databases are left out "
+        "and what they write must be given. For a PlanDef, one of its nets runs once (--net); running whole "
+        "plans waits for the plan runtime.",
+    )
+    versus.add_argument("net", metavar="NET", help="a NetDef or PlanDef file (.pb or .pbtxt)")
+    versus.add_argument("--net", dest="net_name", metavar="NAME", help="the plan's net to compare")
+    versus.add_argument("--init", metavar="INIT", help="an init net file (or, in a plan, the name of its init net)")
+    versus.add_argument("--params", metavar="P.npz", help="parameters by blob name (override the init net)")
+    versus.add_argument("--input", action="append", type=_name_value_arg, metavar="BLOB=FILE.npy", help="an input")
+    versus.add_argument("--inputs", metavar="FILE.npz", help="input arrays by blob name")
+    versus.add_argument(
+        "--shape", action="append", type=_shape_arg, metavar="BLOB=D0,D1,...", help="draw this input at random"
+    )
+    versus.add_argument("--seed", type=int, default=0, help="for random inputs and the init net's fills")
+    versus.add_argument(
+        "--caffe2", metavar="PYTHON", help="the Python of the Caffe2 venv (default: $RNN2JAX_CAFFE2_PYTHON)"
+    )
+    versus.add_argument("--json", action="store_true", help="print the report as JSON")
+    versus.set_defaults(handler=_compare)
+    setup = commands.add_parser(
+        "setup-caffe2", help="create a Python 3.9 venv with real Caffe2 (torch 1.10.2) and print its Python"
+    )
+    setup.add_argument("--python", metavar="PYTHON", help="the Python 3.9 to build it from (default: found)")
+    setup.add_argument("--venv", metavar="DIR", help="where (default: ~/.local/share/rnn2jax/caffe2-venv)")
+    setup.set_defaults(handler=_setup_caffe2)
     demo = commands.add_parser("demo", help="compile and run the bundled example")
     demo.set_defaults(handler=_demo)
     return parser
@@ -118,10 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "verify":
+        if args.command in ("verify", "compare"):
             from .progress import stage
 
-            with stage("verifying"):
+            with stage("verifying" if args.command == "verify" else "comparing with real Caffe2"):
                 return args.handler(args)
         return args.handler(args)
     except Rnn2JaxError as error:

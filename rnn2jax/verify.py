@@ -4,14 +4,16 @@ For every RecurrentNetwork op that carries a `backward_step_net`, `verify` draws
 gradients, then computes the op's input gradients twice: by running the RecurrentNetworkGradient op that
 Caffe2's gradient maker derived from it (the backward step net, exactly as Caffe2 ran it), and by
 `jax.vjp` of the forward op. It reports, per gradient blob, how far apart they are; optionally a third
-opinion comes from float64 central finite differences along a random direction.
+opinion comes from float64 central finite differences along a random direction, and another from real
+Caffe2 (`caffe2=`): its own gradient maker's RecurrentNetworkGradient, run in its own interpreter after the
+same forward op on the same inputs and output gradients (Caffe2 computes in float32).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import jax
@@ -23,6 +25,7 @@ from .errors import BadArgumentError
 from .load import load
 from .lower import lower
 from .netdef import Net, Op, Plan
+from .proto import caffe2_pb2 as pb
 from .recurrent import decode_spec
 
 TOLERANCES = {"float32": (1e-4, 1e-5), "float64": (1e-9, 1e-11)}  # (rtol, atol) per dtype
@@ -43,6 +46,7 @@ class GradientCheck:
     max_rel: float
     ok: bool
     fd_rel: float | None = None  # finite-difference relative error of the hand-built gradient
+    caffe2_rel: float | None = None  # real Caffe2's RecurrentNetworkGradient against jax.vjp (max rel error)
 
 
 @dataclass
@@ -64,20 +68,26 @@ class VerificationReport:
         return json.dumps({"ok": self.ok, **asdict(self)}, indent=2)
 
     def __str__(self) -> str:
+        with_caffe2 = any(c.caffe2_rel is not None for c in self.checks)
         rows = [("op", "gradient blob", "kind", "max abs err", "max rel err", "fd rel err", "")]
+        if with_caffe2:
+            rows[0] = (*rows[0][:-1], "caffe2 rel err", "")
         for c in self.checks:
             fd = "-" if c.fd_rel is None else f"{c.fd_rel:.2e}"
             verdict = "ok" if c.ok else "MISMATCH"
-            rows.append((c.op, c.blob, c.kind, f"{c.max_abs:.2e}", f"{c.max_rel:.2e}", fd, verdict))
+            row = (c.op, c.blob, c.kind, f"{c.max_abs:.2e}", f"{c.max_rel:.2e}", fd)
+            if with_caffe2:
+                row += ("-" if c.caffe2_rel is None else f"{c.caffe2_rel:.2e}",)
+            rows.append((*row, verdict))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
-        ]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         verdict = "all gradients agree" if self.ok else f"{len(self.failed)} gradient(s) disagree"
         if not self.checks:
             verdict = "no RecurrentNetwork op with a backward_step_net found"
         lines.append(f"{verdict} (dtype {self.dtype}, rtol {self.rtol:g}, atol {self.atol:g})")
+        if with_caffe2:
+            lines.append("caffe2 rel err: real Caffe2's RecurrentNetworkGradient (float32) against jax.vjp")
         return "\n".join(lines)
 
 
@@ -101,7 +111,7 @@ def gradient_op(op: Op) -> Op:
     )
 
 
-def _integer_blobs(net: Net) -> set[str]:
+def integer_blobs(net: Net) -> set[str]:
     """Blobs a step net uses as sequence lengths (int32)."""
     names = set()
     for op in net.walk():
@@ -126,12 +136,10 @@ class _OpCheck:
     def __init__(self, op: Op, values: Mapping[str, Any], shapes: Mapping[str, Any], rng, dtype):
         self.op = op
         self.spec = decode_spec(op)
-        self.integers = _integer_blobs(self.spec.step_net)
+        self.integers = integer_blobs(self.spec.step_net)
         self.inputs = self._draw_inputs(values, shapes, rng, dtype)
         self.forward_net = Net(f"{op.type}#{op.index}", (op,), op.inputs, op.outputs, where=op.where)
-        self.backward_net = Net(
-            f"{op.type}#{op.index} with gradient", (op, gradient_op(op)), (), (), where=op.where
-        )
+        self.backward_net = Net(f"{op.type}#{op.index} with gradient", (op, gradient_op(op)), (), (), where=op.where)
 
     def _draw_inputs(self, values, shapes, rng, dtype) -> dict[str, Any]:
         missing = [n for n in self.op.inputs if n not in values and n not in shapes]
@@ -181,9 +189,7 @@ class _OpCheck:
     def autodiff(self, grads: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         floats = {n: jnp.asarray(self.inputs[n]) for n in self.float_names()}
         outputs, pullback = jax.vjp(self.forward, floats)
-        cotangents = {
-            n: jnp.asarray(grads[n]) if n in grads else jnp.zeros_like(v) for n, v in outputs.items()
-        }
+        cotangents = {n: jnp.asarray(grads[n]) if n in grads else jnp.zeros_like(v) for n, v in outputs.items()}
         (result,) = pullback(cotangents)
         return result
 
@@ -233,32 +239,45 @@ def verify(
     finite_differences: bool = False,
     rtol: float | None = None,
     atol: float | None = None,
+    caffe2: Any = None,
 ) -> VerificationReport:
     """Check every RecurrentNetwork op's backward step net against `jax.vjp` of its forward scan.
 
     Input values come from `params`, then from `init_net` (run once), then are drawn at random with
     the `shapes` given (`{blob: dims}`; sequence lengths are drawn in [0, T]). `dtype` is "float32" or
     "float64" (float64 runs with JAX's x64 mode on). `finite_differences` adds a float64-style central
-    difference check of the hand-built gradients along a random direction.
+    difference check of the hand-built gradients along a random direction. `caffe2` (a `Caffe2Oracle`,
+    or the Python of a Caffe2 venv made by `rnn2jax setup-caffe2`) adds real Caffe2's gradient as a third
+    opinion, judged against `jax.vjp` with float32's tolerances.
     """
     if dtype not in TOLERANCES:
         raise BadArgumentError(f"dtype must be one of {', '.join(TOLERANCES)}, got {dtype!r}")
     default_rtol, default_atol = TOLERANCES[dtype]
-    report = VerificationReport(
-        dtype, default_rtol if rtol is None else rtol, default_atol if atol is None else atol
-    )
+    report = VerificationReport(dtype, default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
     loaded = load(net)
     values: dict[str, Any] = dict(run_init_net(init_net, seed)) if init_net is not None else {}
     values.update(params or {})
     rng = np.random.default_rng(seed)
-    with jax.enable_x64(dtype == "float64"):
-        for op in _recurrent_ops(loaded):
-            checks = _check_op(op, values, dict(shapes or {}), rng, dtype, report, finite_differences)
-            report.checks.extend(checks)
+    ops = _recurrent_ops(loaded)
+    protos = _recurrent_protos(net, len(ops)) if caffe2 is not None else [None] * len(ops)
+    oracle, owned = _oracle(caffe2) if caffe2 is not None else (None, False)
+    try:
+        with jax.enable_x64(dtype == "float64"):
+            for op, proto in zip(ops, protos, strict=True):
+                checks, check, grads, auto = _check_op(
+                    op, values, dict(shapes or {}), rng, dtype, report, finite_differences
+                )
+                if oracle is not None:
+                    checks = _with_caffe2(oracle, proto, checks, check, grads, auto)
+                report.checks.extend(checks)
+    finally:
+        if owned:
+            oracle.close()
     return report
 
 
-def _check_op(op, values, shapes, rng, dtype, report, finite_differences) -> list[GradientCheck]:
+def _check_op(op, values, shapes, rng, dtype, report, finite_differences):
+    """The checks of one op, with what the Caffe2 column needs: the inputs, output gradients and jax.vjp."""
     check = _OpCheck(op, values, shapes, rng, dtype)
     grads = check.output_grads(rng, dtype)
     hand = check.hand_built(grads)
@@ -278,4 +297,65 @@ def _check_op(op, values, shapes, rng, dtype, report, finite_differences) -> lis
         fd = check.finite_difference(grads, of, hand[grad_name], rng, dtype) if finite_differences else None
         ok = ok and (fd is None or fd <= FINITE_DIFFERENCES[dtype][1])
         results.append(GradientCheck(op.where, grad_name, of, _kind(op, of), max_abs, max_rel, ok, fd))
-    return results
+    return results, check, grads, auto
+
+
+# ------------------------------------------------------------------------------------------------
+# Real Caffe2 as a third opinion
+
+
+def _oracle(caffe2: Any):
+    from .compare import open_oracle
+
+    return open_oracle(caffe2)
+
+
+def _recurrent_protos(source: Any, count: int) -> list[Any]:
+    """The RecurrentNetwork OperatorDefs `_recurrent_ops` found, as protobuf messages for Caffe2."""
+    from .compare import read_message
+
+    if isinstance(source, Net | Plan):
+        raise BadArgumentError("caffe2= needs the net as a file, bytes, text or protobuf message, not a loaded Net")
+    message = read_message(source)
+    nets = list(message.network) if isinstance(message, pb.PlanDef) else [message]
+    found = [
+        op
+        for net in nets
+        for op in net.op
+        if op.type == "RecurrentNetwork" and any(a.name == "backward_step_net" for a in op.arg)
+    ]
+    if len(found) != count:
+        raise BadArgumentError(f"found {len(found)} RecurrentNetwork ops for Caffe2 but {count} to verify")
+    return found
+
+
+def _with_caffe2(oracle, proto, checks: list[GradientCheck], check: _OpCheck, grads, auto) -> list[GradientCheck]:
+    """Run the forward op and Caffe2's own RecurrentNetworkGradient in Caffe2 (float32) on the same inputs
+    and output gradients; add each gradient's error against jax.vjp to its check."""
+    from .compare import caffe2_refused
+    from .oracle import Caffe2Error, OracleCrashedError
+
+    op = check.op
+    names = {op.outputs[k]: f"{op.outputs[k]}_grad" for k in op.ints("outputs_with_grads")}
+    g_output = [names.get(name) for name in op.outputs]
+    feeds = {n: v.astype(np.float32) if v.dtype.kind == "f" else v for n, v in check.inputs.items()}
+    feeds.update({names[n]: np.asarray(g, np.float32) for n, g in grads.items()})
+    try:
+        grad_ops, g_input = oracle.gradient_for_op(proto, g_output)
+        wanted = [g for g in g_input if isinstance(g, str)]
+        theirs = oracle.run([("op", proto), ("ops", grad_ops)], feeds, wanted, workspace="verify")
+    except (Caffe2Error, OracleCrashedError) as error:
+        raise caffe2_refused(error, f"{op.where} or its gradient") from None
+    rtol, atol = TOLERANCES["float32"]
+    result = []
+    for c in checks:
+        name = g_input[op.inputs.index(c.of)]
+        reference = np.asarray(auto[c.of], np.float64)
+        if not isinstance(name, str) or name not in theirs or theirs[name].shape != reference.shape:
+            rel, ok = float("inf"), False
+        else:
+            error = float(np.max(np.abs(theirs[name].astype(np.float64) - reference), initial=0.0))
+            scale = float(np.max(np.abs(reference), initial=0.0))
+            rel, ok = (error / scale if scale else error), error <= atol + rtol * scale
+        result.append(replace(c, caffe2_rel=rel, ok=c.ok and ok))
+    return result

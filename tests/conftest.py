@@ -13,6 +13,13 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+# Longer runs: `pytest --hypothesis-profile=thorough` (or RNN2JAX_EXAMPLES=N for the default profile).
+settings.register_profile(
+    "thorough",
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 settings.load_profile("default")
 
 
