@@ -199,9 +199,9 @@ def apply_soft_coverage_attention(
         scope,
         "weighted_decoder_hidden_state",
     )
-    summed = model.net.Add(
+    summed_tmp = model.net.Add(
         [weighted_encoder_outputs, weighted_decoder],
-        s(scope, "decoder_hidden_encoder_outputs_sum"),
+        s(scope, "decoder_hidden_encoder_outputs_sum_tmp"),
         broadcast=1,
     )
     coverage_2d = model.net.Squeeze(coverage_t_prev, s(scope, "coverage_t_prev_2d"), dims=[0])
@@ -209,7 +209,9 @@ def apply_soft_coverage_attention(
     scaled = model.net.Mul(
         [coverage_weights, coverage_transposed], s(scope, "scaled_coverage_weights"), broadcast=1, axis=0
     )
-    summed = model.net.Add([summed, scaled], summed)
+    # final Caffe2 sums into a new blob (no broadcast argument): the backward builds, unlike the older
+    # in-place `Add([sum, scaled]) -> sum` that core.py's version check rejected
+    summed = model.net.Add([summed_tmp, scaled], s(scope, "decoder_hidden_encoder_outputs_sum"))
     logits = _calc_attention_logits_from_sum_match(model, summed, encoder_output_dim, scope)
     weights = _calc_attention_weights(model, logits, scope, encoder_lengths)
     context = _calc_weighted_context(model, encoder_outputs_transposed, encoder_output_dim, weights, scope)

@@ -88,20 +88,23 @@ def layer_norm(
     initial_scale: float = 1.0,
     initial_bias: float = 0.0,
 ) -> tuple[BlobReference, BlobReference, BlobReference]:
-    """`brew.layer_norm`: LayerNorm (no affine), then `* <out>_scale` and `+ <out>_bias` (legacy broadcast).
+    """`brew.layer_norm` (final Caffe2): params `<out>_scale` (ConstantFill initial_scale) and `<out>_bias`
+    (ConstantFill initial_bias), then `LayerNorm([in, scale, bias]) -> (out, out_mean, out_std)` with
+    `elementwise_affine=1`. (Older Caffe2 ran LayerNorm without affine, then a broadcast Mul and Add.)
 
-    Takes no `**kwargs`, so the arg-scope arguments do not reach its ops. Returns (biased, mean, stdev).
+    Takes no `**kwargs`, so the arg-scope arguments do not reach its ops. Returns (out, mean, std).
     """
-    normalized, mean, stdev = model.net.LayerNorm(
-        [blob_in], [blob_out, blob_out + "_mean", blob_out + "_stdev"], axis=axis, epsilon=epsilon
+    shape = [dim_in] if isinstance(dim_in, int) else list(dim_in)
+    scale = model.create_param(f"{blob_out}_scale", shape, ("ConstantFill", {"value": initial_scale}), [WEIGHT])
+    bias = model.create_param(f"{blob_out}_bias", shape, ("ConstantFill", {"value": initial_bias}), [BIAS])
+    normalized, mean, std = model.net.LayerNorm(
+        [blob_in, scale, bias],
+        [blob_out, blob_out + "_mean", blob_out + "_std"],
+        axis=axis,
+        epsilon=epsilon,
+        elementwise_affine=True,
     )
-    scale = model.create_param(
-        f"{blob_out}_scale", [dim_in], ("ConstantFill", {"value": initial_scale}), [WEIGHT]
-    )
-    bias = model.create_param(f"{blob_out}_bias", [dim_in], ("ConstantFill", {"value": initial_bias}), [BIAS])
-    scaled = model.net.Mul([normalized, scale], [f"{blob_out}_scaled"], broadcast=1, axis=axis)
-    biased = model.net.Add([scaled, bias], [f"{blob_out}_biased"], broadcast=1, axis=axis)
-    return biased, mean, stdev
+    return normalized, mean, std
 
 
 def dropout(model: ModelHelper, blob_in: str, blob_out: str, **kwargs: Any) -> BlobReference:

@@ -42,8 +42,9 @@ _checks = {"versions": True}
 def version_checks(enabled: bool) -> Iterator[None]:
     """Turn core.py's blob-version checks off (or on) inside the block.
 
-    Off, configurations Caffe2 refused to differentiate (SoftCoverage attention) still build, showing
-    what their backward step net would have been; the result reads overwritten blobs.
+    Off, configurations Caffe2 refused to differentiate (BasicRNN with sequence lengths and
+    drop_states=False; the older, in-place SoftCoverage attention) still build, showing what their
+    backward step net would have been; the result reads overwritten blobs.
     """
     old = _checks["versions"]
     _checks["versions"] = enabled

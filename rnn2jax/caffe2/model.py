@@ -77,19 +77,24 @@ def rectify(blobs: str | Iterable[str]) -> list[BlobReference]:
 # ------------------------------------------------------------------------------------------------
 # Net names
 
-_net_name_counters: dict[str, int] = {}
+_net_names_used: set[str] = set()
 
 
 def unique_net_name(basename: str) -> str:
-    """`basename` the first time, then `basename_1`, `basename_2`, ... (process-wide, like Caffe2)."""
-    index = _net_name_counters.get(basename, 0)
-    _net_name_counters[basename] = index + 1
-    return basename if index == 0 else f"{basename}_{index}"
+    """`core.Net._get_next_net_name`: `basename` if unused, else the first unused of `basename_1`,
+    `basename_2`, ... (process-wide, like Caffe2; a name such as `lstm_1` taken by a net of that
+    name pushes the second `lstm` on to `lstm_2`)."""
+    name, index = basename, 1
+    while name in _net_names_used:
+        name = f"{basename}_{index}"
+        index += 1
+    _net_names_used.add(name)
+    return name
 
 
 def reset_net_names() -> None:
     """Forget the names handed out so far (Caffe2's `Net._reset_used_names`)."""
-    _net_name_counters.clear()
+    _net_names_used.clear()
 
 
 # ------------------------------------------------------------------------------------------------

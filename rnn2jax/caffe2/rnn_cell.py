@@ -267,6 +267,10 @@ class LayerNormLSTMCell(LSTMCell):
     No `sequence_lengths` argument on LSTMUnit (default true): it needs seq_lengths.
     """
 
+    # Caffe2's LayerNormLSTMCell derives from RNNCell, not LSTMCell: no recurrent-parameter dictionary,
+    # so `return_params=True` fails (AttributeError) as it did there
+    get_recurrent_params = None  # type: ignore[assignment]
+
     def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
         hidden_t_prev, cell_t_prev = states
         fc_input, fc_input_dim = self._gates_input(
@@ -547,8 +551,9 @@ def _LSTM(
     if return_last_layer_only:
         result = result[4 * (num_layers - 1) :]
     if return_params:
-        if not hasattr(cell, "get_input_params"):
-            raise ValueError(f"{type(cell).__name__} has no parameter dictionary (return_params)")
+        for method in ("get_input_params", "get_recurrent_params"):  # Caffe2 failed on the missing one
+            if getattr(cell, method, None) is None:
+                raise AttributeError(f"'{type(cell).__name__}' object has no attribute '{method}' (return_params)")
         result = [*result, {"input": cell.get_input_params(), "recurrent": cell.get_recurrent_params()}]
     return tuple(result)
 
