@@ -162,7 +162,7 @@ def test_layer_norm_gradient_bad(jit):
 def test_dropout_grad(jit, x, ratio, seed):
     """dX = dY * mask / (1 - ratio), with the scale computed in double and stored as float."""
     dy = np.cos(np.arange(x.size, dtype=np.float32)).reshape(x.shape) * 3
-    fn = forward("Dropout", 1, 2, ratio=ratio)
+    fn = forward("Dropout", 1, 2, ratio=ratio, is_test=0)
     key = jax.random.key(seed)
     mask = np.asarray(fn(x, key=key)[1])
     _, pullback = jax.vjp(lambda a: fn(a, key=key)[0], x)

@@ -151,26 +151,26 @@ def _check_training(y, mask, x, ratio):
 @settings(max_examples=6)  # each example compiles a 20000-element PRNG draw; each checks 20000 draws
 @given(ratio=st.floats(0, 0.9), seed=st.integers(0, 2**31 - 1))
 def test_dropout_training(jit, ratio, seed):
-    y, mask = run_op("Dropout", [LARGE], 2, jit=jit, ratio=ratio, key=jax.random.key(seed))
+    y, mask = run_op("Dropout", [LARGE], 2, jit=jit, is_test=0, ratio=ratio, key=jax.random.key(seed))
     _check_training(y, mask, LARGE, ratio)
 
 
 def test_dropout_training_defaults(jit):
-    y, mask = run_op("Dropout", [LARGE], 2, jit=jit)
+    y, mask = run_op("Dropout", [LARGE], 2, jit=jit, is_test=0)
     _check_training(y, mask, LARGE, 0.5)
 
 
 def test_dropout_key_decides_mask(jit):
     x = LARGE[:10]
-    a = run_op("Dropout", [x], 2, jit=jit, key=jax.random.key(1))
-    b = run_op("Dropout", [x], 2, jit=jit, key=jax.random.key(1))
-    c = run_op("Dropout", [x], 2, jit=jit, key=jax.random.key(2))
+    a = run_op("Dropout", [x], 2, jit=jit, is_test=0, key=jax.random.key(1))
+    b = run_op("Dropout", [x], 2, jit=jit, is_test=0, key=jax.random.key(1))
+    c = run_op("Dropout", [x], 2, jit=jit, is_test=0, key=jax.random.key(2))
     np.testing.assert_array_equal(a[1], b[1])
     assert (a[1] != c[1]).any()
 
 
 def test_dropout_ratio_zero_keeps_everything(jit):
-    y, mask = run_op("Dropout", [LARGE], 2, jit=jit, ratio=0.0)
+    y, mask = run_op("Dropout", [LARGE], 2, jit=jit, is_test=0, ratio=0.0)
     assert mask.all()
     np.testing.assert_array_equal(y, LARGE)
 
@@ -180,10 +180,10 @@ def test_dropout_errors(jit):
     # Caffe2's DropoutOp constructor enforces 0 <= ratio < 1.
     for ratio in (1.0, 1.5, -0.1):
         with pytest.raises(BadArgumentError, match="'ratio'"):
-            run_op("Dropout", [x], 2, jit=jit, ratio=ratio)
+            run_op("Dropout", [x], 2, jit=jit, is_test=0, ratio=ratio)
     with pytest.raises(BadArgumentError, match="'is_test'"):
         run_op("Dropout", [x], 2, jit=jit, is_test="yes")
     with pytest.raises(BadArgumentError, match="1 to 2 outputs"):
-        run_op("Dropout", [x], 3, jit=jit)
+        run_op("Dropout", [x], 3, jit=jit, is_test=0)
     with pytest.raises(ShapeError, match="float input 'x0'"):
-        run_op("Dropout", [np.ones((2, 2), np.int32)], 2, jit=jit)
+        run_op("Dropout", [np.ones((2, 2), np.int32)], 2, jit=jit, is_test=0)

@@ -334,3 +334,215 @@ def _label_cross_entropy(g: GradientContext) -> list:
 @register_gradient("SquaredL2Distance")
 def _squared_l2_distance(g: GradientContext) -> list:
     return _single("SquaredL2DistanceGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0), g.GI(1)])
+
+
+# Math, activation and loss ops of the differential tests (caffe2/operators/*_op.cc makers).
+
+
+@register_gradient("And", "Or", "Xor", "Not")
+def _should_not_do_gradient_logical(g: GradientContext) -> list:
+    raise GradientError(f"One should not call gradient for operator {g.op.type}.")
+
+
+@register_gradient("MatMul")
+def _mat_mul(g: GradientContext) -> list:
+    """GetMatMulGradient: its own args only. Caffe2 reads `axis_a`/`axis_b` into C++ `bool`s, so the
+    gradient ops get axis 1 for any nonzero forward axis (0 stays 0); reproduced as emitted."""
+    g.copy_args = False
+    a, b, go = g.I(0), g.I(1), g.GO(0)
+    trans_a, trans_b = g.flag("trans_a", False), g.flag("trans_b", False)
+    axis_a, axis_b = int(g.flag("axis_a", True)), int(g.flag("axis_b", True))
+
+    def mm(inputs, output, **args):
+        return gradient_op("MatMul", inputs, [output], [make_argument(k, v) for k, v in args.items()])
+
+    if trans_a and trans_b:
+        return [
+            mm([b, go, a], g.GI(0), trans_a=1, trans_b=1, axis_a=axis_b),
+            mm([go, a, b], g.GI(1), trans_a=1, trans_b=1, axis_b=axis_a),
+        ]
+    if trans_a:
+        return [mm([b, go, a], g.GI(0), trans_b=1, axis_a=axis_b), mm([a, go, b], g.GI(1), axis_a=axis_a)]
+    if trans_b:
+        return [mm([go, b, a], g.GI(0), axis_b=axis_b), mm([go, a, b], g.GI(1), trans_a=1, axis_b=axis_a)]
+    return [mm([go, b, a], g.GI(0), trans_b=1, axis_b=axis_b), mm([a, go, b], g.GI(1), trans_a=1, axis_a=axis_a)]
+
+
+@register_gradient("Abs", "Softsign")
+def _from_input(g: GradientContext) -> list:
+    return _single(g.op.type + "Gradient", [g.I(0), g.GO(0)], [g.GI(0)])
+
+
+@register_gradient("Clip", "LeakyRelu")
+def _from_output(g: GradientContext) -> list:
+    return _single(g.op.type + "Gradient", [g.O(0), g.GO(0)], [g.GI(0)])
+
+
+@register_gradient("Exp")
+def _exp(g: GradientContext) -> list:
+    return _single("Mul", [g.O(0), g.GO(0)], [g.GI(0)])
+
+
+@register_gradient("Log")
+def _log(g: GradientContext) -> list:
+    return _single("Div", [g.GO(0), g.I(0)], [g.GI(0)])
+
+
+@register_gradient("Negative", "Scale")
+def _same_op(g: GradientContext) -> list:
+    return _single(g.op.type, [g.GO(0)], [g.GI(0)])
+
+
+@register_gradient("Sqrt")
+def _sqrt(g: GradientContext) -> list:
+    """dX = (0.5 · dY) / Y, in place on GI(0)."""
+    return [
+        gradient_op("Scale", [g.GO(0)], [g.GI(0)], [make_argument("scale", 0.5)]),
+        gradient_op("Div", [g.GI(0), g.O(0)], [g.GI(0)]),
+    ]
+
+
+@register_gradient("CrossEntropy")
+def _cross_entropy(g: GradientContext) -> list:
+    return _single("CrossEntropyGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])
+
+
+@register_gradient("SigmoidCrossEntropyWithLogits")
+def _sigmoid_cross_entropy_with_logits(g: GradientContext) -> list:
+    return _single("SigmoidCrossEntropyWithLogitsGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0)])
+
+
+@register_gradient("SoftmaxWithLoss")
+def _softmax_with_loss(g: GradientContext) -> list:
+    """(X, labels[, weights], softmax, dLoss); the softmax output's gradient is not read."""
+    inputs = [g.I(i) for i in range(len(g.op.input))] + [g.O(0), g.GO(1)]
+    return _single("SoftmaxWithLossGradient", inputs, [g.GI(0)])
+
+
+# Shape, reduction, sequence-packing and optimizer ops (checked against real Caffe2's makers by the
+# differential tests, tests/test_caffe2_ops_*.py).
+
+
+@register_gradient(
+    "EnsureCPUOutput",
+    "OneHot",
+    "BatchOneHot",
+    "LearningRate",
+    "Iter",
+    "AtomicIter",
+    "ConstantFill",
+    "GaussianFill",
+    "UniformFill",
+    "UniformIntFill",
+    "XavierFill",
+    "MSRAFill",
+    "RangeFill",
+    "GivenTensorFill",
+    "GivenTensorDoubleFill",
+    "GivenTensorBoolFill",
+    "GivenTensorInt16Fill",
+    "GivenTensorIntFill",
+    "GivenTensorInt64Fill",
+    "GivenTensorStringFill",
+    "GivenTensorByteStringToUInt8Fill",
+)
+def _no_gradient_either(g: GradientContext) -> list:
+    return []
+
+
+@register_gradient("ArgMax", "ArgMin", "Where", "LengthsToSegmentIds", "CreateMutex")
+def _should_not_do_gradient_either(g: GradientContext) -> list:
+    raise GradientError(f"One should not call gradient for operator {g.op.type}.")
+
+
+@register_gradient("CopyCPUToGPU", "CopyGPUToCPU")
+def _device_copy(g: GradientContext) -> list:
+    back = "CopyGPUToCPU" if g.op.type == "CopyCPUToGPU" else "CopyCPUToGPU"
+    return _single(back, [g.GO(0)], [g.GI(0)])
+
+
+@register_gradient("DepthConcat")
+def _depth_concat(g: GradientContext) -> list:
+    return _single("Split", [g.GO(0), g.O(1)], [g.GI(i) for i in range(len(g.op.input))])
+
+
+@register_gradient("DepthSplit")
+def _depth_split(g: GradientContext) -> list:
+    return _split(g)
+
+
+@register_gradient("Flatten")
+def _flatten(g: GradientContext) -> list:
+    return _single("ResizeLike", [g.GO(0), g.I(0)], [g.GI(0)])
+
+
+@register_gradient("Gather")
+def _gather(g: GradientContext) -> list:
+    """axis 0: a GradientSlice (indices, GO), or SparseToDense with `dense_gradient`; else
+    BatchGatherGradient with the maker's own `axis` ahead of the copied forward args."""
+    axis_arg = g.arg("axis")
+    axis = axis_arg.i if axis_arg is not None else 0
+    if axis == 0:
+        if g.flag("dense_gradient", False):
+            return _single("SparseToDense", [g.I(1), g.GO(0), g.I(0)], [g.GI(0)])
+        g.set_dense(0, (g.I(1), g.GO(0)))  # type: ignore[arg-type]  (a sparse gradient: indices, values)
+        return []
+    return _single("BatchGatherGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)], [make_argument("axis", axis)])
+
+
+@register_gradient("Slice")
+def _slice(g: GradientContext) -> list:
+    inputs = [g.I(i) for i in range(len(g.op.input))] + [g.GO(0)]
+    return _single("SliceGradient", inputs, [g.GI(0)])
+
+
+@register_gradient("ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean")
+def _reduce_front_back(g: GradientContext) -> list:
+    inputs = [g.GO(0), g.I(0)] + ([g.I(1)] if len(g.op.input) == 2 else [])
+    return _single(g.op.type + "Gradient", inputs, [g.GI(0)])
+
+
+@register_gradient("ReduceSum", "ReduceMean")
+def _reduce_axes(g: GradientContext) -> list:
+    return _single(g.op.type + "Gradient", [g.GO(0), g.I(0), g.O(0)], [g.GI(0)])
+
+
+@register_gradient("AddPadding")
+def _add_padding(g: GradientContext) -> list:
+    inputs = [g.GO(0)]
+    if len(g.op.input) > 1:
+        if len(g.op.output) < 2:
+            raise GradientError("AddPadding with a lengths input needs its lengths output for the gradient")
+        inputs.append(g.O(1))
+    ops = _single("RemovePadding", inputs, [g.GI(0)])
+    if len(g.op.input) >= 3:
+        pads = [g.GI(i) for i in range(2, len(g.op.input))]
+        ops += _single("GatherPadding", inputs, pads)
+    return ops
+
+
+@register_gradient("RemovePadding")
+def _remove_padding(g: GradientContext) -> list:
+    inputs = [g.GO(0)] + ([g.O(1)] if len(g.op.input) > 1 else [])
+    return _single("AddPadding", inputs, [g.GI(0)])
+
+
+@register_gradient("PackRNNSequence", "UnpackRNNSequence", "ReversePackedSegs")
+def _pack_unpack(g: GradientContext) -> list:
+    back = {"PackRNNSequence": "UnpackRNNSequence", "UnpackRNNSequence": "PackRNNSequence"}
+    return _single(back.get(g.op.type, g.op.type), [g.GO(0), g.I(1)], [g.GI(0)])
+
+
+@register_gradient("LengthsSum", "LengthsMean")
+def _lengths_reduce(g: GradientContext) -> list:
+    kind = g.op.type.removeprefix("Lengths")
+    return _single(f"LengthsIndicesInGradient{kind}Gradient", [g.GO(0), g.I(1), g.I(0)], [g.GI(0)])
+
+
+@register_gradient("WeightedSum")
+def _weighted_sum(g: GradientContext) -> list:
+    n = len(g.op.input)
+    outputs = [g.GI(i) for i in range(0, n, 2)]
+    if g.flag("grad_on_w", False):
+        outputs += [g.GI(i) for i in range(1, n, 2)]
+    return _single("WeightedSumGradient", [g.GO(0), *g.op.input], outputs)

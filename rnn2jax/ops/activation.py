@@ -11,22 +11,27 @@ import jax.numpy as jnp
 from ..errors import ShapeError
 from ..netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
+from .elementwise import FLOATING, unary
 from .registry import Kernel, register
+
+# Caffe2's CPU build registers every op here, and its gradient, for float32 only ("Unsupported type of
+# tensor" / "Tensor type mismatch" otherwise). Integers are refused here too; other float types are
+# accepted on purpose (float64 for rnn2jax's verification mode, rnn2jax/verify.py).
 
 
 @register("Sigmoid")
 def sigmoid(op: Op) -> Kernel:
-    return jax.nn.sigmoid
+    return unary(op, jax.nn.sigmoid, FLOATING, "float")
 
 
 @register("Tanh")
 def tanh(op: Op) -> Kernel:
-    return jnp.tanh
+    return unary(op, jnp.tanh, FLOATING, "float")
 
 
 @register("Relu")
 def relu(op: Op) -> Kernel:
-    return lambda x: jnp.maximum(x, jnp.zeros((), x.dtype))
+    return unary(op, lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)), FLOATING, "float")
 
 
 @register("LeakyRelu")
@@ -35,16 +40,16 @@ def leaky_relu(op: Op) -> Kernel:
     is Caffe2's `max(x, 0) + min(x, 0) * alpha`."""
     alpha = op.float("alpha", 0.01)
 
-    def kernel(x):
+    def fn(x):
         zero = jnp.zeros((), x.dtype)
         return jnp.maximum(x, zero) + jnp.minimum(x, zero) * jnp.asarray(alpha, x.dtype)
 
-    return kernel
+    return unary(op, fn, FLOATING, "float")
 
 
 @register("Softsign")
 def softsign(op: Op) -> Kernel:
-    return lambda x: x / (1 + jnp.abs(x))
+    return unary(op, lambda x: x / (1 + jnp.abs(x)), FLOATING, "float")
 
 
 @register("Softmax")
@@ -54,6 +59,7 @@ def softmax(op: Op) -> Kernel:
     axis = op.int("axis", 1)
 
     def kernel(x):
+        _require_float(op, x, 0)
         k = canonical_axis(op, axis, x.ndim)
         if x.size == 0:
             return x
@@ -70,10 +76,14 @@ def softmax(op: Op) -> Kernel:
 # shape (Caffe2 registers them for float only and indexes both by the first input's size).
 
 
+def _require_float(op: Op, value: jax.Array, index: int) -> None:
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+        raise ShapeError(f"{op.where}: {op.type} takes float inputs, '{op.inputs[index]}' is {value.dtype}")
+
+
 def _grad_pair(op: Op, first: jax.Array, dy: jax.Array) -> None:
-    for name, value in zip(op.inputs, (first, dy), strict=True):
-        if not jnp.issubdtype(value.dtype, jnp.floating):
-            raise ShapeError(f"{op.where}: {op.type} takes float inputs, '{name}' is {value.dtype}")
+    for index, value in enumerate((first, dy)):
+        _require_float(op, value, index)
     if first.shape != dy.shape:
         raise ShapeError(
             f"{op.where}: {op.type} needs '{op.inputs[0]}' and '{op.inputs[1]}' of one shape, got "

@@ -16,9 +16,14 @@ from ..netdef import Op
 from .common import canonical_dtype
 from .registry import Kernel, register
 
-# Caffe2's `NumericTypes` (elementwise_ops.h); the float-only ops also run on CUDA half.
+# Caffe2's `NumericTypes` (elementwise_ops.h); the float-only ops also run on CUDA half. (Caffe2's CPU
+# build registers Abs/Exp/Log/Clip for float32 only, Scale/Sqrt for float32 and double; doubles are
+# accepted here on purpose, for rnn2jax's float64 verification mode, rnn2jax/verify.py.)
 NUMERIC = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
-_FLOATING = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+FLOATING = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+
+
+_FLOAT_DOUBLE = frozenset(np.dtype(t) for t in (np.float32, np.float64))
 
 
 def _check_dtypes(op: Op, arrays: Sequence[jax.Array], allowed: frozenset[np.dtype], kind: str) -> None:
@@ -267,9 +272,6 @@ def div_gradient(op: Op) -> Kernel:
     return kernel
 
 
-_FLOAT_DOUBLE = frozenset(np.dtype(t) for t in (np.float32, np.float64))
-
-
 @register("SumReduceLike", inputs=2)
 def sum_reduce_like(op: Op) -> Kernel:
     """Pre-2018 broadcast gradients: sum A down to B's shape, B placed in A as by the legacy
@@ -314,7 +316,7 @@ def scale(op: Op) -> Kernel:
     factor = op.float("scale", 1.0)
 
     def kernel(x):
-        _check_dtypes(op, (x,), _FLOATING, "float")
+        _check_dtypes(op, (x,), _FLOAT_DOUBLE, "float and double")
         return x * jnp.asarray(factor, x.dtype)
 
     return kernel
@@ -332,7 +334,7 @@ def clip(op: Op) -> Kernel:
     high = op.float("max", _FLOAT_MAX)
 
     def kernel(x):
-        _check_dtypes(op, (x,), _FLOATING, "float")
+        _check_dtypes(op, (x,), FLOATING, "float")
         return jnp.minimum(jnp.maximum(x, jnp.asarray(low, x.dtype)), jnp.asarray(high, x.dtype))
 
     return kernel
@@ -357,19 +359,61 @@ def negative(op: Op) -> Kernel:
 
 @register("Abs")
 def abs_(op: Op) -> Kernel:
-    return unary(op, jnp.abs, _FLOATING, "float")
+    return unary(op, jnp.abs, FLOATING, "float")
 
 
 @register("Exp")
 def exp(op: Op) -> Kernel:
-    return unary(op, jnp.exp, _FLOATING, "float")
+    return unary(op, jnp.exp, FLOATING, "float")
 
 
 @register("Log")
 def log(op: Op) -> Kernel:
-    return unary(op, jnp.log, _FLOATING, "float")
+    return unary(op, jnp.log, FLOATING, "float")
 
 
 @register("Sqrt")
 def sqrt(op: Op) -> Kernel:
-    return unary(op, jnp.sqrt, _FLOATING, "float")
+    return unary(op, jnp.sqrt, _FLOAT_DOUBLE, "float and double")
+
+
+# --------------------------------------------------------------------------------------------------
+# Gradients of Abs and Clip (the other unary gradients are built from Mul/Div/Scale/Negative)
+
+
+def _unary_gradient_inputs(op: Op, first: jax.Array, dy: jax.Array) -> jax.Array:
+    """Both float of one dtype and one size; dY is read flat in the first input's shape."""
+    _check_dtypes(op, (first, dy), FLOATING, "float")
+    if dy.size != first.size:
+        raise ShapeError(
+            f"{op.where}: {op.type} needs '{op.inputs[0]}' {list(first.shape)} and '{op.inputs[1]}' "
+            f"{list(dy.shape)} of one size"
+        )
+    return jnp.reshape(dy, first.shape)
+
+
+@register("AbsGradient", inputs=2)
+def abs_gradient(op: Op) -> Kernel:
+    """`(X, dY) -> dX = sign(X)·dY`, 0 where X is 0 (caffe2/operators/abs_op.cc)."""
+
+    def kernel(x, dy):
+        dy = _unary_gradient_inputs(op, x, dy)
+        zero = jnp.zeros((), dy.dtype)
+        return jnp.where(x == 0, zero, jnp.where(x > 0, dy, -dy))
+
+    return kernel
+
+
+@register("ClipGradient", inputs=2)
+def clip_gradient(op: Op) -> Kernel:
+    """`(Y, dY) -> dX = dY where min < Y < max, else 0` (caffe2/operators/clip_op.cc): the test is on
+    the clipped output, so elements at a bound get no gradient."""
+    low = op.float("min", _FLOAT_LOWEST)
+    high = op.float("max", _FLOAT_MAX)
+
+    def kernel(y, dy):
+        dy = _unary_gradient_inputs(op, y, dy)
+        inside = (y > jnp.asarray(low, y.dtype)) & (y < jnp.asarray(high, y.dtype))
+        return jnp.where(inside, dy, jnp.zeros((), dy.dtype))
+
+    return kernel

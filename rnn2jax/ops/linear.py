@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..netdef import Op
-from .common import canonical_axis, canonical_dtype, size_from_dim, size_to_dim
+from .common import canonical_axis, size_from_dim, size_to_dim
 from .registry import Kernel, register
 
 # Caffe2's CPU kernels run fp32 GEMMs; never let XLA drop to bf16/TF32 passes on accelerators.
@@ -20,8 +20,9 @@ _PRECISION = jax.lax.Precision.HIGHEST
 
 
 def _check_float_inputs(op: Op, arrays: Sequence[jax.Array]) -> None:
-    """These ops dispatch on float only in Caffe2, and all inputs share one dtype."""
-    dtypes = [canonical_dtype(a.dtype) for a in arrays]
+    """Float inputs of one dtype. (Caffe2's CPU build registers these ops for float32 only; doubles are
+    accepted here on purpose, for rnn2jax's float64 verification mode, rnn2jax/verify.py.)"""
+    dtypes = [np.dtype(a.dtype) for a in arrays]
     for name, dtype in zip(op.inputs, dtypes, strict=False):
         if not jnp.issubdtype(dtype, jnp.floating):
             raise ShapeError(f"{op.where}: input '{name}' has dtype {dtype}; {op.type} needs a float tensor")

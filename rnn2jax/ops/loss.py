@@ -31,14 +31,17 @@ def _shape(x: Any) -> list[int]:
 
 
 def _check_float(op: Op, x: Any, position: int) -> None:
+    """Caffe2's CPU loss kernels are registered for float32 only (a double is "Tensor type mismatch");
+    doubles are accepted here on purpose, for rnn2jax's float64 verification mode (rnn2jax/verify.py)."""
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ShapeError(f"{op.where}: input '{op.inputs[position]}' must be a float tensor, got {x.dtype}")
 
 
 def _check_int(op: Op, x: Any, position: int) -> None:
-    if not jnp.issubdtype(x.dtype, jnp.integer):
+    """Class labels are read as int32 (an int64 label is "Tensor type mismatch")."""
+    if x.dtype != jnp.int32:
         raise ShapeError(
-            f"{op.where}: labels '{op.inputs[position]}' must be an integer tensor, got {x.dtype}"
+            f"{op.where}: labels '{op.inputs[position]}' must be an integer tensor (int32), got {x.dtype}"
         )
 
 
@@ -246,8 +249,16 @@ def _sigmoid_xent_slopes(mode: str, lgt: Any, tgt: Any) -> Any:
     return tgt - 1 / (1 + jnp.exp(-lgt))
 
 
-def _inner_size(x: Any) -> int:
-    return x.shape[-1] if x.ndim else 1
+def _inner_size(op: Op, x: Any, position: int) -> int:
+    """The size of the last dim, which each row's loss averages over. Caffe2 divides the number of
+    elements by it as an integer: an empty last dim kills the process (SIGFPE); refused here."""
+    inner = x.shape[-1] if x.ndim else 1
+    if inner == 0:
+        raise ShapeError(
+            f"{op.where}: logits '{op.inputs[position]}' {_shape(x)} have an empty last dim: the mean over it "
+            "is undefined (Caffe2 crashes dividing by it)"
+        )
+    return inner
 
 
 @register("SigmoidCrossEntropyWithLogits", inputs=2)
@@ -262,7 +273,7 @@ def sigmoid_cross_entropy_with_logits(op: Op) -> Kernel:
         terms = _sigmoid_xent_terms(mode, logits, targets.astype(logits.dtype))
         if logits.ndim == 0:
             return -terms
-        return -jnp.sum(terms, axis=-1) / jnp.asarray(_inner_size(logits), logits.dtype)
+        return -jnp.sum(terms, axis=-1) / jnp.asarray(_inner_size(op, logits, 0), logits.dtype)
 
     return kernel
 
@@ -274,7 +285,7 @@ def sigmoid_cross_entropy_with_logits_gradient(op: Op) -> Kernel:
 
     def kernel(g, logits, targets):
         _check_logits_targets(op, logits, targets, 1)
-        inner = _inner_size(logits)
+        inner = _inner_size(op, logits, 1)
         outer = size_to_dim(logits.shape, logits.ndim - 1) if logits.ndim else 1
         if g.size != outer:
             raise ShapeError(

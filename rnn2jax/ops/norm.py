@@ -19,7 +19,7 @@ def layer_norm(op: Op) -> Kernel:
     size_from_dim(axis)` is normalised with its mean and biased variance; mean and std keep the
     leading dims plus a trailing 1 (caffe2/operators/layer_norm_op.h)."""
     axis = op.int("axis", 1)
-    epsilon = op.float("epsilon", 1e-5)
+    epsilon = op.float("epsilon", float(np.float32(1e-5)))  # Caffe2's default is the float 1e-5f
     affine = op.bool("elementwise_affine", False)
     if affine and len(op.inputs) != 3:
         raise BadArgumentError(
@@ -33,9 +33,13 @@ def layer_norm(op: Op) -> Kernel:
         k = canonical_axis(op, axis, x.ndim)
         n = size_from_dim(x.shape, k)
         rows = x.reshape(size_to_dim(x.shape, k), n)
-        mean = jnp.mean(rows, axis=1, keepdims=True)
+        if n == 0:  # Caffe2: empty rows have mean 0 and variance 0 (so std = sqrt(epsilon))
+            mean = jnp.zeros((rows.shape[0], 1), x.dtype)
+            var_eps = jnp.full((rows.shape[0], 1), epsilon, x.dtype)
+        else:
+            mean = jnp.mean(rows, axis=1, keepdims=True)
+            var_eps = jnp.mean(jnp.square(rows - mean), axis=1, keepdims=True) + jnp.asarray(epsilon, x.dtype)
         centred = rows - mean
-        var_eps = jnp.mean(centred * centred, axis=1, keepdims=True) + jnp.asarray(epsilon, x.dtype)
         y = centred * jax.lax.rsqrt(var_eps)
         if affine:
             y = y * _affine_param(op, 1, gamma, n) + _affine_param(op, 2, beta, n)
@@ -64,13 +68,19 @@ def _require_float(op: Op, x: jax.Array) -> None:
 
 @register("Dropout", outputs=(1, 2), random=True)
 def dropout(op: Op) -> Kernel:
-    """`X -> (Y, mask)`. Training keeps each element with probability `1 - ratio` and scales kept ones
-    by `1/(1 - ratio)`; test mode is the identity (mask all true, which Caffe2 leaves unwritten).
-    Caffe2's constructor enforces `0 <= ratio < 1` (caffe2/operators/dropout_op.h)."""
+    """`X -> (Y, mask)`, X a float tensor. Training keeps each element with probability `1 - ratio` and
+    scales kept ones by `1/(1 - ratio)`; test mode is the identity (mask all true, which Caffe2 leaves
+    unwritten). Caffe2's constructor enforces `0 <= ratio < 1` (caffe2/operators/dropout_op.h), its
+    schema requires the `is_test` argument (ArgIsTest), and training writes the mask output, so
+    Caffe2 fails (std::out_of_range) without one: refused here with a clear error."""
+    if not op.has("is_test"):
+        raise BadArgumentError(f"{op.where}: Dropout requires the argument 'is_test' (0 to train, 1 for inference)")
     ratio, is_test, scale = _dropout_args(op)
+    if not is_test and len(op.outputs) != 2:
+        raise BadArgumentError(f"{op.where}: Dropout with is_test=0 writes (Y, mask): it needs the mask output")
 
     def kernel(x, *, key: jax.Array | None = None):
-        _require_float(op, x)
+        _require_float(op, x)  # Caffe2: float32 only; doubles kept for rnn2jax's float64 mode
         if is_test:
             return x, jnp.ones(x.shape, jnp.bool_)
         if key is None:
@@ -132,7 +142,7 @@ def layer_norm_gradient(op: Op) -> Kernel:
         )
 
     def kernel(dy, y, mean, std, x, gamma=None):
-        _require_float(op, dy)
+        _require_float(op, dy)  # Caffe2: float32 only (LayerNorm also double); doubles kept for float64 mode
         k = canonical_axis(op, axis, x.ndim)
         m, n = size_to_dim(x.shape, k), size_from_dim(x.shape, k)
         if dy.shape != x.shape:
