@@ -139,7 +139,7 @@ def initial_rows(op: Op, name: str, value: jax.Array, batch: int) -> jax.Array:
     if value.ndim == 1:
         return jnp.broadcast_to(value, (1, batch, value.shape[0]))
     if value.ndim in (2, 3) and value.shape[-2] == batch:
-        return value.reshape((-1, *value.shape[-2:]))
+        return value[None] if value.ndim == 2 else value
     raise ShapeError(
         f"{op.where}: initial state '{name}' has shape {list(value.shape)}; expected [D], [N, D], [1, N, D] "
         f"or [L, N, D] with N = {batch} (the batch size of input '{op.inputs[0]}')"
@@ -243,6 +243,8 @@ class RecurrentLowering:
             state: initial_rows(op, op.inputs[i], inputs[i], batch)
             for state, i in zip(spec.states, spec.initial_ids, strict=True)
         }
+        if steps:
+            self._check_not_empty(sequence, initial)
         outer = ChainMap({}, scope)
         self.step.run(outer, key=key, ops=self.hoisted)
         externals = self._externals(outer, steps)
@@ -261,6 +263,19 @@ class RecurrentLowering:
             else:
                 raise BadArgumentError(f"{op.where}: output '{name}' is neither an alias_dst nor step_workspaces")
         return tuple(results)
+
+    def _check_not_empty(self, sequence: jax.Array, initial: Mapping[str, jax.Array]) -> None:
+        """Caffe2's link views refuse empty tensors (`rnn_internal_apply_link` enforces
+        `external.numel() > 0`), so a step never runs on an empty batch or an empty state: an empty
+        batch works only with an empty sequence (T = 0)."""
+        empty = [self.op.inputs[0]] if sequence.size == 0 else []
+        empty += [s for s, rows in initial.items() if rows.size == 0]
+        if empty:
+            raise ShapeError(
+                f"{self.op.where}: {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty "
+                f"(input sequence {list(sequence.shape)}); Caffe2 runs no step on an empty batch or state "
+                "(its links need non-empty tensors): only T = 0 takes an empty batch"
+            )
 
     def _per_step_scratches(self, env: Mapping[str, Any], constants: dict[str, Any]) -> dict[str, Any]:
         """The scratches of this step; those that are constants (shape blobs such as Concat's

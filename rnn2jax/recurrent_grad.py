@@ -103,6 +103,18 @@ class RecurrentGradientLowering:
 
     # -- running -------------------------------------------------------------------------------
 
+    def _steps_of(self, go: jax.Array, k: int, steps: int) -> jax.Array:
+        """The rows of an `_all` output's gradient that step t adds into `S_grad[t + 1]`: rows [0, T).
+        Caffe2's accumulate op reads row t of the gradient for t < T only, so when the `_all` output
+        has more rows (an initial state of L > 1 rows makes it T + L - 1 long) the rest is ignored;
+        fewer rows than T is its "source address out of bounds" refusal."""
+        if go.ndim < 1 or go.shape[0] < steps:
+            raise ShapeError(
+                f"{self.op.where}: gradient '{self.op.inputs[k]}' {list(go.shape)} has fewer than the "
+                f"{steps} steps of the sequence"
+            )
+        return go[:steps]
+
     def __call__(self, *inputs: Any, scope: Mapping[str, Any]) -> tuple:
         op, spec = self.op, self.spec
         num_go = len(self.outputs_with_grads)
@@ -128,7 +140,7 @@ class RecurrentGradientLowering:
         per_step = {
             "t": jnp.arange(steps, dtype=jnp.int32),
             "scratch": workspaces["per_step"],
-            "all_grads": {self.state_grads[s]: inputs[k] for s, k in self.all_grads.items()},
+            "all_grads": {self.state_grads[s]: self._steps_of(inputs[k], k, steps) for s, k in self.all_grads.items()},
         }
 
         def body(carry, xs):
@@ -162,7 +174,7 @@ def _initial_gradient(state_grad: jax.Array, initial: jax.Array) -> jax.Array:
     every batch row) gets the sum over the batch."""
     if initial.ndim == 1:
         return state_grad[0].sum(axis=0)
-    rows = initial.size // (state_grad.shape[1] * state_grad.shape[2])
+    rows = initial.shape[0] if initial.ndim == 3 else 1
     return jnp.reshape(state_grad[:rows], initial.shape)
 
 
