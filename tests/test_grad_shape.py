@@ -84,6 +84,10 @@ def slice_index(shape, starts, ends):
         start, end = min(start, dim), min(end, dim)
         if start < 0 or end < start:
             return None
+        kept = zip(index, shape[: len(index)], strict=True)
+        whole = [i == slice(None) or (i.start, i.stop) == (0, d) for i, d in kept]
+        if (start, end) != (0, dim) and not all(whole):  # real Caffe2 slices one dim at most
+            return None
         index.append(slice(start, end))
     return tuple(index)
 

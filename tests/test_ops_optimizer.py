@@ -110,7 +110,7 @@ def lr_reference(policy: str, it: int, base_lr: float, **a) -> np.float32:
     else:  # poly; max_iter is stored as uint64
         limit = f(a.get("max_iter", -1) % 2**64)
         m = np.power(f(1) - f(it) / limit, f(a.get("power", 0)))
-    return f(f(a.get("lr_scale", 1.0)) * f(base_lr)) * m
+    return f(base_lr) * m  # Caffe2's LearningRateOp ignores lr_scale
 
 
 @st.composite

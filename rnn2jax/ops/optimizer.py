@@ -132,12 +132,14 @@ _POLICIES: dict[str, Callable[[Op], Schedule]] = {
 
 @register("LearningRate")
 def learning_rate(op: Op) -> Kernel:
-    """(iter) -> 0-d float32 `base_lr · lr_scale · policy(iter)`. Policies fixed, step (stepsize,
+    """(iter) -> 0-d float32 `base_lr · policy(iter)`. Policies fixed, step (stepsize,
     gamma), exp (gamma), inv (gamma, power) and poly (power, max_iter), exactly as Caffe2's
     functors (in float32, missing arguments defaulting to 0 as there)."""
     if not op.has("base_lr"):
         raise BadArgumentError(f"{op.where}: missing required argument 'base_lr'")
-    base_lr = np.float32(op.float("lr_scale", 1.0)) * np.float32(op.float("base_lr"))
+    # Caffe2's LearningRateOp never reads `lr_scale` (its Python optimizers fold it into base_lr), so an
+    # op carrying one runs at base_lr: real Caffe2 gives 1.0 for base_lr=1, lr_scale=0 (policy fixed).
+    base_lr = np.float32(op.float("base_lr"))
     policy = op.str("policy", "")
     if not policy:
         raise BadArgumentError(f"{op.where}: missing required argument 'policy' (the learning rate policy)")

@@ -163,9 +163,10 @@ def _reduce_dims(op: Op, axes: tuple[int, ...], ndim: int) -> tuple[int, ...]:
 
 
 def _ratio(numerator: int, denominator: int, dtype: np.dtype) -> jax.Array:
-    """Caffe2's float `numerator / denominator`; NaN for an empty input (Caffe2 gets 0 * inf there)."""
+    """Caffe2's float `numerator / denominator`; an empty input reduces to 0, as in Caffe2 (ReduceMean
+    and SumElements(average=1) of an empty tensor give 0, not NaN)."""
     if not denominator:
-        return jnp.asarray(np.nan, dtype)
+        return jnp.asarray(0, dtype)
     return jnp.asarray(np.asarray(numerator, dtype) / np.asarray(denominator, dtype), dtype)
 
 

@@ -16,6 +16,27 @@ from ..netdef import Op
 from .registry import register
 
 
+def _sigmoid(x: jax.Array) -> jax.Array:
+    """Caffe2's `sigmoid` (lstm_unit_cpu-impl.h, gru_unit_op.h) is 1 / (1 + exp(-x)); jax.nn.sigmoid
+    agrees to float32 rounding and stays finite under differentiation for large -x."""
+    return jax.nn.sigmoid(x)
+
+
+def _tanh(x: jax.Array) -> jax.Array:
+    """Caffe2's `host_tanh`: 2 * sigmoid(2x) - 1 with sigmoid(y) = 1 / (1 + exp(-y)). It differs from
+    tanh near 0 (it cancels to exactly 0 for |x| below ~1e-8, and loses ~1e-5 relative precision around
+    4e-3); the units match Caffe2 so. Beyond |x| = 20 it is +-1 in float32; clipping there keeps the
+    derivative finite (exp(-2x) would overflow)."""
+    return 2 / (1 + jnp.exp(-2 * jnp.clip(x, -20, 20))) - 1
+
+
+def _gru_tanh(x: jax.Array) -> jax.Array:
+    """GRUUnit's `host_tanh` (gru_unit_op.h): the same formula, but its sigmoid comes out correctly
+    rounded to float32 (as if computed in double), so 2 * round(sigmoid(2x)) - 1 is emulated here with
+    an accurate tanh (0.5 + 0.5 * tanh(x) is sigmoid(2x))."""
+    return 2 * (0.5 + 0.5 * jnp.tanh(x)) - 1
+
+
 def _unit_inputs(op: Op, fixed: int, names: str, after: str = "") -> bool:
     """Whether the op has a seq_lengths input (Caffe2: argument `sequence_lengths`, default true).
     `fixed` counts the other inputs but timestep: `names` before seq_lengths, `after` behind timestep."""
@@ -66,10 +87,10 @@ def lstm_state_update(
     with_lengths = op.bool("sequence_lengths", True)
     forget_bias = op.float("forget_bias", 0.0)
     seq_lengths, timestep = extra if with_lengths else (None, *extra)
-    i, f = jax.nn.sigmoid(pre["i"]), jax.nn.sigmoid(pre["f"] + forget_bias)
-    o, g = jax.nn.sigmoid(pre["o"]), jnp.tanh(pre["g"])
+    i, f = _sigmoid(pre["i"]), _sigmoid(pre["f"] + forget_bias)
+    o, g = _sigmoid(pre["o"]), _tanh(pre["g"])
     cell = f * cell_prev + i * g
-    hidden = o * jnp.tanh(cell)
+    hidden = o * _tanh(cell)
     valid = _valid_rows(op, seq_lengths, timestep, cell_prev.shape[1])
     drop_states = op.bool("drop_states", False)
     return _finish(valid, hidden, hidden_prev, drop_states), _finish(valid, cell, cell_prev, drop_states)
@@ -112,7 +133,7 @@ def gru_unit(op: Op):
         _, batch, size = hidden_prev.shape
         _check_state(op, op.inputs[1], gates, batch, 3 * size)
         _, u, o = jnp.split(gates, 3, axis=-1)
-        u, o = jax.nn.sigmoid(u), jnp.tanh(o)
+        u, o = _sigmoid(u), _gru_tanh(o)
         hidden = u * hidden_prev + (1 - u) * o
         return _finish(_valid_rows(op, seq_lengths, timestep, batch), hidden, hidden_prev, drop_states)
 
@@ -154,9 +175,9 @@ def lstm_unit_gradient(op: Op):
             _check_state(op, op.inputs[index], value, batch, size)
         _check_state(op, op.inputs[2], gates, batch, 4 * size)
         x_i, x_f, x_o, x_g = jnp.split(gates, 4, axis=-1)
-        i, f = jax.nn.sigmoid(x_i), jax.nn.sigmoid(x_f + forget_bias)
-        o, g = jax.nn.sigmoid(x_o), jnp.tanh(x_g)
-        tc = jnp.tanh(cell)
+        i, f = _sigmoid(x_i), _sigmoid(x_f + forget_bias)
+        o, g = _sigmoid(x_o), _tanh(x_g)
+        tc = _tanh(cell)
         dc = d_cell + d_hidden * o * (1 - tc * tc)
         d_gates = jnp.concatenate(
             [
@@ -196,7 +217,7 @@ def gru_unit_gradient(op: Op):
         _check_state(op, op.inputs[1], gates, batch, 3 * size)
         _check_state(op, op.inputs[-1], d_hidden, batch, size)
         _, x_u, x_o = jnp.split(gates, 3, axis=-1)
-        u, o = jax.nn.sigmoid(x_u), jnp.tanh(x_o)
+        u, o = _sigmoid(x_u), _gru_tanh(x_o)
         d_gates = jnp.concatenate(
             [
                 jnp.zeros_like(u),

@@ -240,11 +240,13 @@ def gather_padding(op: Op) -> Kernel:
     start, end = _padding_widths(op)
 
     def kernel(data, lengths):
-        if start == 0 and end == 0:  # Caffe2 returns empty int64 tensors
-            empty = jnp.zeros((0,), canonical_dtype(np.int64))
-            return empty, empty
         if data.ndim < 1:
             raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 1 dim")
+        if start == 0 and end == 0:
+            # No padding rows: the sums are zero rows. (Caffe2 returns an uninitialised 0-d int64 tensor
+            # here, which is no gradient of a float padding input.)
+            zero = jnp.zeros(data.shape[1:], data.dtype)
+            return zero if len(op.outputs) == 1 else (zero, zero)
         if data.dtype == jnp.bool_:
             raise ShapeError(f"{op.where}: GatherPadding cannot sum input '{op.inputs[0]}' of type bool")
         _check_lengths(op, lengths)
@@ -337,7 +339,11 @@ def _lengths_reduce(op: Op, mean: bool) -> Kernel:
 
 
 def _lengths_reduce_gradient(op: Op, mean: bool) -> Kernel:
-    def kernel(grad, lengths, _indices=None):  # newer nets pass INDICES third; unused on CPU
+    def kernel(grad, lengths, indices=None):
+        # With a third input (INDICES; the forward's DATA for the dense ops) its dim 0 is the output's,
+        # so traced lengths do; without it the output size is sum(lengths), which must be concrete.
+        if indices is not None:
+            return _traced_lengths_gradient(op, grad, lengths, indices, mean)
         lens = _concrete_lengths(op, lengths)
         if grad.ndim < 1 or grad.shape[0] != lens.size:
             raise ShapeError(
@@ -354,6 +360,25 @@ def _lengths_reduce_gradient(op: Op, mean: bool) -> Kernel:
     return kernel
 
 
+def _traced_lengths_gradient(op: Op, grad: Any, lengths: Any, indices: Any, mean: bool) -> jax.Array:
+    _check_lengths(op, lengths)
+    if grad.ndim < 1 or grad.shape[0] != lengths.shape[0]:
+        raise ShapeError(
+            f"{op.where}: input '{op.inputs[0]}' of shape {tuple(grad.shape)} needs one row per "
+            f"length in '{op.inputs[1]}' ({lengths.shape[0]})"
+        )
+    if jnp.ndim(indices) < 1:
+        raise ShapeError(f"{op.where}: input '{op.inputs[2]}' must have at least 1 dim")
+    rows = indices.shape[0]
+    _check_total(op, lengths, rows)
+    segment, _ = _segments(lengths, rows)
+    out = _take_clip(grad, segment)
+    if mean:
+        counts = jnp.maximum(_take_clip(jnp.asarray(lengths).astype(jnp.int32), segment), 1)
+        out = out / jnp.reshape(counts.astype(grad.dtype), (-1,) + (1,) * (grad.ndim - 1))
+    return out
+
+
 @register("LengthsSum", inputs=2)
 def lengths_sum(op: Op) -> Kernel:
     """(data [Σlen, …], lengths [S]) -> [S, …]: the sum of each segment's rows."""
@@ -366,13 +391,13 @@ def lengths_mean(op: Op) -> Kernel:
     return _lengths_reduce(op, mean=True)
 
 
-@register("LengthsSumGradient", inputs=(2, 3))
+@register("LengthsSumGradient", "LengthsIndicesInGradientSumGradient", inputs=(2, 3))
 def lengths_sum_gradient(op: Op) -> Kernel:
     """(dY [S, …], lengths [S]) -> dX [Σlen, …]: each row gets its segment's gradient."""
     return _lengths_reduce_gradient(op, mean=False)
 
 
-@register("LengthsMeanGradient", inputs=(2, 3))
+@register("LengthsMeanGradient", "LengthsIndicesInGradientMeanGradient", inputs=(2, 3))
 def lengths_mean_gradient(op: Op) -> Kernel:
     """(dY [S, …], lengths [S]) -> dX [Σlen, …]: each row gets its segment's gradient / length."""
     return _lengths_reduce_gradient(op, mean=True)
@@ -436,6 +461,8 @@ def batch_one_hot(op: Op) -> Kernel:
 def _arg_reduce(op: Op, reduce: Any) -> Kernel:
     axis = op.int("axis", -1)
     keepdims = op.bool("keepdims", True)
+    if axis < -1:  # Caffe2 (arg_ops.h) maps -1 to the last axis and refuses other negative axes
+        raise BadArgumentError(f"{op.where}: argument 'axis' = {axis} must be >= 0 or -1")
 
     def kernel(x):
         ax = canonical_axis(op, axis, x.ndim)

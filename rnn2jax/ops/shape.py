@@ -99,6 +99,21 @@ def copy_on_device_like(op: Op) -> Kernel:
     return _identity
 
 
+@register("ResizeLike", inputs=2)
+def resize_like(op: Op) -> Kernel:
+    """(X, like) -> X reshaped to like's shape (Flatten's gradient); the element counts must match."""
+
+    def kernel(x, like):
+        if x.size != like.size:
+            raise ShapeError(
+                f"{op.where}: input '{op.inputs[0]}' {list(x.shape)} and '{op.inputs[1]}' {list(like.shape)} "
+                "have different sizes"
+            )
+        return jnp.reshape(x, like.shape)
+
+    return kernel
+
+
 @register("StopGradient")
 def stop_gradient(op: Op) -> Kernel:
     return jax.lax.stop_gradient
@@ -117,10 +132,13 @@ def _check_new_shape(op: Op, dims: Sequence[int], source: str) -> None:
 
 
 def _resolve_shape(op: Op, old: Sequence[int], new: Sequence[int], source: str) -> tuple[int, ...]:
-    """Caffe2's rules: a 0 copies the input dim at that index; a single -1 takes what is left."""
+    """Caffe2's rules (reshape_op.h): a 0 copies the input dim at that index, but only when the input
+    is non-empty; a single -1 takes what is left (0 for an empty input). Caffe2 gives an empty input
+    any non-empty shape asked for, filled with uninitialised memory: that is refused here."""
+    total = math.prod(old)
     resolved = []
     for i, d in enumerate(new):
-        if d == 0:
+        if d == 0 and total != 0:
             if i >= len(old):
                 raise ShapeError(
                     f"{op.where}: {source} = {list(new)} copies input dim {i} (a 0), "
@@ -128,9 +146,15 @@ def _resolve_shape(op: Op, old: Sequence[int], new: Sequence[int], source: str) 
                 )
             d = old[i]
         resolved.append(int(d))
-    total = math.prod(old)
     known = math.prod(d for d in resolved if d != -1)
-    if -1 in resolved:
+    if total == 0:
+        resolved = [0 if d == -1 else d for d in resolved]
+        if math.prod(resolved) != 0:
+            raise ShapeError(
+                f"{op.where}: {source} = {list(new)} asks for {math.prod(resolved)} elements from an empty "
+                f"input of shape {list(old)} (Caffe2 would fill them with uninitialised memory)"
+            )
+    elif -1 in resolved:
         if known == 0 or total % known:
             raise ShapeError(f"{op.where}: {source} = {list(new)} does not fit an input of shape {list(old)}")
         resolved[resolved.index(-1)] = total // known
@@ -179,6 +203,8 @@ def shape(op: Op) -> Kernel:
     """The input's dims as an int64 1-D tensor (optionally only `axes`), as a constant: shapes are
     static under jit, so what nets compute from them (initial coverage sizes...) stays concrete."""
     axes = op.ints("axes", ())
+    if any(a < 0 for a in axes):
+        raise BadArgumentError(f"{op.where}: argument 'axes' = {list(axes)} has negative entries (Caffe2 refuses)")
 
     def kernel(x):
         dims = [x.shape[canonical_axis(op, a, x.ndim, "axes entry")] for a in axes] if axes else list(x.shape)
@@ -317,6 +343,10 @@ def split(op: Op) -> Kernel:
         raise BadArgumentError(f"{op.where}: argument 'split' = {list(arg_split)} has negative sizes")
 
     def sizes_from_input(split_blob: Any, dim: int) -> tuple[int, ...]:
+        if np.dtype(split_blob.dtype) != np.int32:  # Caffe2 reads it as int and refuses int64
+            raise ShapeError(
+                f"{op.where}: input '{op.inputs[1]}' (the split sizes) must be int32, got {split_blob.dtype}"
+            )
         if n == 1 and isinstance(split_blob, jax.core.Tracer):
             return (dim,)  # one output takes the whole dim, whatever the values say
         hint = "use the argument 'split' instead, or feed the split sizes as a constant, not a jit input"
@@ -364,6 +394,7 @@ def _slice_limits(
     if len(starts) > len(shape):
         raise ShapeError(f"{op.where}: {len(starts)} starts/ends for an input of rank {len(shape)}")
     lo, hi = [], []
+    sliced = None
     for i, dim in enumerate(shape):
         if i >= len(starts) or dim == 0:
             lo.append(0)
@@ -376,6 +407,13 @@ def _slice_limits(
                 f"{op.where}: slice [{starts[i]}, {ends[i]}) of dim {i} (size {dim}) gives "
                 f"[{start}, {end}), which is not a valid range"
             )
+        if (start, end) != (0, dim):
+            if sliced is not None:
+                raise ShapeError(
+                    f"{op.where}: starts {list(starts)} / ends {list(ends)} slice dims {sliced} and {i}; "
+                    "Caffe2 can only slice in one dimension"
+                )
+            sliced = i
         lo.append(start)
         hi.append(end)
     return lo, hi
@@ -408,7 +446,7 @@ def _slice_bounds(
 @register("Slice", inputs=(1, 3))
 def slice_(op: Op) -> Kernel:
     """(data[, starts, ends]) -> out; bounds from arguments `starts`/`ends` or from inputs 1 and 2.
-    Unlike Caffe2's CPU kernel (one sliced dim at most), any number of dims may be sliced."""
+    As in Caffe2 (slice_op.h), at most one dim may be sliced (the others must be kept whole)."""
     if len(op.inputs) == 2:
         raise BadArgumentError(f"{op.where}: Slice takes 1 input (with arguments) or 3 (data, starts, ends)")
     arguments = _slice_arguments(op, len(op.inputs) == 3)
@@ -457,10 +495,17 @@ def cast(op: Op) -> Kernel:
     to = data_type_arg(op, "to")
     if to is None:
         raise BadArgumentError(f"{op.where}: missing required argument 'to' (the data type to cast to)")
+    if _is_byte(op):
+        raise BadArgumentError(f"{op.where}: Cast to BYTE is not supported (Caffe2's Cast aborts on it)")
     if to == np.bool_:
         return lambda x: jnp.asarray(x) != 0
     dtype = canonical_dtype(to)
     return lambda x: jnp.asarray(x).astype(dtype)
+
+
+def _is_byte(op: Op) -> bool:
+    arg = op.args["to"]
+    return str(arg.value).lower() == "byte" if arg.kind == "s" else op.int("to") == 3  # TensorProto.BYTE
 
 
 # --------------------------------------------------------------------------------------------------
@@ -472,6 +517,21 @@ def _check_indices(op: Op, indices: Any, position: int = 1) -> None:
     if indices.dtype not in _INDEX_DTYPES:
         raise ShapeError(
             f"{op.where}: INDICES '{op.inputs[position]}' must be int32 or int64, got {indices.dtype}"
+        )
+
+
+def _check_range(op: Op, indices: Any, dim: int, wrap: bool) -> None:
+    """Caffe2 refuses indices outside [0, dim) ([-dim, dim) when wrapping); when the values are known
+    (not traced) rnn2jax refuses them too."""
+    if isinstance(indices, jax.core.Tracer) or not np.size(indices):
+        return
+    values = np.asarray(indices)
+    low = -dim if wrap else 0
+    bad = values[(values < low) | (values >= dim)]
+    if bad.size:
+        raise ShapeError(
+            f"{op.where}: INDICES '{op.inputs[1]}' has {int(bad[0])}, out of the range [{low}, {dim}) of DATA's "
+            "indexed dim"
         )
 
 
@@ -489,6 +549,7 @@ def gather(op: Op) -> Kernel:
         raise BadArgumentError(f"{op.where}: match_outer=1 needs argument 'axis' >= 1")
 
     def take(data, indices, ax):
+        _check_range(op, indices, data.shape[ax], wrap)
         if wrap:
             indices = jnp.where(indices < 0, indices + data.shape[ax], indices)
         return jnp.take(data, indices, axis=ax, mode="clip")  # clamp what is still out of range
@@ -574,26 +635,42 @@ def sparse_to_dense(op: Op) -> Kernel:
 @register("BatchGatherGradient", inputs=3)
 def batch_gather_gradient(op: Op) -> Kernel:
     """(DATA, INDICES, dOUT) -> dDATA: Gather's gradient for `axis` > 0 (argument `axis`, default 1):
-    zeros like DATA with each slice of dOUT added at its index along the axis (duplicates add up)
-    (caffe2/operators/batch_gather_ops.h)."""
+    zeros like DATA with each slice of dOUT added at its index along the axis (duplicates add up);
+    with `match_outer` each batch of the outer dims uses its own indices (caffe2/operators/
+    batch_gather_ops.h). Caffe2 refuses negative indices here even where the forward Gather wrapped
+    them (`wrap_indices`); rnn2jax wraps them as the forward did."""
     axis = op.int("axis", 1)
+    match_outer = op.bool("match_outer", False)
+    wrap = op.bool("wrap_indices", False)
 
     def kernel(data, indices, grad):
         _check_indices(op, indices, 1)
         if data.ndim < 2:
             raise ShapeError(f"{op.where}: DATA '{op.inputs[0]}' must have rank >= 2, got {data.ndim}")
         ax = canonical_axis(op, axis, data.ndim)
-        expected = (*data.shape[:ax], *indices.shape, *data.shape[ax + 1 :])
+        index_dims = indices.shape[ax:] if match_outer else indices.shape
+        if match_outer and indices.shape[:ax] != data.shape[:ax]:
+            raise ShapeError(
+                f"{op.where}: with match_outer=1 INDICES {list(indices.shape)} must start with DATA's "
+                f"outer dims {list(data.shape[:ax])}"
+            )
+        expected = (*data.shape[:ax], *index_dims, *data.shape[ax + 1 :])
         if tuple(grad.shape) != expected:
             raise ShapeError(
                 f"{op.where}: dOUT '{op.inputs[2]}' has shape {list(grad.shape)}, but gathering INDICES "
                 f"{list(indices.shape)} from DATA {list(data.shape)} along axis {ax} gives {list(expected)}"
             )
+        _check_range(op, indices, data.shape[ax], wrap)
         out = jnp.zeros(data.shape, data.dtype)
         if data.size == 0 or grad.size == 0:
             return out
-        flat = _in_range(indices.reshape(-1), data.shape[ax])
-        rows = grad.reshape(*data.shape[:ax], flat.shape[0], *data.shape[ax + 1 :]).astype(data.dtype)
-        return out.at[(slice(None),) * ax + (flat,)].add(rows)
+        batch, count, dim = size_to_dim(data.shape, ax), math.prod(index_dims), data.shape[ax]
+        block = data.shape[ax + 1 :]
+        flat_out = out.reshape(batch, dim, *block)
+        rows = grad.reshape(batch, count, *block).astype(data.dtype)
+        flat = _in_range(indices.reshape(batch if match_outer else 1, count), dim)
+        flat = jnp.broadcast_to(flat, (batch, count))
+        added = jax.vmap(lambda o, i, r: o.at[i].add(r))(flat_out, flat, rows)
+        return added.reshape(data.shape)
 
     return kernel
