@@ -360,7 +360,7 @@ CASES = cases(
     Case("Shape", draw_shape),
     Case("Slice", draw_slice, gradient_ops=("SliceGradient",), jit=False),
     Case("Gather", draw_gather, gradient_ops=("BatchGatherGradient", "SparseToDense")),
-    Case("SparseToDense", draw_sparse_to_dense, jit=False),
+    Case("SparseToDense", draw_sparse_to_dense, gradient_ops=("Gather",), jit=False),
     Case("BatchGatherGradient", draw_batch_gather_gradient, jit=False),
 )
 

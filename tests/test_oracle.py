@@ -29,15 +29,15 @@ def test_catalog_lists_caffe2s_operators(caffe2):
     assert catalog.schema_files["FC"].endswith("fully_connected_op.cc")
 
 
-def test_gradient_kinds_survive_makers_that_crash(caffe2):
-    asked = ["FC", "RecurrentNetwork", "Shape", "StopGradient", "Iter", "AtomicIter", "FCGradient", "Pow"]
+def test_gradient_kinds_of_caffe2s_registry(caffe2):
+    asked = ["FC", "RecurrentNetwork", "Shape", "StopGradient", "Iter", "AtomicIter", "FCGradient", "GivenTensorFill"]
     kinds = caffe2.gradient_kinds(asked)
     assert kinds["FC"] == kinds["RecurrentNetwork"] == "gradient"
     assert kinds["StopGradient"] == "no_gradient"
     assert kinds["Shape"] == "should_not"
     assert kinds["Iter"] == kinds["AtomicIter"] == "no_gradient"  # asked in place, as their schemas demand
     assert kinds["FCGradient"] == "none"
-    assert kinds["Pow"] == "crash"  # Pow's maker segfaults on an op without its `exponent`
+    assert kinds["GivenTensorFill"] == "no_gradient"  # asked with its required `values`
 
 
 @given(x=arrays((3, 4)), w=arrays((5, 4)))

@@ -203,13 +203,14 @@ def cmd_hello(request, arrays, out):
 
 def _gradient_kind(name):
     schema = workspace.C.OpSchema.get(name)
-    inputs = max(1, schema.min_input) if schema else 1
+    inputs = schema.min_input if schema else 1
     outputs = max(1, schema.min_output) if schema else 1
     names = []
     for o in range(outputs):  # outputs the schema wants in place (Iter, AtomicIter) reuse the input's name
         same = [i for i in range(inputs) if schema is not None and schema.inplace_enforced(i, o)]
         names.append("i%d" % same[0] if same else "o%d" % o)
-    op = core.CreateOperator(name, ["i%d" % i for i in range(inputs)], names)
+    required = dict((a.name, 1) for a in schema.args if a.required) if schema else {}  # schema checks presence
+    op = core.CreateOperator(name, ["i%d" % i for i in range(inputs)], names, **required)
     try:
         ops, _ = core.GradientRegistry.GetGradientForOp(op, [n + "_grad" for n in names])
     except Exception as error:
