@@ -97,7 +97,8 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
         f"- **{len(fwd)}** of them have a forward differential test against real Caffe2 (run by `make test`).",
         f"- **{len(with_grad)}** lowered op types have a gradient in Caffe2; **{len(grad_tested)}** of them have a "
         "gradient differential test (Caffe2's gradient ops run in both, the builder's gradient OperatorDefs "
-        "compared byte for byte where it has a maker).",
+        "compared byte for byte where it has a maker)"
+        + (f"; not: {', '.join(sorted(with_grad - grad_tested))}." if with_grad - grad_tested else "."),
         f"- The builder (`rnn2jax.caffe2`) has gradient makers for **{len(makers & types)}** op types.",
     ]
     if ours_only:

@@ -407,7 +407,7 @@ def _slice_limits(
                 f"{op.where}: slice [{starts[i]}, {ends[i]}) of dim {i} (size {dim}) gives "
                 f"[{start}, {end}), which is not a valid range"
             )
-        if (start, end) != (0, dim):
+        if (start, end) != (0, dim) and 0 not in shape:  # Caffe2 returns before this check when empty
             if sliced is not None:
                 raise ShapeError(
                     f"{op.where}: starts {list(starts)} / ends {list(ends)} slice dims {sliced} and {i}; "
