@@ -72,14 +72,15 @@ def _caffe2_arg(value: str | None) -> str | None:
     """`--caffe2 PYTHON`, or `--caffe2` alone for $RNN2JAX_CAFFE2_PYTHON; None when not asked for."""
     if value is None:
         return None
-    from .compare import caffe2_python
+    from .oracle.session import caffe2_python
 
     return caffe2_python(value or None)
 
 
 def _compare(args: argparse.Namespace) -> int:
     from .commands import gather_inputs
-    from .compare import caffe2_python, compare
+    from .compare import compare
+    from .oracle.session import caffe2_python
     from .params import load_params
 
     python = caffe2_python(args.caffe2)  # before any work: say at once when there is no Caffe2

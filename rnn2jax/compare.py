@@ -14,10 +14,8 @@ and updated parameters are among them. Floats agree within `rtol` of the blob's 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,14 +23,15 @@ import numpy as np
 
 from .caffe2 import create_operator
 from .compile import CompiledNet, compile, run_init_net
-from .errors import BadArgumentError, MissingBlobError, ParseError, Rnn2JaxError
+from .errors import BadArgumentError, MissingBlobError
 from .load import load
 from .netdef import Net
+from .oracle.session import caffe2_refused, open_oracle
 from .params import EXTERNAL_STORAGE_OPS
 from .proto import caffe2_pb2 as pb
-from .wire import parse_message
+from .table import text_table
+from .wire import read_message
 
-CAFFE2_PYTHON_ENV = "RNN2JAX_CAFFE2_PYTHON"
 RTOL = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-10}
 
 
@@ -74,9 +73,7 @@ class ComparisonReport:
         for b in self.blobs:
             verdict = "ok" if b.ok else "MISMATCH" + (f" ({b.note})" if b.note else "")
             rows.append((b.blob, str(list(b.shape)), b.dtype, f"{b.max_abs:.2e}", f"{b.max_rel:.2e}", verdict))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [" ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-        lines.insert(1, " ".join("-" * w for w in widths))
+        lines = text_table(rows, gap=" ")
         for op in self.left_out:
             lines.append(f"left out (reads external storage): {op}")
         for blob, why in self.not_compared.items():
@@ -136,26 +133,6 @@ def compare_blob(name: str, ours: Any, theirs: np.ndarray, rtol: float | None = 
 
 # ------------------------------------------------------------------------------------------------
 # Nets as messages (what Caffe2 gets) and as rnn2jax's IR
-
-
-def read_message(source: Any, what: str = "net") -> pb.NetDef | pb.PlanDef:
-    """A NetDef or PlanDef message from a path, bytes, text or a message."""
-    if isinstance(source, pb.NetDef | pb.PlanDef):
-        return source
-    if hasattr(source, "SerializeToString") and hasattr(source, "DESCRIPTOR"):
-        return parse_message(source.SerializeToString(), f"{what} message")
-    if isinstance(source, bytes | bytearray):
-        return parse_message(bytes(source), what)
-    if isinstance(source, str | os.PathLike):
-        path = Path(source)
-        if isinstance(source, str) and ("\n" in source or "{" in source):
-            return parse_message(source.encode("utf-8"), f"{what} text")
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise ParseError(f"cannot read {what} file '{path}': {error.strerror or error}") from None
-        return parse_message(data, f"file '{path}'")
-    raise ParseError(f"cannot read a {what} from a {type(source).__name__}: give a path, bytes or a message")
 
 
 def pick_net(message: pb.NetDef | pb.PlanDef, net_name: str | None, what: str = "net") -> pb.NetDef:
@@ -264,50 +241,6 @@ def draw_inputs(
 
 # ------------------------------------------------------------------------------------------------
 # The oracle
-
-
-def caffe2_python(python: str | os.PathLike | None) -> str:
-    """The interpreter of the Caffe2 venv: as given, else $RNN2JAX_CAFFE2_PYTHON, else an error."""
-    python = python or os.environ.get(CAFFE2_PYTHON_ENV)
-    if not python:
-        raise BadArgumentError(
-            "no real Caffe2 to compare with: run `rnn2jax setup-caffe2`, then pass the interpreter it prints "
-            f"with --caffe2 PYTHON (or set ${CAFFE2_PYTHON_ENV})"
-        )
-    if not Path(python).exists():
-        raise BadArgumentError(
-            f"no Caffe2 interpreter at {python}: run `rnn2jax setup-caffe2` and pass the Python it prints"
-        )
-    return str(python)
-
-
-def open_oracle(caffe2: Any):
-    """A started `Caffe2Oracle` (and whether we own it) from an oracle, an interpreter path, or None."""
-    from .oracle import Caffe2Oracle
-
-    if isinstance(caffe2, Caffe2Oracle):
-        return caffe2, False
-    oracle = Caffe2Oracle(caffe2_python(caffe2))
-    try:
-        oracle.catalog()  # an unusable interpreter fails here, with one line that says so
-    except Rnn2JaxError:
-        oracle.close()
-        raise
-    return oracle, True
-
-
-def caffe2_refused(error: Exception, what: str) -> Rnn2JaxError:
-    """Caffe2's refusal on one line: its message and the op it names, without the C++ stack."""
-    lines = []
-    for line in str(error).strip().splitlines():
-        if line.startswith(("frame #", "Exception raised from", "<omitting")):
-            break
-        lines.append(line.strip())
-    text = " ".join(" ".join(lines).split())[:400] or type(error).__name__
-    hint = ""
-    if "expects elements to be int" in text:
-        hint = " (inputs drawn at random are float32 except sequence lengths: give integer inputs with --input)"
-    return Rnn2JaxError(f"real Caffe2 refused {what}: {text}{hint}")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from .lower import lower
 from .netdef import Net, Op, Plan
 from .proto import caffe2_pb2 as pb
 from .recurrent import decode_spec
+from .table import text_table
 
 TOLERANCES = {"float32": (1e-4, 1e-5), "float64": (1e-9, 1e-11)}  # (rtol, atol) per dtype
 # Central differences: (step, rtol, atol). The atol (scaled by the loss) stands for rounding noise, so a
@@ -79,9 +80,7 @@ class VerificationReport:
             if with_caffe2:
                 row += ("-" if c.caffe2_rel is None else f"{c.caffe2_rel:.2e}",)
             rows.append((*row, verdict))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = text_table(rows)
         verdict = "all gradients agree" if self.ok else f"{len(self.failed)} gradient(s) disagree"
         if not self.checks:
             verdict = "no RecurrentNetwork op with a backward_step_net found"
@@ -305,14 +304,14 @@ def _check_op(op, values, shapes, rng, dtype, report, finite_differences):
 
 
 def _oracle(caffe2: Any):
-    from .compare import open_oracle
+    from .oracle.session import open_oracle
 
     return open_oracle(caffe2)
 
 
 def _recurrent_protos(source: Any, count: int) -> list[Any]:
     """The RecurrentNetwork OperatorDefs `_recurrent_ops` found, as protobuf messages for Caffe2."""
-    from .compare import read_message
+    from .wire import read_message
 
     if isinstance(source, Net | Plan):
         raise BadArgumentError("caffe2= needs the net as a file, bytes, text or protobuf message, not a loaded Net")
@@ -332,8 +331,8 @@ def _recurrent_protos(source: Any, count: int) -> list[Any]:
 def _with_caffe2(oracle, proto, checks: list[GradientCheck], check: _OpCheck, grads, auto) -> list[GradientCheck]:
     """Run the forward op and Caffe2's own RecurrentNetworkGradient in Caffe2 (float32) on the same inputs
     and output gradients; add each gradient's error against jax.vjp to its check."""
-    from .compare import caffe2_refused
     from .oracle import Caffe2Error, OracleCrashedError
+    from .oracle.session import caffe2_refused
 
     op = check.op
     names = {op.outputs[k]: f"{op.outputs[k]}_grad" for k in op.ints("outputs_with_grads")}

@@ -8,7 +8,10 @@ Caffe2 renamed it `device_id` (same number), so that spelling is accepted too.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
+from typing import Any
 
 from google.protobuf import message as _message
 from google.protobuf import text_format
@@ -99,3 +102,23 @@ def _parse_binary_either(data: bytes, where: str) -> pb.NetDef | pb.PlanDef:
     if net is not None:
         return net  # a NetDef with an untyped op: let the checker name that op
     raise errors[0]
+
+
+def read_message(source: Any, what: str = "net") -> pb.NetDef | pb.PlanDef:
+    """A NetDef or PlanDef message from a path, bytes, text or a message."""
+    if isinstance(source, pb.NetDef | pb.PlanDef):
+        return source
+    if hasattr(source, "SerializeToString") and hasattr(source, "DESCRIPTOR"):
+        return parse_message(source.SerializeToString(), f"{what} message")
+    if isinstance(source, bytes | bytearray):
+        return parse_message(bytes(source), what)
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        if isinstance(source, str) and ("\n" in source or "{" in source):
+            return parse_message(source.encode("utf-8"), f"{what} text")
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise ParseError(f"cannot read {what} file '{path}': {error.strerror or error}") from None
+        return parse_message(data, f"file '{path}'")
+    raise ParseError(f"cannot read a {what} from a {type(source).__name__}: give a path, bytes or a message")
