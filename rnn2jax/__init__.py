@@ -11,6 +11,7 @@ import types
 
 from .errors import (
     BadArgumentError,
+    InputTypeError,
     MissingBlobError,
     ParseError,
     Rnn2JaxError,
@@ -57,6 +58,7 @@ sys.modules[__name__].__class__ = _Package
 __all__ = [
     "BadArgumentError",
     "CompiledNet",
+    "InputTypeError",
     "MissingBlobError",
     "Net",
     "Op",

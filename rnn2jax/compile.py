@@ -8,7 +8,8 @@ reads) are outputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from .errors import MissingBlobError, ParseError
+from .errors import InputTypeError, MissingBlobError, ParseError
 from .load import load
 from .lower import LoweredNet, lower
 from .netdef import Net, Plan
@@ -85,12 +86,12 @@ class CompiledNet:
         self.mesh = mesh
         self._batch_axes = dict(batch_axes or {})
         self._lowered: LoweredNet = lower(net)
-        self.params: Arrays = {k: jnp.asarray(v) for k, v in params.items()}
+        self.params: Arrays = {k: _as_array(v, f"{net.where}: parameter '{k}'") for k, v in params.items()}
         self._first_reader = self._lowered.reads_before_writes()
         self.input_names: tuple[str, ...] = tuple(n for n in self._first_reader if n not in self.params)
         if output_names is None:
             output_names = net.external_outputs or _leaf_outputs(net)
-        self.output_names: tuple[str, ...] = tuple(output_names)
+        self.output_names: tuple[str, ...] = _blob_names(output_names, f"{net.where}: outputs=")
         self._check_outputs()
         if mesh is not None:
             self.params = replicate(mesh, self.params)
@@ -111,14 +112,20 @@ class CompiledNet:
         return {name: env[name] for name in self.output_names}
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, /, **named: Any) -> Arrays:
+        if inputs is not None and not isinstance(inputs, Mapping):
+            raise InputTypeError(
+                f"{self.net.where}: inputs must be a mapping of blob name -> array (or keyword arguments), "
+                f"got a {type(inputs).__name__}; the net's inputs are: {', '.join(self.input_names) or '(none)'}"
+            )
         given = {**(inputs or {}), **named}
         self._check_inputs(given)
-        arrays = {name: jnp.asarray(value) for name, value in given.items()}
+        arrays = {name: _as_array(value, f"{self.net.where}: input '{name}'") for name, value in given.items()}
         if self.mesh is not None:
             arrays = shard_inputs(self.mesh, arrays, self._batch_axes, self.net.where)
         return self._call(self.params, arrays)
 
     def _check_inputs(self, given: Mapping[str, Any]) -> None:
+        _blob_names(given, f"{self.net.where}: input names")
         unknown = [n for n in given if n not in self.input_names]
         if unknown:
             hint = [n for n in unknown if n in self.params]
@@ -146,6 +153,29 @@ class CompiledNet:
         )
 
 
+def _blob_names(names: Any, what: str) -> tuple[str, ...]:
+    """`names` as a tuple of blob names, refusing a bare string and anything that is not a str."""
+    if isinstance(names, str | bytes | bytearray) or not isinstance(names, Iterable):
+        raise InputTypeError(f"{what} must be a list of blob names (str), got a {type(names).__name__}")
+    names = tuple(names)
+    wrong = [n for n in names if not isinstance(n, str)]
+    if wrong:
+        raise InputTypeError(
+            f"{what} must be blob names (str); got {', '.join(f'{n!r} ({type(n).__name__})' for n in wrong)}"
+        )
+    return tuple(names)
+
+
+def _as_array(value: Any, what: str) -> jax.Array:
+    """`jnp.asarray(value)`, with a named InputTypeError for values that are not arrays of numbers."""
+    if isinstance(value, Mapping | str | bytes) or value is None:
+        raise InputTypeError(f"{what} must be an array (NumPy or JAX), got a {type(value).__name__}")
+    try:
+        return jnp.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise InputTypeError(f"{what} must be an array of numbers (NumPy or JAX): {error}") from None
+
+
 def compile(
     net: Any,
     init_net: Any = None,
@@ -168,6 +198,11 @@ def compile(
     (Caffe2's [T, N, ...] sequences) and 0 otherwise; `batch_axes` overrides it per input, with None
     meaning replicate.
     """
+    if params is not None and not isinstance(params, Mapping | str | os.PathLike):
+        raise InputTypeError(
+            "params= must be a mapping of blob name -> array or the path of an .npz file, "
+            f"got a {type(params).__name__}"
+        )
     net = as_net(net)
     values: dict[str, Any] = run_init_net(init_net, seed) if init_net is not None else {}
     values.update({k: np.asarray(v) if not isinstance(v, jax.Array) else v for k, v in resolve_params(params).items()})

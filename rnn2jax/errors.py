@@ -36,3 +36,8 @@ class BadArgumentError(Rnn2JaxError, ValueError):
 
 class ShapeError(Rnn2JaxError, ValueError):
     """Input arrays do not fit an op (ranks, sizes or dtypes)."""
+
+
+class InputTypeError(Rnn2JaxError, TypeError):
+    """A Python value of the wrong type was passed to the API (inputs that are not a mapping of arrays,
+    `params=` that is neither a mapping nor a path, blob names that are not str)."""

@@ -8,6 +8,7 @@ Nothing downstream touches a protobuf object, so lowering and tracing never depe
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -16,7 +17,9 @@ import numpy as np
 
 from .errors import BadArgumentError, ParseError
 from .proto import caffe2_pb2 as pb
-from .wire import parse_text
+from .wire import MAX_NET_NESTING, parse_text
+
+_NESTING: ContextVar[int] = ContextVar("net_nesting", default=0)
 
 # Arguments whose value is a net. Caffe2 (2017) passed them as text-format strings in `s`; later as `n`.
 NET_ARGUMENTS = frozenset(
@@ -353,6 +356,10 @@ def decode_net(proto: pb.NetDef, parent: str = "") -> Net:
     """A `NetDef` message as a `Net`. `parent` locates a nested net (the op argument holding it)."""
     label = f"net '{proto.name}'" if proto.name else "net <unnamed>"
     where = f"{label} (in {parent})" if parent else label
+    depth = _NESTING.get() + 1 if parent else 0
+    if depth > MAX_NET_NESTING:
+        raise ParseError(f"{where}: step nets nest more than {MAX_NET_NESTING} deep, rnn2jax's limit")
+    token = _NESTING.set(depth)
     try:
         return Net(
             name=proto.name,
@@ -368,6 +375,8 @@ def decode_net(proto: pb.NetDef, parent: str = "") -> Net:
         if isinstance(error, ParseError | BadArgumentError):
             raise
         raise ParseError(f"{where}: cannot decode: {error}") from error
+    finally:
+        _NESTING.reset(token)
 
 
 def _decode_step(proto: pb.ExecutionStep) -> ExecutionStep:
@@ -384,11 +393,15 @@ def _decode_step(proto: pb.ExecutionStep) -> ExecutionStep:
 def decode_plan(proto: pb.PlanDef) -> Plan:
     where = f"plan '{proto.name}'"
     nets: dict[str, Net] = {}
-    for i, net in enumerate(proto.network):
-        key = net.name or f"network[{i}]"
-        if key in nets:
-            raise ParseError(f"{where}: two nets are named '{key}'")
-        nets[key] = decode_net(net, where)
+    token = _NESTING.set(-1)  # a plan's nets are top-level nets, not nested ones
+    try:
+        for i, net in enumerate(proto.network):
+            key = net.name or f"network[{i}]"
+            if key in nets:
+                raise ParseError(f"{where}: two nets are named '{key}'")
+            nets[key] = decode_net(net, where)
+    finally:
+        _NESTING.reset(token)
     return Plan(proto.name, MappingProxyType(nets), tuple(_decode_step(s) for s in proto.execution_step))
 
 

@@ -78,6 +78,19 @@ def _equal_lengths(op: Op, names: tuple[str, ...], *values: tuple) -> None:
         raise BadArgumentError(f"{op.where}: arguments {listed} must have equal lengths")
 
 
+INT32_MAX = 2**31 - 1
+
+
+def int32s(op: Op, name: str) -> tuple[int, ...]:
+    """A list argument Caffe2 reads as `int` (32 bits): it refused values that do not fit
+    ("Value ... of argument ... cannot be represented correctly in a target type")."""
+    values = op.ints(name, ())
+    wrong = [v for v in values if not -INT32_MAX - 1 <= v <= INT32_MAX]
+    if wrong:
+        raise BadArgumentError(f"{op.where}: argument '{name}' holds {wrong[0]}, which does not fit in 32 bits")
+    return values
+
+
 def remapped_name(op: Op, name: str) -> str:
     """Caffe2's `remappedName`: memonger may rename blobs with `<name>.rename` arguments."""
     arg = op.args.get(f"{name}.rename")
@@ -85,39 +98,48 @@ def remapped_name(op: Op, name: str) -> str:
 
 
 def decode_links(op: Op, prefix: str = "") -> tuple[Link, ...]:
+    """The links named by `{prefix}link_*`. Caffe2 reads no window for the gradient op's backward
+    links (`extractLinks(..., "backward_link_offset", "", ...)`): they are one row, whatever
+    `backward_link_window` says."""
     internal = op.strings(f"{prefix}link_internal", ())
     external = op.strings(f"{prefix}link_external", ())
-    offset = op.ints(f"{prefix}link_offset", ())
-    window = op.ints(f"{prefix}link_window", ()) or (1,) * len(internal)
-    _equal_lengths(
-        op,
-        tuple(f"{prefix}link_{n}" for n in ("internal", "external", "offset", "window")),
-        internal,
-        external,
-        offset,
-        window,
-    )
+    offset = int32s(op, f"{prefix}link_offset")
+    window = (int32s(op, "link_window") if not prefix else ()) or (1,) * len(internal)
+    names = tuple(f"{prefix}link_{n}" for n in ("internal", "external", "offset"))
+    if prefix:
+        _equal_lengths(op, names, internal, external, offset)
+    else:
+        _equal_lengths(op, (*names, "link_window"), internal, external, offset, window)
     links = tuple(
         Link(remapped_name(op, i), remapped_name(op, e), o, w)
         for i, e, o, w in zip(internal, external, offset, window, strict=True)
     )
     for link in links:
-        if link.offset < 0 or link.window < 0:
-            raise BadArgumentError(f"{op.where}: link {link.internal} -> {link.external} needs offset and window >= 0")
+        if link.offset < 0:
+            raise BadArgumentError(
+                f"{op.where}: argument '{prefix}link_offset' is {link.offset} for link {link.internal} -> "
+                f"{link.external}; offsets must be >= 0"
+            )
+        if link.window < 1:
+            raise BadArgumentError(
+                f"{op.where}: argument 'link_window' is {link.window} for link {link.internal} -> "
+                f"{link.external}; a link views at least one row (Caffe2's view of 0 rows is detached: "
+                "what the step writes through it is lost, and the state rows stay uninitialised)"
+            )
     return links
 
 
 def decode_spec(op: Op) -> RecurrentSpec:
     step_net = op.net("step_net")
     states = op.strings("recurrent_states", ())
-    initial_ids = op.ints("initial_recurrent_state_ids", ())
+    initial_ids = int32s(op, "initial_recurrent_state_ids")
     _equal_lengths(op, ("recurrent_states", "initial_recurrent_state_ids"), states, initial_ids)
     for state, index in zip(states, initial_ids, strict=True):
         if not 0 <= index < len(op.inputs):
             raise BadArgumentError(
                 f"{op.where}: initial state of '{state}' is input #{index}, but the op has {len(op.inputs)} inputs"
             )
-    src, dst, offsets = op.strings("alias_src", ()), op.strings("alias_dst", ()), op.ints("alias_offset", ())
+    src, dst, offsets = op.strings("alias_src", ()), op.strings("alias_dst", ()), int32s(op, "alias_offset")
     _equal_lengths(op, ("alias_src", "alias_dst", "alias_offset"), src, dst, offsets)
     backward = op.args.get("backward_step_net")
     return RecurrentSpec(

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .errors import BadArgumentError, ShapeError
+from .errors import BadArgumentError, MissingBlobError, ShapeError
 from .lower import LoweredNet
 from .netdef import Op
 from .ops.registry import register
@@ -60,6 +60,13 @@ class RecurrentGradientLowering:
         self.backward_links = decode_links(op, "backward_")
         self.state_grads = {s: remapped_name(op, s + "_grad") for s in spec.states}
         self.input_grad = remapped_name(op, self.forward_inputs[0] + "_grad")
+        known = {*self.state_grads.values(), self.input_grad}
+        for link in self.backward_links:
+            if link.external not in known:
+                raise BadArgumentError(
+                    f"{op.where}: argument 'backward_link_external' names '{link.external}' (for "
+                    f"'{link.internal}'), which is not a gradient the op makes: {', '.join(sorted(known))}"
+                )
         self.params = self._params()
         # Blobs the backward step net reads from enclosing scopes; what the forward step wrote comes
         # from step_workspaces instead.
@@ -136,6 +143,12 @@ class RecurrentGradientLowering:
             g = self.state_grads[s]
             grads[g] = grads[g].at[-1].add(jnp.reshape(inputs[k], grads[g].shape[1:]))
         outer = ChainMap({}, workspaces["shared"], forward, scope)
+        for link in spec.links:
+            if link.external not in states and link.external not in outer:
+                raise MissingBlobError(
+                    f"{op.where}: argument 'link_external' names '{link.external}' (for '{link.internal}'), "
+                    f"which is neither a recurrent state ({', '.join(spec.states)}) nor a blob defined before the op"
+                )
         accumulators = [jnp.zeros_like(forward[self.forward_inputs[p.input_index]]) for p in self.params]
         per_step = {
             "t": jnp.arange(steps, dtype=jnp.int32),

@@ -97,6 +97,16 @@ def gradient_op(op: Op) -> Op:
     with_grads = op.ints("outputs_with_grads")
     params = op.ints("param", ())
     spec = decode_spec(op)
+    for name, indices, limit, what in (
+        ("param", params, len(op.inputs), "inputs"),
+        ("outputs_with_grads", with_grads, len(op.outputs) - 1, "outputs besides step_workspaces"),
+    ):
+        wrong = [i for i in indices if not 0 <= i < limit]
+        if wrong:
+            raise BadArgumentError(
+                f"{op.where}: argument '{name}' names #{wrong[0]}, but the op has {limit} {what}; "
+                "its gradient op cannot be derived"
+            )
     inputs = [op.outputs[k] + "_grad" for k in with_grads] + list(op.inputs) + list(op.outputs)
     outputs = [op.inputs[0] + "_grad"] + [op.inputs[i] + "_grad" for i in (*params, *spec.initial_ids)]
     return Op(
@@ -123,10 +133,17 @@ def integer_blobs(net: Net) -> set[str]:
     return names
 
 
-def _shape_of(spec: Any) -> tuple[int, ...]:
-    if isinstance(spec, str):
-        return tuple(int(v) for v in spec.split(",") if v.strip())
-    return tuple(int(v) for v in spec)
+def _shape_of(spec: Any, where: str = "") -> tuple[int, ...]:
+    try:
+        if isinstance(spec, str):
+            shape = tuple(int(v) for v in spec.split(",") if v.strip())
+        else:
+            shape = tuple(int(v) for v in spec)
+    except (TypeError, ValueError) as error:
+        raise BadArgumentError(f"{where}: shape {spec!r} is not a list of integers ({error})") from None
+    if any(d < 0 for d in shape):
+        raise BadArgumentError(f"{where}: shape {list(shape)} has a negative dimension")
+    return shape
 
 
 class _OpCheck:
@@ -157,7 +174,7 @@ class _OpCheck:
                 if position == 0:
                     steps = value.shape[0]
                 continue
-            shape = _shape_of(shapes[name])
+            shape = _shape_of(shapes[name], f"{self.op.where}: input '{name}'")
             if position == 0:
                 steps = shape[0]
             if name in self.integers:

@@ -22,6 +22,30 @@ from .proto import caffe2_pb2 as pb
 _PLAN_FIELD = re.compile(r"(?m)^\s*(?:execution_step|network)\s*\{")
 _OLD_DEVICE_ID = re.compile(r"\bcuda_gpu_id\b")
 
+# Step nets may nest (a RecurrentNetwork inside a step net), but no real net nests deeply: deeper than
+# this is refused with a ParseError before the recursive parsers run (deep enough text would otherwise
+# exhaust Python's stack). Each level of step net is three levels of messages (op { arg { n { ... }}}).
+MAX_NET_NESTING = 64
+_MAX_MESSAGE_DEPTH = 3 * MAX_NET_NESTING + 4  # plus the innermost op's own messages (args, tensors)
+_TEXT_TOKENS = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|#[^\n]*|[{}<>]')
+
+
+def check_text_depth(text: str, where: str) -> None:
+    """Refuse text format whose messages nest deeper than step nets nested MAX_NET_NESTING deep."""
+    depth = deepest = 0
+    for match in _TEXT_TOKENS.finditer(text):
+        token = match.group()
+        if token in "{<":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "}>":
+            depth -= 1
+    if deepest > _MAX_MESSAGE_DEPTH:
+        raise ParseError(
+            f"{where}: messages nest {deepest} deep; rnn2jax reads step nets nested at most "
+            f"{MAX_NET_NESTING} deep ({_MAX_MESSAGE_DEPTH} levels of messages)"
+        )
+
 
 def looks_like_text(data: bytes) -> bool:
     """True for UTF-8 without control characters other than white space; binary protobuf always
@@ -42,6 +66,7 @@ def parse_text(data: bytes | str, kind: type[_message.Message], where: str) -> _
         except UnicodeDecodeError as error:
             raise ParseError(f"{where}: text-format {kind.__name__} is not valid UTF-8: {error}") from None
     data = _OLD_DEVICE_ID.sub("device_id", data)
+    check_text_depth(data, where)
     message = kind()
     try:
         text_format.Parse(data, message, allow_unknown_extension=False)
