@@ -9,11 +9,13 @@ import importlib
 import sys
 import types
 
+from .budget import memory_budget, set_memory_budget
 from .errors import (
     BadArgumentError,
     InputTypeError,
     MissingBlobError,
     ParseError,
+    ResourceError,
     Rnn2JaxError,
     ShapeError,
     UnsupportedOpError,
@@ -64,6 +66,7 @@ __all__ = [
     "Op",
     "ParseError",
     "Plan",
+    "ResourceError",
     "Rnn2JaxError",
     "ShapeError",
     "UnsupportedOpError",
@@ -72,6 +75,8 @@ __all__ = [
     "load",
     "load_params",
     "lower",
+    "memory_budget",
+    "set_memory_budget",
     "verify",
 ]
 

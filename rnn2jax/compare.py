@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .budget import check_array
 from .caffe2 import create_operator
 from .compile import CompiledNet, compile, run_init_net
 from .errors import BadArgumentError, MissingBlobError
@@ -228,6 +229,10 @@ def draw_inputs(
     lengths = sequence_length_blobs(fn.net)
     dims = [tuple(np.shape(given[n])) if n in given else tuple(shapes[n]) for n in fn.input_names]
     steps = next((d[0] for d in dims if len(d) >= 3), 1)
+    for name in fn.input_names:
+        if name not in given:
+            dtype = np.int32 if name in lengths else np.float32
+            check_array(fn._first_reader[name].where, name, tuple(shapes[name]), dtype)
     inputs: dict[str, np.ndarray] = {}
     for name in fn.input_names:
         if name in given:

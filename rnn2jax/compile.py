@@ -9,7 +9,8 @@ reads) are outputs.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import jax
@@ -17,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from .errors import InputTypeError, MissingBlobError, ParseError
+from .budget import check_array, format_bytes, memory_budget
+from .errors import InputTypeError, MissingBlobError, ParseError, ResourceError
 from .load import load
 from .lower import LoweredNet, lower
 from .netdef import Net, Plan
@@ -49,7 +51,8 @@ def run_init_net(init_net: Any, seed: int = 0) -> Arrays:
             f"{net.where}: the init net reads {', '.join(needed)} before writing them; "
             "an init net must create every blob it uses (pass such arrays with params= instead)"
         )
-    env = lowered({}, key=jax.random.key(seed))
+    with xla_out_of_memory(net.where):
+        env = lowered({}, key=jax.random.key(seed))
     written = {name for op in net.ops for name in op.outputs}
     return {name: value for name, value in env.items() if name in written}
 
@@ -119,10 +122,15 @@ class CompiledNet:
             )
         given = {**(inputs or {}), **named}
         self._check_inputs(given)
-        arrays = {name: _as_array(value, f"{self.net.where}: input '{name}'") for name, value in given.items()}
-        if self.mesh is not None:
-            arrays = shard_inputs(self.mesh, arrays, self._batch_axes, self.net.where)
-        return self._call(self.params, arrays)
+        for name, value in given.items():
+            shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+            if shape is not None and dtype is not None:  # an array: its size is known before copying it
+                check_array(self._first_reader[name].where, name, shape, _jax_dtype(dtype))
+        with xla_out_of_memory(self.net.where):
+            arrays = {name: _as_array(value, f"{self.net.where}: input '{name}'") for name, value in given.items()}
+            if self.mesh is not None:
+                arrays = shard_inputs(self.mesh, arrays, self._batch_axes, self.net.where)
+            return self._call(self.params, arrays)
 
     def _check_inputs(self, given: Mapping[str, Any]) -> None:
         _blob_names(given, f"{self.net.where}: input names")
@@ -164,6 +172,31 @@ def _blob_names(names: Any, what: str) -> tuple[str, ...]:
             f"{what} must be blob names (str); got {', '.join(f'{n!r} ({type(n).__name__})' for n in wrong)}"
         )
     return tuple(names)
+
+
+def _jax_dtype(dtype: Any) -> Any:
+    """The dtype an input becomes on the device (float64 -> float32 unless x64 is on)."""
+    try:
+        return jax.dtypes.canonicalize_dtype(np.dtype(dtype))
+    except (TypeError, ValueError):
+        return np.dtype(np.uint8)  # not a NumPy dtype: _as_array names it; count it as one byte per element
+
+
+@contextmanager
+def xla_out_of_memory(where: str) -> Iterator[None]:
+    """XLA's RESOURCE_EXHAUSTED (a `jax.errors.JaxRuntimeError`) as a `ResourceError` naming the net."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        budget = memory_budget()
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "RESOURCE_EXHAUSTED"
+        raise ResourceError(
+            f"{where}: XLA ran out of memory running the net ({first}); the memory budget of "
+            f"{format_bytes(budget)} covers fills and inputs, not the blobs the net computes from them",
+            budget=budget,
+        ) from error
 
 
 def _as_array(value: Any, what: str) -> jax.Array:

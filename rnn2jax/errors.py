@@ -41,3 +41,13 @@ class ShapeError(Rnn2JaxError, ValueError):
 class InputTypeError(Rnn2JaxError, TypeError):
     """A Python value of the wrong type was passed to the API (inputs that are not a mapping of arrays,
     `params=` that is neither a mapping nor a path, blob names that are not str)."""
+
+
+class ResourceError(Rnn2JaxError, MemoryError):
+    """An array would take more memory than the budget (`rnn2jax.set_memory_budget`, $RNN2JAX_MEMORY_BUDGET),
+    or XLA ran out of memory (RESOURCE_EXHAUSTED). `size` and `budget` are in bytes when known."""
+
+    def __init__(self, message: str, size: int | None = None, budget: int | None = None):
+        super().__init__(message)
+        self.size = size
+        self.budget = budget

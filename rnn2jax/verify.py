@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .budget import check_array
 from .compile import run_init_net
 from .errors import BadArgumentError
 from .load import load
@@ -177,6 +178,7 @@ class _OpCheck:
             shape = _shape_of(shapes[name], f"{self.op.where}: input '{name}'")
             if position == 0:
                 steps = shape[0]
+            check_array(self.op.where, name, shape, np.int32 if name in self.integers else dtype)
             if name in self.integers:
                 drawn[name] = rng.integers(0, (steps or 1) + 1, size=shape).astype(np.int32)
             else:
@@ -195,6 +197,8 @@ class _OpCheck:
     def output_grads(self, rng, dtype) -> dict[str, np.ndarray]:
         shapes = jax.eval_shape(self.forward, {n: self.inputs[n] for n in self.float_names()})
         names = [self.op.outputs[k] for k in self.op.ints("outputs_with_grads")]
+        for n in names:
+            check_array(self.op.where, n + "_grad", shapes[n].shape, dtype)
         return {n: (rng.standard_normal(shapes[n].shape)).astype(dtype) for n in names}
 
     def hand_built(self, grads: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..budget import check_array
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
 from .common import canonical_dtype, data_type_arg, shape_arg
@@ -76,21 +77,25 @@ def _shape_source(op: Op) -> Callable[[Any], Shape]:
     return lambda x: tuple(x.shape) + extra
 
 
-def _filler(op: Op, fill: Fill, check: Callable[[Shape], None] | None = None) -> Kernel:
-    """The kernel of a filler: resolve the shape (checked by `check`), then `fill` it.
+def _filler(
+    op: Op, fill: Fill, check: Callable[[Shape], None] | None = None, dtype: np.dtype = _FLOAT32
+) -> Kernel:
+    """The kernel of a filler: resolve the shape (checked by `check`, then against the memory budget for
+    an output of `dtype`), then `fill` it.
 
     Without inputs the shape is known now, so it is checked before any tracing."""
     shape_of = _shape_source(op)
-    static = None if op.inputs else shape_of(None)
-    if static is not None and check is not None:
-        check(static)
+
+    def checked(shape: Shape) -> Shape:
+        if check is not None:
+            check(shape)
+        check_array(op.where, op.outputs[0], shape, dtype)
+        return shape
+
+    static = None if op.inputs else checked(shape_of(None))
 
     def kernel(*inputs: Any, key: jax.Array | None = None) -> Any:
-        shape = static
-        if shape is None:
-            shape = shape_of(inputs[0])
-            if check is not None:
-                check(shape)
+        shape = static if static is not None else checked(shape_of(inputs[0]))
         return fill(shape, key, *inputs[1:])
 
     return kernel
@@ -148,7 +153,9 @@ def _check_count(op: Op, count: int) -> Callable[[Shape], None]:
 def _given(op: Op, values: np.ndarray) -> Kernel:
     """A filler whose output is `values` (a flat array) in the output shape."""
     constant = jnp.asarray(values)
-    return _filler(op, lambda shape, _key: constant.reshape(shape), _check_count(op, values.size))
+    return _filler(
+        op, lambda shape, _key: constant.reshape(shape), _check_count(op, values.size), constant.dtype
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -191,7 +198,7 @@ def constant_fill(op: Op) -> Kernel:
         fill_value = _scalar_input(op, 1, value_input[0], target) if value_input else value
         return jnp.full(shape, fill_value, dtype=target)
 
-    return _filler(op, fill)
+    return _filler(op, fill, dtype=target)
 
 
 _GIVEN_DTYPES = {
@@ -314,7 +321,7 @@ def uniform_int_fill(op: Op) -> Kernel:
         lo, hi = _bound_inputs(op, bounds, _INT32)
         return jax.random.randint(key, _flat(shape), lo, hi + 1, jnp.int32).reshape(shape)
 
-    return _filler(op, fill)
+    return _filler(op, fill, dtype=_INT32)
 
 
 @register("GaussianFill", inputs=(0, 1), random=True)
