@@ -129,7 +129,30 @@ def decode_links(op: Op, prefix: str = "") -> tuple[Link, ...]:
     return links
 
 
+def check_link_rows(op: Op, link: Link, rows: int, steps: int, prefix: str = "") -> None:
+    """A link views rows [t + offset, t + offset + window) of its tensor at every step t < T: they must
+    exist. Caffe2 does not check (past the end it reads and writes outside the tensor, or dies)."""
+    last = steps - 1 + link.offset + link.window
+    if steps and last > rows:
+        window = f" and 'link_window' {link.window}" if not prefix else ""
+        raise BadArgumentError(
+            f"{op.where}: argument '{prefix}link_offset' {link.offset}{window} of link {link.internal} -> "
+            f"{link.external}: step {steps - 1} views rows up to {last} of '{link.external}', which has {rows}"
+        )
+
+
+def check_timestep(op: Op, timestep: str, net: Net, links: tuple[Link, ...], what: str) -> None:
+    """The timestep blob is written by the op before each step; Caffe2 refuses a step net that writes it
+    ("Timestep cannot be output of an op"), link views included."""
+    writers = [o for o in net.ops if timestep in o.outputs]
+    if writers or any(link.internal == timestep for link in links):
+        by = f"{writers[0].where} writes it" if writers else "a link's internal blob has that name"
+        raise BadArgumentError(f"{op.where}: argument 'timestep' is '{timestep}', but in {what} {by}")
+
+
 def decode_spec(op: Op) -> RecurrentSpec:
+    # Caffe2 reads a missing step_net as an empty NetDef, whose steps write nothing (uninitialised
+    # state rows); rnn2jax requires the argument (an empty net is accepted, its rows are zeros)
     step_net = op.net("step_net")
     states = op.strings("recurrent_states", ())
     initial_ids = int32s(op, "initial_recurrent_state_ids")
@@ -137,18 +160,25 @@ def decode_spec(op: Op) -> RecurrentSpec:
     for state, index in zip(states, initial_ids, strict=True):
         if not 0 <= index < len(op.inputs):
             raise BadArgumentError(
-                f"{op.where}: initial state of '{state}' is input #{index}, but the op has {len(op.inputs)} inputs"
+                f"{op.where}: argument 'initial_recurrent_state_ids' names input #{index} for state '{state}', "
+                f"but the op has {len(op.inputs)} inputs"
             )
+    duplicates = sorted({s for s in states if states.count(s) > 1})
+    if duplicates:
+        raise BadArgumentError(f"{op.where}: argument 'recurrent_states' lists '{duplicates[0]}' more than once")
     src, dst, offsets = op.strings("alias_src", ()), op.strings("alias_dst", ()), int32s(op, "alias_offset")
     _equal_lengths(op, ("alias_src", "alias_dst", "alias_offset"), src, dst, offsets)
+    links = decode_links(op)
+    timestep = op.str("timestep", "timestep")
+    check_timestep(op, timestep, step_net, links, "step_net")
     backward = op.args.get("backward_step_net")
     return RecurrentSpec(
         op=op,
         step_net=step_net,
-        timestep=op.str("timestep", "timestep"),
+        timestep=timestep,
         states=states,
         initial_ids=initial_ids,
-        links=decode_links(op),
+        links=links,
         aliases=tuple(Alias(s, d, o) for s, d, o in zip(src, dst, offsets, strict=True)),
         backward_step_net=backward.value if backward is not None and backward.kind == "n" else None,
         recompute=op.strings("recompute_blobs_on_backward", ()),
@@ -174,6 +204,13 @@ class RecurrentLowering:
     def __init__(self, op: Op):
         self.spec = spec = decode_spec(op)
         self.op = op
+        dst = {alias.dst for alias in spec.aliases}
+        for position, name in enumerate(op.outputs[:-1]):
+            if name not in dst:
+                raise BadArgumentError(
+                    f"{op.where}: output #{position} '{name}' is not in argument 'alias_dst' (every output but "
+                    "the last, step_workspaces, is an alias of a state)"
+                )
         self.step = LoweredNet(spec.step_net)
         self.state_of = {link.internal: link for link in spec.links if link.external in spec.states}
         written = {name for o in spec.step_net.ops for name in o.outputs}
@@ -267,6 +304,9 @@ class RecurrentLowering:
         }
         if steps:
             self._check_not_empty(sequence, initial)
+        for link in spec.links:
+            if link.external in initial:
+                check_link_rows(op, link, initial[link.external].shape[0] + steps, steps)
         outer = ChainMap({}, scope)
         self.step.run(outer, key=key, ops=self.hoisted)
         externals = self._externals(outer, steps)
@@ -274,7 +314,7 @@ class RecurrentLowering:
         scan = self._scan_rows if compact else self._scan_buffers
         constants: dict[str, Any] = {}
         buffers, scratches = scan(initial, self._fuse(externals, outer), outer, steps, key, constants)
-        values = {alias.dst: self._alias(alias, buffers) for alias in spec.aliases}
+        values = {alias.dst: self._alias(alias, buffers, scope) for alias in spec.aliases}
         workspaces = self._workspaces(buffers, scratches, constants, outer) if spec.backward_step_net else {}
         results = []
         for position, name in enumerate(op.outputs):
@@ -335,7 +375,8 @@ class RecurrentLowering:
                 array = scope[link.external]
             except KeyError:
                 raise MissingBlobError(
-                    f"{self.op.where}: link '{link.internal}' reads blob '{link.external}', which is neither "
+                    f"{self.op.where}: link '{link.internal}' reads blob '{link.external}' (argument "
+                    "'link_external'), which is neither "
                     f"a recurrent state ({', '.join(self.spec.states)}) nor a blob defined before the op"
                 ) from None
             needed = steps - 1 + link.offset + link.window
@@ -343,8 +384,9 @@ class RecurrentLowering:
                 per_step[link.internal] = array  # scanned over as xs
             elif steps and array.shape[0] < needed:
                 raise ShapeError(
-                    f"{self.op.where}: link '{link.internal}' reads rows up to {needed} of "
-                    f"'{link.external}', which has {array.shape[0]}"
+                    f"{self.op.where}: link '{link.internal}' (arguments 'link_offset' {link.offset}, "
+                    f"'link_window' {link.window}) reads rows up to {needed} of '{link.external}', which "
+                    f"has {array.shape[0]}"
                 )
             else:  # sliced per step; padded only so that the body traces when there are no steps
                 pad = max(0, link.offset + link.window - array.shape[0])
@@ -438,10 +480,16 @@ class RecurrentLowering:
                 f"into recurrent state '{state}', whose rows are {list(expected)}"
             )
 
-    def _alias(self, alias: Alias, buffers: Mapping[str, Any]) -> jax.Array:
+    def _alias(self, alias: Alias, buffers: Mapping[str, Any], scope: Mapping[str, Any]) -> jax.Array:
+        """Rows [offset, end) of the state (or, as in Caffe2, of any blob of the op's workspace)."""
         buffer = buffers.get(alias.src)
         if buffer is None:
-            raise BadArgumentError(f"{self.op.where}: alias_src '{alias.src}' is not a recurrent state")
+            buffer = scope.get(alias.src)
+            if buffer is None or getattr(buffer, "ndim", 0) < 1:
+                raise BadArgumentError(
+                    f"{self.op.where}: argument 'alias_src' names '{alias.src}', which is neither a recurrent "
+                    "state nor an array defined before the op"
+                )
         if isinstance(buffer, _CompactBuffer):
             if alias.offset == 1:
                 return buffer.written
@@ -451,8 +499,8 @@ class RecurrentLowering:
         total = buffer.shape[0]
         start = alias.offset if alias.offset >= 0 else total + alias.offset
         if not 0 <= start <= total:
-            raise ShapeError(
-                f"{self.op.where}: alias '{alias.dst}' at offset {alias.offset} is outside state "
+            raise BadArgumentError(
+                f"{self.op.where}: argument 'alias_offset' is {alias.offset} for alias '{alias.dst}', outside "
                 f"'{alias.src}' of {total} rows"
             )
         if start == total:  # empty; built directly (XLA CPU crashes on an empty slice of a concatenate)

@@ -29,7 +29,15 @@ from .errors import BadArgumentError, MissingBlobError, ShapeError
 from .lower import LoweredNet
 from .netdef import Op
 from .ops.registry import register
-from .recurrent import StateViews, decode_links, decode_spec, remapped_name, rows_at
+from .recurrent import (
+    StateViews,
+    check_link_rows,
+    check_timestep,
+    decode_links,
+    decode_spec,
+    remapped_name,
+    rows_at,
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class RecurrentGradientLowering:
                     f"{op.where}: argument 'backward_link_external' names '{link.external}' (for "
                     f"'{link.internal}'), which is not a gradient the op makes: {', '.join(sorted(known))}"
                 )
+        check_timestep(op, spec.timestep, spec.backward_step_net, self.backward_links, "backward_step_net")
         self.params = self._params()
         # Blobs the backward step net reads from enclosing scopes; what the forward step wrote comes
         # from step_workspaces instead.
@@ -86,10 +95,18 @@ class RecurrentGradientLowering:
         indices = op.ints("param", ())
         names = op.strings("param_grads", ()) or op.outputs[1 : 1 + len(indices)]
         if len(names) != len(indices):
-            raise BadArgumentError(f"{op.where}: param ({len(indices)}) and param_grads ({len(names)}) differ")
+            raise BadArgumentError(
+                f"{op.where}: arguments 'param' ({len(indices)}) and 'param_grads' ({len(names)}) must have "
+                "equal lengths"
+            )
         for index in indices:
             if not 0 <= index < self.num_forward_inputs:
-                raise BadArgumentError(f"{op.where}: param index {index} is not a forward input")
+                raise BadArgumentError(
+                    f"{op.where}: argument 'param' names forward input #{index}, but the op has "
+                    f"{self.num_forward_inputs} forward inputs"
+                )
+        # A per-step gradient no backward op writes: Caffe2 refuses ("non-existing input blob:
+        # ..._tmpstep"); rnn2jax gives a zero gradient, so that `verify` reports the forgotten gradient.
         return tuple(ParamGrad(i, remapped_name(op, n)) for i, n in zip(indices, names, strict=True))
 
     def _output_grads(self) -> tuple[dict[str, int], dict[str, int]]:
@@ -103,7 +120,8 @@ class RecurrentGradientLowering:
             if alias.src not in self.spec.states or alias.offset not in (1, -1):
                 raise BadArgumentError(
                     f"{self.op.where}: output #{j} ('{alias.dst}') gets a gradient, but only aliases of a "
-                    "recurrent state at offset 1 or -1 can"
+                    f"recurrent state at offset 1 or -1 can (arguments 'alias_src' '{alias.src}', "
+                    f"'alias_offset' {alias.offset})"
                 )
             (all_grads if alias.offset == 1 else last_grads)[alias.src] = k
         return all_grads, last_grads
@@ -149,6 +167,10 @@ class RecurrentGradientLowering:
                     f"{op.where}: argument 'link_external' names '{link.external}' (for '{link.internal}'), "
                     f"which is neither a recurrent state ({', '.join(spec.states)}) nor a blob defined before the op"
                 )
+            source = states[link.external] if link.external in states else outer[link.external]
+            check_link_rows(op, link, source.shape[0], steps)
+        for link in self.backward_links:
+            check_link_rows(op, link, grads[link.external].shape[0], steps, "backward_")
         accumulators = [jnp.zeros_like(forward[self.forward_inputs[p.input_index]]) for p in self.params]
         per_step = {
             "t": jnp.arange(steps, dtype=jnp.int32),
