@@ -31,7 +31,6 @@ _GRADIENT_WORDS = {
     "should_not": "none (SHOULD_NOT_DO_GRADIENT)",
     "not_implemented": "not implemented in Caffe2",
     "none": "",
-    "crash": "maker crashes",
 }
 
 

@@ -228,7 +228,7 @@ class Caffe2Oracle:
 
     def gradient_kinds(self, ops: Iterable[str] | None = None) -> dict[str, str]:
         """What Caffe2's gradient registry says of each op (every registered op by default): "gradient",
-        "no_gradient", "should_not", "not_implemented", "none" or "crash" (a maker that segfaults)."""
+        "no_gradient", "should_not", "not_implemented" or "none"."""
         answer, _ = self.request("gradient_kinds", {"ops": None if ops is None else list(ops)}, _Request())
         return answer["kinds"]
 

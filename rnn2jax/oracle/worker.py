@@ -209,7 +209,7 @@ def _gradient_kind(name):
     for o in range(outputs):  # outputs the schema wants in place (Iter, AtomicIter) reuse the input's name
         same = [i for i in range(inputs) if schema is not None and schema.inplace_enforced(i, o)]
         names.append("i%d" % same[0] if same else "o%d" % o)
-    required = dict((a.name, 1) for a in schema.args if a.required) if schema else {}  # schema checks presence
+    required = dict((a.name, 1.0) for a in schema.args if a.required) if schema else {}  # schema checks presence
     op = core.CreateOperator(name, ["i%d" % i for i in range(inputs)], names, **required)
     try:
         ops, _ = core.GradientRegistry.GetGradientForOp(op, [n + "_grad" for n in names])
@@ -227,8 +227,10 @@ def _gradient_kind(name):
 
 def cmd_gradient_kinds(request, arrays, out):
     """What Caffe2's gradient registry says of every op (or of `request["ops"]`): "gradient", "no_gradient"
-    (NO_GRADIENT), "should_not" (SHOULD_NOT_DO_GRADIENT), "not_implemented", "none" (no maker), or "crash".
-    Each op is asked in a forked child, because some makers crash on inputs they did not expect."""
+    (NO_GRADIENT), "should_not" (SHOULD_NOT_DO_GRADIENT), "not_implemented" or "none" (no maker).
+    Each op is asked in a forked child, because some makers crash on a bare op (Pow's reads past its
+    inputs, and crashes or not from run to run): a maker that crashed exists, so that is "gradient"
+    (the registry refuses an op without a maker before any maker runs)."""
     kinds = {}
     for name in request.get("ops") or sorted(workspace.RegisteredOperators()):
         read_end, write_end = os.pipe()
@@ -243,7 +245,7 @@ def cmd_gradient_kinds(request, arrays, out):
         answer = os.read(read_end, 64).decode("ascii")
         os.close(read_end)
         os.waitpid(pid, 0)
-        kinds[name] = answer or "crash"
+        kinds[name] = answer or "gradient"
     return {"kinds": kinds}
 
 
