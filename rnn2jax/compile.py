@@ -171,7 +171,7 @@ def _blob_names(names: Any, what: str) -> tuple[str, ...]:
         raise InputTypeError(
             f"{what} must be blob names (str); got {', '.join(f'{n!r} ({type(n).__name__})' for n in wrong)}"
         )
-    return tuple(names)
+    return names
 
 
 def _jax_dtype(dtype: Any) -> Any:
