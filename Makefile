@@ -1,5 +1,5 @@
 # `make demo` and `make test` work on a fresh machine: each creates .venv when missing and installs
-# rnn2jax into it (editable, with the test and torch extras) before running. `make test` also creates
+# rnn2jax into it (editable, with the test, torch and database extras) before running. `make test` also creates
 # .venv-caffe2, real Caffe2 (torch 1.10.2 on Python 3.9), the reference the differential tests ask;
 # where no Python 3.9 exists it says so and those tests skip with that reason.
 PYTHON ?= python3
@@ -9,13 +9,14 @@ STAMP := $(VENV)/.installed
 CAFFE2_VENV := .venv-caffe2
 CAFFE2_STAMP := $(CAFFE2_VENV)/.installed
 PYTEST_ARGS ?=
+FUZZ_SECONDS ?= 600
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,torch]'
+	$(BIN)/python -m pip install --quiet -e '.[test,torch,fuzz,lmdb,leveldb,rocksdb]'
 	touch $(STAMP)
 
 # Not fatal: without Python 3.9 the differential tests skip, and the message says why.
@@ -29,6 +30,19 @@ demo: $(STAMP)
 test: $(STAMP) $(CAFFE2_STAMP)
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+
+# Both fuzzers side by side for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=1800`): atheris over the corpus in
+# tests/fuzz/corpus (grown in place), and the hypothesis mutation fuzzer. Escapes land in tests/fuzz/crashes,
+# which the suite replays.
+fuzz: $(STAMP)
+	mkdir -p tests/fuzz/corpus tests/fuzz/crashes
+	$(BIN)/python tests/fuzz/fuzz_mutations.py --seconds $(FUZZ_SECONDS) > fuzz-mutations.log 2>&1 & \
+	$(BIN)/python tests/fuzz/fuzz_nets.py -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 \
+		-rss_limit_mb=8192 -print_final_stats=1 -artifact_prefix=tests/fuzz/crashes/ \
+		tests/fuzz/corpus tests/fuzz/seeds > fuzz-atheris.log 2>&1; \
+	atheris=$$?; wait $$!; mutations=$$?; \
+	tail -6 fuzz-mutations.log; grep -E '^(#[0-9]+ +DONE|stat::|Done|==[0-9]+== ERROR)' fuzz-atheris.log; \
+	test $$atheris -eq 0 -a $$mutations -eq 0
 
 lint: $(STAMP)
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples

@@ -111,8 +111,21 @@ class CompiledNet:
 
     def apply(self, params: Mapping[str, Any], inputs: Mapping[str, Any], key: jax.Array | None = None) -> Arrays:
         """The net as a pure function of its parameters and inputs (and a PRNG key for random ops)."""
-        env = self._lowered({**params, **inputs}, key=key)
+        env = self._lowered({**self._arrays(params, "params"), **self._arrays(inputs, "inputs")}, key=key)
         return {name: env[name] for name in self.output_names}
+
+    def _arrays(self, given: Any, what: str) -> Mapping[str, Any]:
+        """`apply`'s arguments checked at trace time: a mapping of blob names to arrays (tracers pass)."""
+        if not isinstance(given, Mapping):
+            raise InputTypeError(
+                f"{self.net.where}: apply's {what} must be a mapping of blob name -> array, "
+                f"got a {type(given).__name__}"
+            )
+        _blob_names(given, f"{self.net.where}: names in apply's {what}")
+        return {
+            name: value if isinstance(value, jax.Array) else _as_array(value, f"{self.net.where}: {what[:-1]} '{name}'")
+            for name, value in given.items()
+        }
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, /, **named: Any) -> Arrays:
         if inputs is not None and not isinstance(inputs, Mapping):

@@ -40,9 +40,7 @@ class FusedLSTM:
     def block_name(self, gate: str) -> str:
         return f"{self.sequence}#{gate}"
 
-    def prepare(
-        self, sequences: MutableMapping[str, jax.Array], scope: Mapping[str, Any]
-    ) -> dict[str, jax.Array]:
+    def prepare(self, sequences: MutableMapping[str, jax.Array], scope: Mapping[str, Any]) -> dict[str, jax.Array]:
         """Outside the loop: replace the sequence by its four bias-added gate blocks; return the four
         weight blocks, transposed to [K, H]."""
         x = sequences[self.sequence] if self.keep_sequence else sequences.pop(self.sequence)
@@ -57,9 +55,7 @@ class FusedLSTM:
         pre = {gate: env[self.block_name(gate)] + a @ weights[gate] for gate in GATES}
         if self.keep_gates:
             env[self.gates] = jnp.concatenate([pre[gate] for gate in GATES], axis=-1)
-        hidden, cell = lstm_state_update(
-            unit, *(env[name] for name in unit.inputs[:2]), pre, _extra(unit, env)
-        )
+        hidden, cell = lstm_state_update(unit, *(env[name] for name in unit.inputs[:2]), pre, _extra(unit, env))
         env[unit.outputs[0]], env[unit.outputs[1]] = hidden, cell
 
 
@@ -79,10 +75,11 @@ def _readers(ops: tuple[Op, ...], name: str, writer: int) -> list[int]:
     return readers
 
 
-def find_fused_lstms(net: Net, sequences: set[str], kept: set[str]) -> list[FusedLSTM]:
+def find_fused_lstms(net: Net, sequences: set[str], kept: set[str], per_step: set[str]) -> list[FusedLSTM]:
     """Every `FC(a, W, b) -> Sum(gates, x_t) -> LSTMUnit(h, c, gates, ...)` chain whose FC and Sum
-    outputs nobody else reads, where x_t is a per-step sequence (`sequences`) and no step op
-    writes W or b. `kept` names blobs needed after the step (the backward step net's scratches)."""
+    outputs nobody else reads, where x_t is a per-step sequence (`sequences`) and W and b are the same
+    at every step: no step op writes them and they are not `per_step` blobs (links, the timestep).
+    `kept` names blobs needed after the step (the backward step net's scratches)."""
     ops = net.ops
     found = []
     for unit_pos, unit in enumerate(ops):
@@ -107,6 +104,7 @@ def find_fused_lstms(net: Net, sequences: set[str], kept: set[str]) -> list[Fuse
             and _last_writer(ops, fc.inputs[0], unit_pos) == _last_writer(ops, fc.inputs[0], fc_pos)
             and _last_writer(ops, fc.inputs[1], len(ops)) is None
             and _last_writer(ops, fc.inputs[2], len(ops)) is None
+            and not per_step & {fc.inputs[1], fc.inputs[2]}
         )
         if private:
             others = [i for i, op in enumerate(ops) if seq in op.inputs and i != sum_pos]

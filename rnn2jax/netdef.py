@@ -17,31 +17,14 @@ import numpy as np
 
 from .errors import BadArgumentError, ParseError
 from .proto import caffe2_pb2 as pb
+from .proto.tensor import DATA_TYPES as DATA_TYPES  # re-exported: ops and the caffe2 API read it here
+from .proto.tensor import tensor_values
 from .wire import MAX_NET_NESTING, parse_text
 
 _NESTING: ContextVar[int] = ContextVar("net_nesting", default=0)
 
 # Arguments whose value is a net. Caffe2 (2017) passed them as text-format strings in `s`; later as `n`.
-NET_ARGUMENTS = frozenset(
-    {"step_net", "backward_step_net", "net", "then_net", "else_net", "loop_net", "cond_net"}
-)
-
-# TensorProto.DataType -> NumPy dtype (STRING handled apart).
-DATA_TYPES: Mapping[int, np.dtype] = MappingProxyType(
-    {
-        pb.TensorProto.FLOAT: np.dtype(np.float32),
-        pb.TensorProto.INT32: np.dtype(np.int32),
-        pb.TensorProto.BYTE: np.dtype(np.uint8),
-        pb.TensorProto.BOOL: np.dtype(np.bool_),
-        pb.TensorProto.UINT8: np.dtype(np.uint8),
-        pb.TensorProto.INT8: np.dtype(np.int8),
-        pb.TensorProto.UINT16: np.dtype(np.uint16),
-        pb.TensorProto.INT16: np.dtype(np.int16),
-        pb.TensorProto.INT64: np.dtype(np.int64),
-        pb.TensorProto.FLOAT16: np.dtype(np.float16),
-        pb.TensorProto.DOUBLE: np.dtype(np.float64),
-    }
-)
+NET_ARGUMENTS = frozenset({"step_net", "backward_step_net", "net", "then_net", "else_net", "loop_net", "cond_net"})
 
 
 class Tensor:
@@ -195,12 +178,22 @@ class Net:
 
 @dataclass(frozen=True)
 class ExecutionStep:
+    """An `ExecutionStep`. Optional fields are None when unset, because Caffe2's plan executor asks
+    `has_...()` (an `only_once: false` that is set still counts)."""
+
     name: str
     substeps: tuple[ExecutionStep, ...]
     networks: tuple[str, ...]
     num_iter: int | None
     concurrent_substeps: bool = False
-    should_stop_blob: str = ""
+    should_stop_blob: str | None = None
+    only_once: bool | None = None
+    criteria_network: str | None = None
+    report_net: str | None = None
+    report_interval: int | None = None
+    run_every_ms: int | None = None
+    create_workspace: bool = False
+    num_concurrent_instances: int | None = None
 
 
 @dataclass(frozen=True)
@@ -215,9 +208,7 @@ class Plan:
         try:
             return self.nets[name]
         except KeyError:
-            raise ParseError(
-                f"plan '{self.name}' has no net '{name}'; its nets are: {', '.join(self.nets)}"
-            ) from None
+            raise ParseError(f"plan '{self.name}' has no net '{name}'; its nets are: {', '.join(self.nets)}") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -226,36 +217,15 @@ class Plan:
 
 def decode_tensor(proto: pb.TensorProto, where: str) -> Tensor:
     """A `TensorProto` as a NumPy array, from whichever data field its data type uses."""
+    _str(proto.name, where, "the tensor name")
     dims = tuple(int(d) for d in proto.dims)
     if any(d < 0 for d in dims):
         raise ParseError(f"{where}: tensor '{proto.name}' has negative dims {dims}")
     size = int(np.prod(dims, dtype=np.int64))
-    data_type = proto.data_type
-    if data_type == pb.TensorProto.STRING:
-        values = np.array(list(proto.string_data), dtype=object)
-    elif data_type not in DATA_TYPES:
-        name = (
-            pb.TensorProto.DataType.Name(data_type)
-            if data_type in pb.TensorProto.DataType.values()
-            else data_type
-        )
-        raise ParseError(f"{where}: tensor '{proto.name}' has unsupported data_type {name}")
-    else:
-        dtype = DATA_TYPES[data_type]
-        if proto.raw_data:
-            values = np.frombuffer(proto.raw_data, dtype=dtype.newbyteorder("<"))
-        elif dtype == np.float32:
-            values = np.array(proto.float_data, dtype=np.float32)
-        elif dtype == np.float64:
-            values = np.array(proto.double_data, dtype=np.float64)
-        elif dtype == np.int64:
-            values = np.array(proto.int64_data, dtype=np.int64)
-        elif dtype == np.float16:  # stored as uint16 bit patterns in int32_data
-            values = np.array(proto.int32_data, dtype=np.int64).astype(np.uint16).view(np.float16)
-        elif data_type == pb.TensorProto.BYTE and proto.byte_data:
-            values = np.frombuffer(proto.byte_data, dtype=np.uint8)
-        else:
-            values = np.array(proto.int32_data, dtype=np.int64).astype(dtype)
+    try:
+        values = tensor_values(proto)
+    except ValueError as error:
+        raise ParseError(f"{where}: tensor '{proto.name}' {error}") from None
     if values.size != size:
         raise ParseError(
             f"{where}: tensor '{proto.name}' has dims {list(dims)} ({size} values) but holds {values.size}"
@@ -271,13 +241,25 @@ def _text(value: bytes) -> str | bytes:
         return value
 
 
+def _str(value: str | bytes, where: str, field: str) -> str:
+    """A protobuf `string` field. Caffe2's schema is proto2, which does not check UTF-8, so a broken
+    file gives bytes here; Caffe2's own Python could not read such a name either."""
+    if isinstance(value, bytes):
+        raise ParseError(f"{where}: {field} {value!r} is not UTF-8 text")
+    return value
+
+
+def _strs(values: Any, where: str, field: str) -> tuple[str, ...]:
+    return tuple(_str(v, where, f"{field} #{i}") for i, v in enumerate(values))
+
+
 _SINGLE_FIELDS = ("f", "i", "s", "t", "n")
 _REPEATED_FIELDS = ("floats", "ints", "strings", "tensors", "nets", "qtensors")
 
 
 def decode_argument(arg: pb.Argument, where: str) -> Arg:
     """An `Argument` as an `Arg`; nets (in `n`, `nets`, or as text in `s`) parse recursively."""
-    name = arg.name
+    name = _str(arg.name, where, "an argument name")
     here = f"{where}, argument '{name}'"
     for kind in _SINGLE_FIELDS:
         if not arg.HasField(kind):
@@ -323,38 +305,40 @@ def _decode_arguments(args: Any, where: str, allow_repeats: bool = False) -> Map
     return MappingProxyType(decoded)
 
 
-def _decode_device(message: Any, has: bool) -> Device | None:
+def _decode_device(message: Any, has: bool, where: str) -> Device | None:
     if not has:
         return None
     return Device(
         device_type=message.device_type,
         device_id=message.device_id,
         random_seed=message.random_seed if message.HasField("random_seed") else None,
-        node_name=message.node_name,
+        node_name=_str(message.node_name, where, "the device option's node_name"),
     )
 
 
 def decode_op(proto: pb.OperatorDef, index: int, net_where: str) -> Op:
-    where = f"{net_where}, op #{index} ({proto.type or '<no type>'})"
+    where = f"{net_where}, op #{index}"
+    op_type = _str(proto.type, where, "the op type")
+    where = f"{where} ({op_type or '<no type>'})"
     return Op(
-        type=proto.type,
-        inputs=tuple(proto.input),
-        outputs=tuple(proto.output),
+        type=op_type,
+        inputs=_strs(proto.input, where, "input"),
+        outputs=_strs(proto.output, where, "output"),
         args=_decode_arguments(proto.arg, where, allow_repeats=True),
         index=index,
         where=where,
-        name=proto.name,
-        engine=proto.engine,
-        device=_decode_device(proto.device_option, proto.HasField("device_option")),
-        control_inputs=tuple(proto.control_input),
+        name=_str(proto.name, where, "the op name"),
+        engine=_str(proto.engine, where, "the engine"),
+        device=_decode_device(proto.device_option, proto.HasField("device_option"), where),
+        control_inputs=_strs(proto.control_input, where, "control input"),
         is_gradient_op=proto.is_gradient_op,
-        debug_info=proto.debug_info,
+        debug_info=_str(proto.debug_info, where, "debug_info"),
     )
 
 
 def decode_net(proto: pb.NetDef, parent: str = "") -> Net:
     """A `NetDef` message as a `Net`. `parent` locates a nested net (the op argument holding it)."""
-    label = f"net '{proto.name}'" if proto.name else "net <unnamed>"
+    label = f"net '{_str(proto.name, parent or 'a net', 'the net name')}'" if proto.name else "net <unnamed>"
     where = f"{label} (in {parent})" if parent else label
     depth = _NESTING.get() + 1 if parent else 0
     if depth > MAX_NET_NESTING:
@@ -364,11 +348,11 @@ def decode_net(proto: pb.NetDef, parent: str = "") -> Net:
         return Net(
             name=proto.name,
             ops=tuple(decode_op(op, i, where) for i, op in enumerate(proto.op)),
-            external_inputs=tuple(proto.external_input),
-            external_outputs=tuple(proto.external_output),
-            type=proto.type,
+            external_inputs=_strs(proto.external_input, where, "external_input"),
+            external_outputs=_strs(proto.external_output, where, "external_output"),
+            type=_str(proto.type, where, "the net type"),
             args=_decode_arguments(proto.arg, where),
-            device=_decode_device(proto.device_option, proto.HasField("device_option")),
+            device=_decode_device(proto.device_option, proto.HasField("device_option"), where),
             where=where,
         )
     except (UnicodeDecodeError, ValueError, TypeError) as error:
@@ -379,19 +363,34 @@ def decode_net(proto: pb.NetDef, parent: str = "") -> Net:
         _NESTING.reset(token)
 
 
-def _decode_step(proto: pb.ExecutionStep) -> ExecutionStep:
+def _optional(proto: pb.ExecutionStep, name: str, where: str = "") -> Any:
+    if not proto.HasField(name):
+        return None
+    value = getattr(proto, name)
+    return _str(value, where, name) if isinstance(value, str | bytes) else value
+
+
+def _decode_step(proto: pb.ExecutionStep, plan_where: str) -> ExecutionStep:
+    where = f"{plan_where}, execution step '{_str(proto.name, plan_where, 'an execution step name')}'"
     return ExecutionStep(
         name=proto.name,
-        substeps=tuple(_decode_step(s) for s in proto.substep),
-        networks=tuple(proto.network),
-        num_iter=proto.num_iter if proto.HasField("num_iter") else None,
+        substeps=tuple(_decode_step(s, where) for s in proto.substep),
+        networks=_strs(proto.network, where, "network"),
+        num_iter=_optional(proto, "num_iter"),
         concurrent_substeps=proto.concurrent_substeps,
-        should_stop_blob=proto.should_stop_blob,
+        should_stop_blob=_optional(proto, "should_stop_blob", where),
+        only_once=_optional(proto, "only_once"),
+        criteria_network=_optional(proto, "criteria_network", where),
+        report_net=_optional(proto, "report_net", where),
+        report_interval=_optional(proto, "report_interval"),
+        run_every_ms=_optional(proto, "run_every_ms"),
+        create_workspace=proto.create_workspace,
+        num_concurrent_instances=_optional(proto, "num_concurrent_instances"),
     )
 
 
 def decode_plan(proto: pb.PlanDef) -> Plan:
-    where = f"plan '{proto.name}'"
+    where = f"plan '{_str(proto.name, 'a plan', 'the plan name')}'"
     nets: dict[str, Net] = {}
     token = _NESTING.set(-1)  # a plan's nets are top-level nets, not nested ones
     try:
@@ -402,7 +401,7 @@ def decode_plan(proto: pb.PlanDef) -> Plan:
             nets[key] = decode_net(net, where)
     finally:
         _NESTING.reset(token)
-    return Plan(proto.name, MappingProxyType(nets), tuple(_decode_step(s) for s in proto.execution_step))
+    return Plan(proto.name, MappingProxyType(nets), tuple(_decode_step(s, where) for s in proto.execution_step))
 
 
 def net_from_text(value: bytes | str, where: str) -> Net:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ParseError, Rnn2JaxError, UnsupportedOpError
+from .files import atomic_write
 from .netdef import Net, Op
 
 PathLike = str | os.PathLike
@@ -42,7 +43,7 @@ EXTERNAL_STORAGE_OPS = frozenset(
 def save_params(params: Mapping[str, Any], path: PathLike) -> None:
     """Write arrays to an `.npz` file, one entry per blob name (names may contain '/')."""
     try:
-        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        with atomic_write(path) as file, zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name, value in params.items():
                 array = np.asarray(value)
                 if array.dtype == object:

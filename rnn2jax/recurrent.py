@@ -219,7 +219,8 @@ class RecurrentLowering:
         self.scratch_names = self._scratch_names(written)
         self.scope_reads = self._scope_reads()
         sequences = {lk.internal for lk in spec.links if lk.external not in spec.states and lk.offset == 0}
-        self.fused = find_fused_lstms(spec.step_net, sequences, set(self.scratch_names))
+        per_step = {lk.internal for lk in spec.links} | {spec.timestep}
+        self.fused = find_fused_lstms(spec.step_net, sequences, set(self.scratch_names), per_step)
 
     # -- analysis ------------------------------------------------------------------------------
 
@@ -396,7 +397,11 @@ class RecurrentLowering:
     def _fuse(self, externals: _Externals, outer: Mapping[str, Any]) -> _Externals:
         """Apply the LSTM gate fusions whose input sequence is scanned over (see rnn2jax.fusion)."""
         sequences = dict(externals.per_step)
-        weights = {f: f.prepare(sequences, outer) for f in self.fused if f.sequence in sequences}
+        weights = {
+            f: f.prepare(sequences, outer)
+            for f in self.fused
+            if f.sequence in sequences and f.weight in outer and f.bias in outer  # else the plain ops say why
+        }
         return _Externals(sequences, externals.sliced, weights)
 
     def _run_step(self, env: MutableMapping, externals: _Externals, key: jax.Array, after_op=None) -> None:

@@ -17,6 +17,7 @@ import rnn2jax
 from helpers import REALNETS
 from rnn2jax import progress
 from rnn2jax.cli import main
+from rnn2jax.errors import InputTypeError, ParseError
 
 ROOT = Path(__file__).resolve().parents[1]
 PREDICT = str(ROOT / "rnn2jax/examples/mlp_predict_net.pbtxt")
@@ -210,8 +211,19 @@ def test_serving_checks_input_names_and_shapes(tmp_path):
     with pytest.raises(ValueError, match="expects \\[2, 8\\]"):
         served(data=np.ones((3, 8), np.float32))
     (tmp_path / "junk.bin").write_bytes(b"junk\n")
-    with pytest.raises(ValueError, match="not an rnn2jax export"):
+    with pytest.raises(ParseError, match="not an rnn2jax export"):
         load_exported(tmp_path / "junk.bin")
+    good = model.read_bytes()
+    for damaged in (good[: len(good) // 2], good[:40] + b"{" + good[41:], good.replace(b'"inputs"', b'"inpxts"')):
+        (tmp_path / "damaged.bin").write_bytes(damaged)
+        with pytest.raises(ParseError, match=r"damaged\.bin"):
+            load_exported(tmp_path / "damaged.bin")
+    with pytest.raises(ParseError, match="cannot read"):
+        load_exported(tmp_path / "absent.bin")
+    with pytest.raises(InputTypeError, match="must be a mapping"):
+        served("data")
+    with pytest.raises(InputTypeError, match="input 'data' must be an array of float32"):
+        served(data=[["a"] * 8] * 2)
 
 
 class _FakeTerminal(io.StringIO):

@@ -6,6 +6,7 @@ The nets are the builder's LSTM, mutated; real Caffe2 is asked in each test whet
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -175,6 +176,22 @@ def test_step_nets_nested_65_deep_as_messages_are_refused():
         rnn2jax.load(message)
 
 
+def _broken_names(field: str) -> bytes:
+    """An LSTM net whose `field` holds bytes that are not UTF-8 (proto2 lets them through; a few flipped
+    bytes in a real file give exactly this)."""
+    net = lstm_model().net.proto
+    target = {"input": net.op[0].input, "output": net.op[0].output, "external_input": net.external_input}
+    target[field][0] = "broken__me"  # as long as its broken form, so lengths hold
+    return net.SerializeToString().replace(b"broken__me", b"broken\xff\xfeme")
+
+
+@pytest.mark.parametrize("field", ["input", "output", "external_input"])
+def test_names_that_are_not_utf8_are_refused_at_load(field):
+    """Found by the fuzzer: such a name reached compile() as bytes and escaped as a TypeError."""
+    with pytest.raises(ParseError, match=rf"{field} #0 b'broken\\xff\\xfeme' is not UTF-8 text"):
+        rnn2jax.load(_broken_names(field))
+
+
 # 5, 6. Python values of the wrong type -----------------------------------------------------------
 
 
@@ -196,6 +213,26 @@ def test_calling_with_a_str_or_a_dict_array():
         fn({**inputs(), "x": np.array(["a", "b"], dtype=object)})
     with pytest.raises(InputTypeError, match="input names must be blob names"):
         fn({**inputs(), 3: np.zeros(1)})
+
+
+def test_apply_with_values_of_the_wrong_type():
+    """`apply` is the pure function under jax.grad: it checks its arguments at trace time, and tracers pass."""
+    model = lstm_model()
+    fn = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto)
+    with pytest.raises(InputTypeError, match=r"net 'contract': apply's params must be a mapping.*got a str"):
+        fn.apply("params", inputs())
+    with pytest.raises(InputTypeError, match=r"apply's inputs must be a mapping.*got a list"):
+        fn.apply(fn.params, [1, 2])
+    with pytest.raises(InputTypeError, match="input 'x' must be an array"):
+        fn.apply(fn.params, {**inputs(), "x": "abc"})
+    with pytest.raises(InputTypeError, match="names in apply's params must be blob names"):
+        fn.apply({**fn.params, 3: np.zeros(1)}, inputs())
+    with pytest.raises(MissingBlobError, match="reads blob 'x' before anything writes it"):
+        fn.apply(fn.params, {k: v for k, v in inputs().items() if k != "x"})
+    want = fn(inputs())
+    got = jax.jit(fn.apply)(fn.params, inputs())
+    assert set(got) == set(want)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), got, want)
 
 
 def test_params_of_the_wrong_type():

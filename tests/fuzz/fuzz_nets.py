@@ -1,0 +1,63 @@
+"""The atheris fuzzer: coverage-guided, structure-aware mutation of fuzz containers (see `contract.py`).
+
+    python tests/fuzz/fuzz_nets.py [libFuzzer flags] CORPUS_DIR [SEED_DIR ...]
+
+`make fuzz` runs it with the corpus in `tests/fuzz/corpus/` and crash inputs written to
+`tests/fuzz/crashes/` (every file there is replayed by `tests/test_fuzz.py`). One time in four a mutation is
+libFuzzer's own byte-level one, so the wire parser sees broken bytes too; the rest are structural
+(`mutations.py`) on the decoded container. rnn2jax's modules are instrumented for coverage; JAX is not.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import sys
+import zlib
+from pathlib import Path
+
+import atheris
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+with atheris.instrument_imports(include=["rnn2jax"]):
+    import rnn2jax
+
+    for module in pkgutil.walk_packages(rnn2jax.__path__, "rnn2jax."):
+        if module.name not in ("rnn2jax.__main__", "rnn2jax.oracle.worker"):
+            __import__(module.name)
+
+from google.protobuf.message import DecodeError
+
+from fuzz.contract import exercise
+from fuzz.mutations import RandomChooser, mutate_container
+from rnn2jax.proto import caffe2_pb2 as pb
+
+# `verify` costs a forward and a backward trace and compile per recurrent op: run it for one input in four
+# (decided by the input's bytes, so a crash input replays the same way).
+VERIFY_ONE_IN = 4
+
+
+def test_one_input(data: bytes) -> None:
+    exercise(data, verify=zlib.crc32(data) % VERIFY_ONE_IN == 0)
+
+
+def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
+    chooser = RandomChooser(seed)
+    if chooser.below(4) == 0:
+        return atheris.Mutate(data, max_size)
+    try:
+        plan = pb.PlanDef.FromString(data)
+    except (DecodeError, RecursionError):
+        return atheris.Mutate(data, max_size)
+    mutate_container(chooser, plan, count=1 + chooser.below(3))
+    mutated = plan.SerializeToString()
+    return mutated if len(mutated) <= max_size else atheris.Mutate(data, max_size)
+
+
+def main() -> None:
+    atheris.Setup(sys.argv, test_one_input, custom_mutator=custom_mutator)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()

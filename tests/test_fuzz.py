@@ -1,0 +1,104 @@
+"""The fuzzers' short budget in the suite: every saved crash input replays without escaping the error
+contract, mutated builder cells and real nets keep it (hypothesis), and a short atheris run finds nothing.
+`make fuzz` runs both fuzzers for as long as asked (see `tests/fuzz/`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+
+import rnn2jax
+from fuzz.contract import HINT_PREFIX, Hint, container, exercise, read_container
+from fuzz.mutated import Recorder, mutated_containers, seed_containers
+from fuzz.mutations import RandomChooser, mutate_container, nets_of
+from rnn2jax.proto import caffe2_pb2 as pb
+
+FUZZ = Path(__file__).resolve().parent / "fuzz"
+CRASHES = sorted((FUZZ / "crashes").glob("*"))
+
+
+@pytest.mark.parametrize("path", CRASHES, ids=[p.name for p in CRASHES])
+def test_saved_crash_inputs_keep_the_contract(path):
+    exercise(path.read_bytes())
+
+
+def test_every_builder_cell_has_a_seed():
+    names = {name for name, _ in seed_containers()}
+    for cell in ("lstm", "gru", "milstm", "multi_rnn_cell", "attention-regular", "attention-soft_coverage"):
+        assert cell in names
+    assert "lstm-training" in names and "attention-recurrent-training" in names
+
+
+@pytest.mark.parametrize("name", ["lstm-training", "gru", "attention-dot-training"])
+def test_seeds_reach_verify_and_agree_with_compile(name):
+    """A seed runs the whole pipeline, and the container feeds exactly what compile would compute."""
+    data = dict(seed_containers())[name]
+    assert exercise(data) == "verify"
+    init, main, hints = read_container(data)
+    fn = rnn2jax.compile(rnn2jax.load(main), init_net=rnn2jax.load(init))
+    assert set(fn.input_names) == set(hints)
+
+
+def test_containers_round_trip_their_hints():
+    net = pb.NetDef(name="n")
+    net.op.add(type="Relu", input=["x"], output=["y"])
+    plan = container(pb.NetDef(), net, {"x": Hint((2, 3), "float32")})
+    _, main, hints = read_container(plan.SerializeToString())
+    assert hints == {"x": Hint((2, 3), "float32")}
+    assert [a.name for a in pb.NetDef.FromString(main).arg] == [HINT_PREFIX + "x"]
+    assert exercise(plan.SerializeToString()) == "run"  # no recurrent op: nothing to verify
+
+
+def test_mutations_reach_nested_step_nets():
+    """Across seeds, mutations land in step nets too (a fuzzer that never touched them would miss most of
+    the RecurrentNetwork decoding)."""
+    data = dict(seed_containers())["lstm-training"]
+    original = pb.PlanDef.FromString(data)
+    nested_changed = 0
+    for seed in range(200):
+        plan = pb.PlanDef.FromString(data)
+        mutate_container(RandomChooser(seed), plan, count=1)
+        before, after = nets_of(original.network[1])[1:], nets_of(plan.network[1])[1:]
+        nested_changed += [n.SerializeToString() for n in before] != [n.SerializeToString() for n in after]
+    assert 20 <= nested_changed < 200
+
+
+@given(mutated_containers())
+def test_mutated_nets_keep_the_error_contract(case):
+    """Anything but success or an Rnn2JaxError fails (the description names the seed)."""
+    Recorder.check(case[1])
+
+
+def test_hostile_bytes_keep_the_error_contract():
+    rng = np.random.default_rng(0)
+    seeds = [data for _, data in seed_containers()[:5]]
+    for data in seeds:
+        for _ in range(5):
+            broken = bytearray(data)
+            for position in rng.integers(0, len(broken), size=8):
+                broken[position] = rng.integers(0, 256)
+            exercise(bytes(broken))
+            exercise(bytes(broken[: rng.integers(0, len(broken))]))
+
+
+def test_a_short_atheris_run_finds_nothing(tmp_path):
+    pytest.importorskip("atheris", reason="atheris (the fuzz extra) is not installed: make test installs it")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("basic_rnn-tanh", "lstm-forward_only", "gru"):
+        shutil.copy(FUZZ / "seeds" / f"{name}.pb", corpus)
+    result = subprocess.run(
+        [sys.executable, str(FUZZ / "fuzz_nets.py"), "-runs=15", "-max_len=65536", "-timeout=20",
+         f"-artifact_prefix={tmp_path}/", str(corpus)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONHASHSEED": "0"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Done 15 runs" in result.stderr
+    assert not list(tmp_path.glob("crash-*"))
