@@ -103,3 +103,16 @@ def check_array(where: str, blob: str, shape: Sequence[int], dtype: Any) -> None
             size=size,
             budget=budget,
         )
+
+
+def check_value(where: str, blob: str, value: Any) -> None:
+    """`check_array` for an op's output (an array or a tracer, whose shape is known before XLA allocates
+    it); other values (step workspaces, PRNG keys) pass."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return
+    check_array(where, blob, shape, dtype)

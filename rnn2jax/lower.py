@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 
+from .budget import check_value
 from .errors import MissingBlobError, Rnn2JaxError, ShapeError
 from .netdef import Net, Op
 from .ops.registry import OpDef, check_supported, lookup
@@ -84,9 +85,7 @@ def _build(op: Op) -> _Step:
     return _Step(op, opdef, opdef.build(op))
 
 
-def _run(
-    step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_inputs: tuple[str, ...]
-) -> None:
+def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_inputs: tuple[str, ...]) -> None:
     op = step.op
     args = []
     for name in op.inputs:
@@ -118,6 +117,7 @@ def _run(
         raise ShapeError(f"{op.where}: {error} (inputs: {inputs})") from error
     outputs = result if isinstance(result, tuple) else (result,)
     for name, value in zip(op.outputs, outputs, strict=False):
+        check_value(op.where, name, value)  # under jit this runs at trace time, before XLA allocates
         env[name] = value
 
 

@@ -275,6 +275,7 @@ def verify(
     default_rtol, default_atol = TOLERANCES[dtype]
     report = VerificationReport(dtype, default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
     loaded = load(net)
+    _check_shapes_first(loaded, shapes or {}, dtype)
     values: dict[str, Any] = dict(run_init_net(init_net, seed)) if init_net is not None else {}
     values.update(params or {})
     rng = np.random.default_rng(seed)
@@ -294,6 +295,20 @@ def verify(
         if owned:
             oracle.close()
     return report
+
+
+def _check_shapes_first(loaded: Net | Plan, shapes: Mapping[str, Any], dtype: str) -> None:
+    """Bad or absurd shapes are refused before the init net runs or anything is traced, naming the first
+    op that reads each blob (the drawing checks again, with the blob's actual dtype)."""
+    nets = list(loaded.nets.values()) if isinstance(loaded, Plan) else [loaded]
+    readers: dict[str, str] = {}
+    for net in nets:
+        for op in net.walk():
+            for name in op.inputs:
+                readers.setdefault(name, op.where)
+    for name, spec in shapes.items():
+        where = readers.get(name, nets[0].where if nets else "verify")
+        check_array(where, name, _shape_of(spec, f"{where}: input '{name}'"), dtype)
 
 
 def _check_op(op, values, shapes, rng, dtype, report, finite_differences):

@@ -138,6 +138,21 @@ def test_low_budget_refuses_a_modest_input_and_setting_it_back_allows_it():
     np.testing.assert_array_equal(fn(data=x)["y"], x)
 
 
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+def test_an_intermediate_blob_over_the_budget_is_refused_before_xla_allocates(jit):
+    """An op's output shape is known at trace time: a MatMul whose [4096, 4096] output (64 MiB) exceeds a
+    1 MiB budget is refused by name, though its inputs (16 KiB each) are within it."""
+    net = create_net("n", [create_operator("MatMul", ["a", "b"], ["y"])], external_outputs=["y"])
+    fn = rnn2jax.compile(net, jit=jit)
+    a, b = np.ones((4096, 1), np.float32), np.ones((1, 4096), np.float32)
+    rnn2jax.set_memory_budget("1M")
+    error = refused_quickly(lambda: fn(a=a, b=b))
+    assert str(error).startswith("net 'n', op #0 (MatMul): blob 'y' of shape [4096, 4096] float32 needs 64.0 MiB")
+    assert error.size == 4096 * 4096 * 4 and error.budget == 2**20
+    rnn2jax.set_memory_budget(None)
+    np.testing.assert_array_equal(fn(a=a, b=b)["y"], a @ b)
+
+
 def test_float64_inputs_count_as_the_dtype_jax_makes_them():
     net = create_net("n", [create_operator("Relu", ["data"], ["y"])], external_outputs=["y"])
     fn = rnn2jax.compile(net)
