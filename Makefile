@@ -37,7 +37,7 @@ test: $(STAMP) $(CAFFE2_STAMP)
 fuzz: $(STAMP)
 	mkdir -p tests/fuzz/corpus tests/fuzz/crashes
 	$(BIN)/python tests/fuzz/fuzz_mutations.py --seconds $(FUZZ_SECONDS) > fuzz-mutations.log 2>&1 & \
-	$(BIN)/python tests/fuzz/fuzz_nets.py -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 \
+	PATH=$(BIN):$$PATH $(BIN)/python tests/fuzz/fuzz_nets.py -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 \
 		-rss_limit_mb=8192 -print_final_stats=1 -artifact_prefix=tests/fuzz/crashes/ \
 		tests/fuzz/corpus tests/fuzz/seeds > fuzz-atheris.log 2>&1; \
 	atheris=$$?; wait $$!; mutations=$$?; \

@@ -15,10 +15,13 @@ from .errors import (
     InputTypeError,
     MissingBlobError,
     ParseError,
+    PlanError,
     ResourceError,
     Rnn2JaxError,
     ShapeError,
+    StorageError,
     UnsupportedOpError,
+    WorkspaceError,
 )
 
 # The API is imported on first use, so that `import rnn2jax.serving` (which runs an exported model with
@@ -32,8 +35,13 @@ _API = {
     "Op": "netdef",
     "Plan": "netdef",
     "load_params": "params",
+    "load_model": "runtime.predictor",
     "VerificationReport": "verify",
     "verify": "verify",
+    "Workspace": "runtime.workspace",
+    "describe_blobs": "runtime.storage",
+    "read_blobs": "runtime.storage",
+    "write_blobs": "runtime.storage",
 }
 
 
@@ -66,18 +74,26 @@ __all__ = [
     "Op",
     "ParseError",
     "Plan",
+    "PlanError",
     "ResourceError",
     "Rnn2JaxError",
     "ShapeError",
+    "StorageError",
     "UnsupportedOpError",
     "VerificationReport",
+    "Workspace",
+    "WorkspaceError",
     "compile",
+    "describe_blobs",
     "load",
+    "load_model",
     "load_params",
     "lower",
     "memory_budget",
+    "read_blobs",
     "set_memory_budget",
     "verify",
+    "write_blobs",
 ]
 
 __version__ = "0.1.0"

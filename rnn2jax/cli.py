@@ -1,5 +1,6 @@
-"""The `rnn2jax` command line: `inspect` a net, `verify` its backward step nets, `run` or `export` it,
-`compare` it with real Caffe2 (made by `setup-caffe2`), run the bundled `demo`.
+"""The `rnn2jax` command line: `inspect` a net or a Caffe2 DB (a predictor export's nets too), `verify` its
+backward step nets, `run` or `export` it (a net file or a predictor export), `compare` it with real Caffe2
+(made by `setup-caffe2`), `convert-params` from a Caffe2 DB to .npz, run the bundled `demo`.
 
 Exit status: 0 on success, 1 when a check fails, 2 on bad input (an `Rnn2JaxError`, one line on stderr).
 """
@@ -14,11 +15,28 @@ from .errors import Rnn2JaxError
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .load import load
-    from .summary import describe
+    from .db_commands import guess_db_type, inspect_db
+    from .predictor_commands import inspect_export
 
     for path in args.nets:
+        db_type = args.db_type or guess_db_type(path)
+        if db_type is not None:
+            print(inspect_db(path, db_type))
+            export = inspect_export(path, db_type)
+            if export:
+                print(export)
+            continue
+        from .load import load
+        from .summary import describe
+
         print(describe(load(path), title=path))
+    return 0
+
+
+def _convert_params(args: argparse.Namespace) -> int:
+    from .db_commands import convert_params, report_skipped
+
+    report_skipped(convert_params(args.db, args.db_type, args.output))
     return 0
 
 
@@ -33,14 +51,17 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from .predictor_commands import verify_sources
     from .verify import verify
 
+    net, init, params = verify_sources(args.net, args.init, args.db_type)  # a predictor export's, if it is one
     report = verify(
-        args.net,
+        net,
         shapes=dict(args.shape or []),
         seed=args.seed,
         dtype=args.dtype,
-        init_net=args.init,
+        init_net=init,
+        params=params,
         finite_differences=args.fd,
         caffe2=_caffe2_arg(args.caffe2),
     )
@@ -58,14 +79,15 @@ def _name_value_arg(text: str) -> tuple[str, str]:
 def _run(args: argparse.Namespace) -> int:
     from .commands import run
 
-    return run(args.net, args.init, args.params, args.input or [], args.inputs, args.output)
+    named = args.input or []
+    return run(args.net, args.init, args.params, named, args.inputs, args.output, args.db_root, args.db_type)
 
 
 def _export(args: argparse.Namespace) -> int:
     from .commands import export
 
     shapes, dtypes = dict(args.input_shape or []), dict(args.input_dtype or [])
-    return export(args.net, args.init, args.params, shapes, dtypes, args.output)
+    return export(args.net, args.init, args.params, shapes, dtypes, args.output, args.db_type)
 
 
 def _caffe2_arg(value: str | None) -> str | None:
@@ -127,17 +149,55 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo()
 
 
+def _run_plan(args: argparse.Namespace) -> int:
+    from .commands import run_plan
+
+    return run_plan(args.plan, args.db_root, args.iters, args.log or [])
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+_EXPORT_DB_TYPE_HELP = (
+    "read NET as a predictor export (what Caffe2's predictor_exporter.save_to_db wrote) in a DB of this type "
+    "(minidb, lmdb, leveldb, rocksdb); without it an export is recognised by its content"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rnn2jax", description="Compile Caffe2 (recurrent) nets to JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
-    inspect = commands.add_parser("inspect", help="list a net's ops, recurrent ops and unsupported ops")
-    inspect.add_argument("nets", nargs="+", metavar="NET", help="a NetDef or PlanDef file (.pb or .pbtxt)")
+    inspect = commands.add_parser(
+        "inspect", help="list a net's ops, recurrent ops and unsupported ops, or a Caffe2 DB's blobs"
+    )
+    inspect.add_argument(
+        "nets", nargs="+", metavar="NET", help="a NetDef or PlanDef file (.pb or .pbtxt), or a Caffe2 DB"
+    )
+    inspect.add_argument(
+        "--db-type",
+        metavar="TYPE",
+        help="read the paths as Caffe2 DBs of this type (minidb, lmdb, leveldb, rocksdb); without it a DB is "
+        "recognised by its content",
+    )
     inspect.set_defaults(handler=_inspect)
+    convert = commands.add_parser("convert-params", help="write a Caffe2 DB's tensors to an .npz file")
+    convert.add_argument("db", metavar="DB", help="a Caffe2 DB (what Save wrote)")
+    convert.add_argument("--db-type", default="minidb", metavar="TYPE", help="minidb (default), lmdb, leveldb, rocksdb")
+    convert.add_argument("-o", "--output", required=True, metavar="PARAMS.npz", help="the .npz file to write")
+    convert.set_defaults(handler=_convert_params)
     check = commands.add_parser(
         "verify", help="check hand-built backward step nets against jax.grad (exit 1 on mismatch)"
     )
-    check.add_argument("net", metavar="NET", help="a NetDef or PlanDef file")
+    check.add_argument("net", metavar="NET", help="a NetDef or PlanDef file, or a predictor export (a Caffe2 DB)")
     check.add_argument("--init", metavar="INIT", help="an init net that creates the parameters")
+    check.add_argument("--db-type", metavar="TYPE", help=_EXPORT_DB_TYPE_HELP)
     check.add_argument(
         "--shape", action="append", type=_shape_arg, metavar="BLOB=D0,D1,...", help="shape of an input blob"
     )
@@ -157,9 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a net on arrays from .npy/.npz files")
     export = commands.add_parser("export", help="export a net as serialized StableHLO (jax.export)")
     for sub in (run, export):
-        sub.add_argument("net", metavar="NET", help="a NetDef file (.pb or .pbtxt)")
+        sub.add_argument(
+            "net", metavar="NET", help="a NetDef file (.pb or .pbtxt), or a predictor export (a Caffe2 DB)"
+        )
         sub.add_argument("--init", metavar="INIT", help="an init net that creates the parameters")
         sub.add_argument("--params", metavar="P.npz", help="parameters by blob name (override the init net)")
+        sub.add_argument("--db-type", metavar="TYPE", help=_EXPORT_DB_TYPE_HELP)
+    run.add_argument("--db-root", metavar="DIR", help="where the init net's databases (relative paths) are")
     run.add_argument("--input", action="append", type=_name_value_arg, metavar="BLOB=FILE.npy", help="one input array")
     run.add_argument("--inputs", metavar="FILE.npz", help="input arrays by blob name")
     run.add_argument("--output", metavar="OUT.npz", help="save the outputs here (default: print a summary)")
@@ -178,8 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run NET in rnn2jax and in real Caffe2 on the same parameters and inputs, and compare every "
         "blob it writes (a training net's gradients and updated parameters too). Inputs not given are drawn "
         "at random from --shape (sequence lengths in [0, T]). Ops that read files or databases are left out "
-        "and what they write must be given. For a PlanDef, one of its nets runs once (--net); running whole "
-        "plans waits for the plan runtime.",
+        "and what they write must be given. For a PlanDef, one of its nets runs once (--net); `rnn2jax "
+        "run-plan` runs whole plans.",
     )
     versus.add_argument("net", metavar="NET", help="a NetDef or PlanDef file (.pb or .pbtxt)")
     versus.add_argument("--net", dest="net_name", metavar="NAME", help="the plan's net to compare")
@@ -202,6 +266,17 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--python", metavar="PYTHON", help="the Python 3.9 to build it from (default: found)")
     setup.add_argument("--venv", metavar="DIR", help="where (default: ~/.local/share/rnn2jax/caffe2-venv)")
     setup.set_defaults(handler=_setup_caffe2)
+    plan = commands.add_parser(
+        "run-plan",
+        help="run a PlanDef (training plans) in a workspace, with a progress line; Ctrl-C stops it",
+        description="Run PLAN's execution steps the way Caffe2's RunPlan did, in a fresh workspace. "
+        "Ctrl-C stops between iterations and prints where (exit status 130).",
+    )
+    plan.add_argument("plan", metavar="PLAN", help="a PlanDef file (.pb or .pbtxt)")
+    plan.add_argument("--db-root", metavar="DIR", help="where the plan's databases (relative paths) are")
+    plan.add_argument("--iters", type=_positive, metavar="N", help="run every execution step at most N iterations")
+    plan.add_argument("--log", action="append", metavar="BLOB", help="show this blob while running and at the end")
+    plan.set_defaults(handler=_run_plan)
     demo = commands.add_parser("demo", help="compile and run the bundled example")
     demo.set_defaults(handler=_demo)
     return parser

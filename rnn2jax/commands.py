@@ -16,14 +16,28 @@ from .params import load_array, load_arrays, load_params, save_params
 from .progress import stage
 
 
-def compile_with_params(net_path: str, init: str | None, params: str | None, seed: int = 0) -> CompiledNet:
-    """The net, with parameters from the init net and/or an `.npz` file (the file wins on a clash)."""
+def compile_with_params(
+    net_path: str,
+    init: str | None,
+    params: str | None,
+    seed: int = 0,
+    db_root: str | None = None,
+    db_type: str | None = None,
+) -> CompiledNet:
+    """The net, with parameters from the init net and/or an `.npz` file (the file wins on a clash); an
+    init net that Loads from databases reads them under `db_root`. A predictor export (a Caffe2 DB,
+    recognised by content unless `db_type` is given) brings its own init nets and parameters."""
+    from .predictor_commands import export_db_type, load_export
+
+    kind = export_db_type(net_path, db_type)
+    if kind is not None:
+        return load_export(net_path, kind, init, params, seed)
     with stage(f"loading {net_path}"):
         net = as_net(net_path)
     values: dict[str, Any] = {}
     if init is not None:
         with stage("running the init net"):
-            values.update(run_init_net(init, seed))
+            values.update(run_init_net(init, seed, db_root))
     if params is not None:
         values.update(load_params(params))
     return compile(net, params=values, seed=seed)
@@ -44,8 +58,10 @@ def run(
     named: Sequence[tuple[str, str]],
     bundle: str | None,
     output: str | None,
+    db_root: str | None = None,
+    db_type: str | None = None,
 ) -> int:
-    fn = compile_with_params(net, init, params)
+    fn = compile_with_params(net, init, params, db_root=db_root, db_type=db_type)
     inputs = gather_inputs(named, bundle)
     check_missing(fn, inputs)
     with stage(f"compiling and running {len(fn.net.ops)} ops"):
@@ -105,12 +121,13 @@ def export(
     shapes: Mapping[str, tuple[int, ...]],
     dtypes: Mapping[str, str],
     path: str,
+    db_type: str | None = None,
 ) -> int:
     """Export the net for the given input shapes. The parameters become constants of the StableHLO, so
     the file is self-contained and its function takes only the net's inputs."""
     from .serving import write_exported
 
-    fn = compile_with_params(net, init, params)
+    fn = compile_with_params(net, init, params, db_type=db_type)
     unknown_dtypes = [n for n in dtypes if n not in shapes]
     if unknown_dtypes:
         raise MissingBlobError(f"--input-dtype for {', '.join(unknown_dtypes)}, which have no --input-shape")
@@ -152,3 +169,53 @@ def _dtype(name: str, blob: str) -> np.dtype:
         return np.dtype(name)
     except TypeError:
         raise ShapeError(f"--input-dtype {blob}={name}: not a dtype (e.g. float32, int32)") from None
+
+
+def run_plan(path: str, db_root: str | None, iters: int | None, log: Sequence[str]) -> int:
+    """`rnn2jax run-plan`: run a PlanDef in a fresh workspace with a progress line, then print the
+    logged blobs. Ctrl-C stops it between iterations: where it stopped goes to stderr, exit status 130."""
+    import sys
+
+    from .load import load
+    from .netdef import Plan
+    from .progress import IterationMeter
+    from .runtime.plan import PlanInterrupted
+    from .runtime.workspace import Workspace
+
+    with stage(f"loading {path}"):
+        plan = load(path)
+    if not isinstance(plan, Plan):
+        raise ParseError(f"{path} holds a net, not a plan: run it with `rnn2jax run`")
+    workspace = Workspace(db_root=db_root)
+    meter = IterationMeter(lambda: _log_text(workspace, log, "  ") if log else "")
+    should_continue = (lambda i: i < iters) if iters is not None else None
+    try:
+        workspace.run_plan(plan, should_continue=should_continue, observer=meter, defer_interrupt=True)
+    except KeyboardInterrupt as error:
+        meter.close()
+        where = error.where if isinstance(error, PlanInterrupted) else f"plan '{plan.name}'"
+        print(f"rnn2jax: interrupted: {where}", file=sys.stderr)
+        if log:
+            print(_log_text(workspace, log, "\n"))
+        return 130
+    meter.close()
+    print(f"ran plan '{plan.name}'" + (f"; logged blobs:\n{_log_text(workspace, log, chr(10))}" if log else ""))
+    return 0
+
+
+def _log_text(workspace: Any, names: Sequence[str], separator: str) -> str:
+    """`name value` for each logged blob: its values when it holds a few, else a summary."""
+    parts = []
+    for name in names:
+        if not workspace.has_blob(name):
+            parts.append(f"{name}: (not in the workspace)")
+            continue
+        value = workspace.fetch(name)
+        if isinstance(value, np.ndarray) and value.size <= 8 and value.dtype != object:
+            shown = value.item() if value.size == 1 else value.tolist()
+            parts.append(f"{name}: {shown:.6g}" if isinstance(shown, float) else f"{name}: {shown}")
+        elif isinstance(value, np.ndarray) and value.dtype != object:
+            parts.append(summarize({name: value}))
+        else:
+            parts.append(f"{name}: {type(value).__name__}")
+    return separator.join(parts)

@@ -146,7 +146,7 @@ def pick_net(message: pb.NetDef | pb.PlanDef, net_name: str | None, what: str = 
     if net_name is None:
         raise BadArgumentError(
             f"plan '{message.name}' holds several nets; pick one with --net NAME (one of: {', '.join(names)}); "
-            "whole plans will run once the plan runtime exists"
+            "`rnn2jax run-plan` runs whole plans"
         )
     for net in message.network:
         if net.name == net_name:

@@ -23,7 +23,8 @@ from .errors import InputTypeError, MissingBlobError, ParseError, ResourceError
 from .load import load
 from .lower import LoweredNet, lower
 from .netdef import Net, Plan
-from .params import PathLike, check_no_external_storage, resolve_params, save_params
+from .ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
+from .params import PathLike, resolve_params, run_storage_init_net, save_params, uses_storage
 from .sharding import replicate, shard_inputs
 
 Arrays = dict[str, jax.Array]
@@ -40,10 +41,14 @@ def as_net(source: Any, what: str = "net") -> Net:
     return loaded
 
 
-def run_init_net(init_net: Any, seed: int = 0) -> Arrays:
-    """Run an init net once, eagerly: every blob it writes, by name (random fills seeded by `seed`)."""
+def run_init_net(init_net: Any, seed: int = 0, db_root: PathLike | None = None) -> Arrays:
+    """Run an init net once, eagerly: every blob it writes, by name (random fills seeded by `seed`).
+
+    An init net that reads databases (Load, CreateDB, ...) runs in a `Workspace(db_root=db_root)`, its
+    host ops between jitted segments, and every array blob it leaves is a parameter."""
     net = as_net(init_net, "init net")
-    check_no_external_storage(net)
+    if uses_storage(net):
+        return run_storage_init_net(net, seed, db_root)
     lowered = lower(net)
     needed = lowered.reads_before_writes()
     if needed:
@@ -98,7 +103,11 @@ class CompiledNet:
         self._check_outputs()
         if mesh is not None:
             self.params = replicate(mesh, self.params)
-        self._call = jax.jit(self.apply) if jit else self.apply
+        # Nets with ops that check values only known at run time (traced Gather indices, lengths) run
+        # under checkify, and a failed check is raised after the call (ops/checks.py).
+        self._runtime_checks = any(op.type in CHECKED_OP_TYPES for op in net.walk())
+        call = checked_call(self.apply) if self._runtime_checks else self.apply
+        self._call = jax.jit(call) if jit else call
 
     def _check_outputs(self) -> None:
         known = {n for op in self.net.ops for n in op.outputs} | set(self.input_names) | set(self.params)
@@ -143,7 +152,11 @@ class CompiledNet:
             arrays = {name: _as_array(value, f"{self.net.where}: input '{name}'") for name, value in given.items()}
             if self.mesh is not None:
                 arrays = shard_inputs(self.mesh, arrays, self._batch_axes, self.net.where)
-            return self._call(self.params, arrays)
+            result = self._call(self.params, arrays)
+            if self._runtime_checks:
+                error, result = result
+                raise_failed(error)
+            return result
 
     def _check_inputs(self, given: Mapping[str, Any]) -> None:
         _blob_names(given, f"{self.net.where}: input names")
@@ -157,7 +170,7 @@ class CompiledNet:
             )
         missing = [n for n in self.input_names if n not in given]
         if missing:
-            readers = "; ".join(f"'{n}' is read by {self._first_reader[n].where}" for n in missing)
+            readers = "; ".join(f"'{n}' is read by {_how_read(self._first_reader[n], n)}" for n in missing)
             raise MissingBlobError(
                 f"{self.net.where}: missing input(s) {', '.join(missing)} ({readers}); "
                 f"the net's inputs are: {', '.join(self.input_names)}"
@@ -172,6 +185,16 @@ class CompiledNet:
             f"CompiledNet({self.net.name!r}, inputs={list(self.input_names)}, "
             f"outputs={list(self.output_names)}, params={len(self.params)})"
         )
+
+
+def _how_read(op: Any, name: str) -> str:
+    """Where `op` reads blob `name`: an input, or (a step net's scope read) the argument naming it."""
+    if name in op.inputs:
+        return op.where
+    for arg in op.args.values():
+        if arg.kind == "strings" and name in arg.value:
+            return f"{op.where} through argument '{arg.name}'"
+    return op.where
 
 
 def _blob_names(names: Any, what: str) -> tuple[str, ...]:
@@ -232,12 +255,14 @@ def compile(
     jit: bool = True,
     mesh: Mesh | None = None,
     batch_axes: Mapping[str, int | None] | None = None,
+    db_root: PathLike | None = None,
 ) -> CompiledNet:
     """Compile a Caffe2 net into a `CompiledNet`.
 
     `net` and `init_net` take anything `rnn2jax.load` takes. The init net runs once, now, to make the
     parameters (random fills seeded by `seed`); `params` (a dict, or the path of an `.npz` file) adds or
-    replaces arrays by blob name.
+    replaces arrays by blob name. An init net that `Load`s its weights reads its databases under
+    `db_root` (as Caffe2's workspace root folder; the current directory by default).
     `outputs` overrides which blobs are returned.
     With a `jax.sharding.Mesh`, calls split the batch dimension of every input over the mesh's devices
     and replicate the parameters (data parallelism). The batch axis is 1 for 3-D and larger inputs
@@ -250,6 +275,6 @@ def compile(
             f"got a {type(params).__name__}"
         )
     net = as_net(net)
-    values: dict[str, Any] = run_init_net(init_net, seed) if init_net is not None else {}
+    values: dict[str, Any] = run_init_net(init_net, seed, db_root) if init_net is not None else {}
     values.update({k: np.asarray(v) if not isinstance(v, jax.Array) else v for k, v in resolve_params(params).items()})
     return CompiledNet(net, values, outputs, jit=jit, mesh=mesh, batch_axes=batch_axes)

@@ -51,3 +51,18 @@ class ResourceError(Rnn2JaxError, MemoryError):
         super().__init__(message)
         self.size = size
         self.budget = budget
+
+
+class PlanError(Rnn2JaxError):
+    """A PlanDef that Caffe2's plan executor refuses: an execution step naming a net the plan lacks, with
+    both nets and substeps, a `should_stop_blob` that does not exist or is not a bool scalar, and so on."""
+
+
+class StorageError(Rnn2JaxError):
+    """A Caffe2 database cannot be read or written: an unknown db_type, a missing optional extra, a missing,
+    corrupt or truncated DB, a blob that is absent, incomplete (missing chunks) or of a type rnn2jax cannot
+    read (QTensor, other C++ blobs), or a failed write (the old DB is then left as it was)."""
+
+
+class WorkspaceError(Rnn2JaxError):
+    """A workspace has no net of that name, or already has one (create_net without overwrite=True)."""

@@ -137,6 +137,17 @@ class Op:
         return value if value is default else tuple(float(v) for v in value)
 
     def strings(self, name: str, default: Any = REQUIRED) -> tuple[str, ...]:
+        """A list of text (blob names, mostly): an item that is not UTF-8 is refused."""
+        values = self.byte_strings(name, default)
+        for index, value in enumerate(values if values is not default else ()):
+            if isinstance(value, bytes):
+                raise BadArgumentError(
+                    f"{self.where}: argument '{name}' item {index} {value!r} is not valid UTF-8 text"
+                )
+        return values
+
+    def byte_strings(self, name: str, default: Any = REQUIRED) -> tuple[str | bytes, ...]:
+        """A list of strings as stored: str where the bytes are UTF-8, else bytes (raw data)."""
         return self._get(name, default, ("strings", "empty"), "a list of strings (field strings)")
 
     def net(self, name: str, default: Any = REQUIRED) -> Net:

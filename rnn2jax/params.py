@@ -1,10 +1,10 @@
-"""Parameters as `.npz` files, and the check that keeps init nets away from external storage.
+"""Parameters as `.npz` files, and init nets that read their weights from databases.
 
-Trained Caffe2 weights usually lived in a database that the init net's `Load` op read. rnn2jax cannot
-open those databases, so the weights come in as arrays instead: `params=` in Python, an `.npz` file
-(blob name -> array) on the command line. Blob names such as `LSTM/i2h_w` contain '/', so the archive
-is written entry by entry rather than through `np.savez(**names)`, whose keyword names could clash
-with its own arguments (`file`, `allow_pickle`).
+Trained Caffe2 weights usually lived in a database that the init net's `Load` op read: such an init net
+runs in a `Workspace` whose `db_root` is where its databases are. Weights can also come in as arrays:
+`params=` in Python, an `.npz` file (blob name -> array) on the command line. Blob names such as
+`LSTM/i2h_w` contain '/', so the archive is written entry by entry rather than through
+`np.savez(**names)`, whose keyword names could clash with its own arguments (`file`, `allow_pickle`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ParseError, Rnn2JaxError, UnsupportedOpError
+from .errors import ParseError
 from .files import atomic_write
-from .netdef import Net, Op
+from .netdef import Net
 
 PathLike = str | os.PathLike
 
@@ -96,28 +96,19 @@ def resolve_params(params: Mapping[str, Any] | PathLike | None) -> Mapping[str, 
     return params
 
 
-def check_no_external_storage(net: Net) -> None:
-    """Refuse an init net that reads files or databases, naming the blobs to pass as params instead."""
-    found = [op for op in net.ops if op.type in EXTERNAL_STORAGE_OPS]
-    if not found:
-        return
-    parts = []
-    for op in found:
-        db = _db_of(op)
-        blobs = ", ".join(op.outputs) or "(no blobs)"
-        parts.append(f"{op.where} reads {blobs}{db}")
-    raise UnsupportedOpError(
-        f"{net.where}: the init net reads external storage, which rnn2jax cannot open: {'; '.join(parts)}. "
-        "Compile without this init net and pass those arrays with params= "
-        "(a dict or an .npz file; on the command line: --params FILE.npz)",
-        tuple((op.where, op.type) for op in found),
-    )
+def uses_storage(net: Net) -> bool:
+    """Whether the init net reads files or databases, so must run in a workspace with its host ops."""
+    return any(op.type in EXTERNAL_STORAGE_OPS for op in net.ops)
 
 
-def _db_of(op: Op) -> str:
-    """' from lmdb 'name'' for an op with a `db` argument (only to make the message concrete)."""
-    try:
-        source, kind = op.str("db", ""), op.str("db_type", "db")
-    except Rnn2JaxError:
-        return ""
-    return f" from {kind} '{source}'" if source else ""
+def run_storage_init_net(net: Net, seed: int, db_root: PathLike | None) -> dict[str, Any]:
+    """Run an init net that reads databases in a `Workspace(db_root=db_root)`; its array blobs, by name.
+
+    A DB that is not where the net says is a `StorageError` naming the op, the DB and (when `db_root` is
+    not given) the hint to pass it; an op rnn2jax cannot run (ImageInput, ...) is an UnsupportedOpError."""
+    from .runtime.storage_ops import loaded_values
+    from .runtime.workspace import Workspace
+
+    workspace = Workspace(db_root=db_root, seed=seed)
+    workspace.run(net)
+    return loaded_values(workspace)

@@ -94,7 +94,7 @@ def int32s(op: Op, name: str) -> tuple[int, ...]:
 def remapped_name(op: Op, name: str) -> str:
     """Caffe2's `remappedName`: memonger may rename blobs with `<name>.rename` arguments."""
     arg = op.args.get(f"{name}.rename")
-    return arg.value if arg is not None and arg.kind == "s" else name
+    return op.str(f"{name}.rename") if arg is not None and arg.kind == "s" else name
 
 
 def decode_links(op: Op, prefix: str = "") -> tuple[Link, ...]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from .budget import check_array
 from .compile import run_init_net
-from .errors import BadArgumentError
+from .errors import BadArgumentError, InputTypeError
 from .load import load
 from .lower import lower
 from .netdef import Net, Op, Plan
@@ -277,7 +277,7 @@ def verify(
     loaded = load(net)
     _check_shapes_first(loaded, shapes or {}, dtype)
     values: dict[str, Any] = dict(run_init_net(init_net, seed)) if init_net is not None else {}
-    values.update(params or {})
+    values.update(_checked_params(params))
     rng = np.random.default_rng(seed)
     ops = _recurrent_ops(loaded)
     protos = _recurrent_protos(net, len(ops)) if caffe2 is not None else [None] * len(ops)
@@ -295,6 +295,25 @@ def verify(
         if owned:
             oracle.close()
     return report
+
+
+def _checked_params(params: Any) -> dict[str, Any]:
+    """`verify`'s params=: a mapping of blob names to numeric arrays, else an InputTypeError."""
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        raise InputTypeError(f"verify: params= must be a mapping of blob name -> array, got a {type(params).__name__}")
+    checked = {}
+    for name, value in params.items():
+        if not isinstance(name, str):
+            raise InputTypeError(f"verify: params= names must be blob names (str); got {name!r}")
+        array = None if isinstance(value, Mapping | str | bytes) or value is None else np.asarray(value)
+        if array is None or array.dtype.kind not in "biuf":
+            raise InputTypeError(
+                f"verify: parameter '{name}' must be an array of numbers, got a {type(value).__name__}"
+            )
+        checked[name] = value
+    return checked
 
 
 def _check_shapes_first(loaded: Net | Plan, shapes: Mapping[str, Any], dtype: str) -> None:

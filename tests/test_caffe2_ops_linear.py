@@ -147,6 +147,9 @@ def draw_batch_matmul(data: st.DataObject):
         b_shape = (k,) if data.draw(st.integers(0, 4)) == 0 else b_batch + b_mat
         if (len(a_shape) == 1 or len(b_shape) == 1) and 0 in a_shape + b_shape:
             a_shape, b_shape = (k,), (k,)  # Caffe2 crashes there: test_batch_matmul_empty_times_vector
+        if trans_a and len(b_shape) == 1 and len(a_shape) > 1:
+            trans_a = False  # Caffe2 sizes Y wrongly there: test_batch_matmul_transposed_matrix_times_vector
+            a_shape = (*a_shape[:-2], a_shape[-1], a_shape[-2])
     else:
         a_shape, b_shape = batch + a_mat, batch + b_mat
     if _invalid(data):
@@ -197,6 +200,19 @@ def test_batch_matmul_empty_times_vector(a_shape, b_shape, args):
     want = np.matmul(a.T if args else a, b)
     got = run_rnn2jax([op], {"A": a, "B": b}, ["Y"])["Y"]
     assert got.shape == want.shape == (0,)
+
+
+@pytest.mark.parametrize("a_shape", [(2, 1), (3, 2), (2, 3), (4, 3, 2)])
+def test_batch_matmul_transposed_matrix_times_vector(caffe2, a_shape):
+    """broadcast=1, trans_a=1, A [..., K, M] times a vector B [K]: Caffe2 sizes Y by K instead of M, so Y
+    holds uninitialised memory past M (or is cut short). rnn2jax keeps numpy.matmul's meaning."""
+    op = create_operator("BatchMatMul", ["A", "B"], ["Y"], broadcast=1, trans_a=1)
+    a = np.arange(math.prod(a_shape), dtype=np.float32).reshape(a_shape)
+    b = np.ones(a_shape[-2], np.float32)
+    want = np.matmul(np.swapaxes(a, -1, -2), b)
+    caffe2_y = caffe2.run_op(op, {"A": a, "B": b})["Y"]
+    assert caffe2_y.shape[-1] == a_shape[-2] != want.shape[-1]  # the Caffe2 bug this pins
+    np.testing.assert_allclose(run_rnn2jax([op], {"A": a, "B": b}, ["Y"])["Y"], want, rtol=1e-6)
 
 
 CASES = cases(

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, run_case, shapes
+from differential import Case, arrays, cases, check_op, run_case, shapes
 from rnn2jax.caffe2 import create_operator
 
 
@@ -290,3 +290,17 @@ def test_zero_padding_widths(caffe2):
     got = run_rnn2jax([add], {"x": x}, ["y", "lengths_out"])
     np.testing.assert_array_equal(got["y"], x)
     np.testing.assert_array_equal(got["lengths_out"], [4])
+
+
+@pytest.mark.parametrize("op_type", ["LengthsSum", "LengthsMean"])
+@given(data=st.data())
+def test_lengths_that_do_not_cover_the_data_are_refused(caffe2, jit, op_type, data):
+    """Caffe2 enforces that the lengths sum to the rows of the data. Eagerly rnn2jax refuses at the op;
+    under jit the compiled net checks the traced lengths when it runs (ops/checks.py)."""
+    lengths = lengths_of(data, data.draw(st.integers(1, 4)), 3)
+    total = int(lengths.sum())
+    rows = total + data.draw(st.sampled_from([1, 2, -1] if total else [1, 2]))
+    block = data.draw(shapes(0, 2, min_side=1, max_side=3))
+    inputs = {"x": floats(data, (rows, *block)), "lengths": lengths}
+    op = make_op(op_type, ["x", "lengths"], ["y"])
+    assert check_op(caffe2, op, inputs, jit=jit) is None

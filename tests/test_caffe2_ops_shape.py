@@ -422,16 +422,16 @@ def test_gradient_makers_without_ops(caffe2, op):
 
 
 @given(data=st.data())
-def test_gather_out_of_range_indices_are_refused(caffe2, data):
-    """Caffe2: "INDICES element is out of DATA bounds". Under jit the values are unknown (rnn2jax then
-    clamps); eagerly rnn2jax refuses like Caffe2."""
+def test_gather_out_of_range_indices_are_refused(caffe2, jit, data):
+    """Caffe2: "INDICES element is out of DATA bounds". Eagerly rnn2jax refuses at the op; under jit the
+    compiled net checks the traced indices when it runs (ops/checks.py) and refuses after the call."""
     shape = data.draw(shapes(1, 3, min_side=1, max_side=3))
     axis = data.draw(st.integers(0, len(shape) - 1))
     dim = shape[axis]
     bad = data.draw(st.sampled_from([dim, dim + 3, -dim - 1] if axis == 0 else [dim, -1, -dim]))
     indices = np.array([0, bad], data.draw(st.sampled_from([np.int32, np.int64])))
     op = make_op("Gather", ["data", "indices"], ["y"], axis=axis)
-    assert check_op(caffe2, op, {"data": values(data, shape), "indices": indices}, jit=False) is None
+    assert check_op(caffe2, op, {"data": values(data, shape), "indices": indices}, jit=jit) is None
 
 
 def test_cast_types_caffe2_cpu_cannot_run(caffe2):

@@ -120,7 +120,7 @@ def test_run_real_net_errors(tmp_path, capsys):
     assert main([*base, *given, f"--input=cell_init={files['cell_init']}"]) == 2
     _one_line_error(capsys, "FC")
     assert main(["run", str(BREAD), "--init", str(REALNETS / "breadbread_lstmdemo_lstm_init_net.pbtxt")]) == 2
-    _one_line_error(capsys, "Load", "--params FILE.npz")
+    _one_line_error(capsys, "(Load)", "LSTM_params", "does not exist", "--db-root")
 
 
 def test_run_bad_arguments_exit_2(tmp_path, capsys):

@@ -235,6 +235,18 @@ def test_apply_with_values_of_the_wrong_type():
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), got, want)
 
 
+def test_verify_params_of_the_wrong_type():
+    """Found by the fuzzer: a dict (a step workspace) among verify's params escaped as a bare TypeError."""
+    model = lstm_model()
+    for params, match in (
+        ({"h0": {"a": 1}}, "parameter 'h0' must be an array of numbers, got a dict"),
+        ({"h0": "abc"}, "parameter 'h0' must be an array of numbers, got a str"),
+        ([1, 2], "params= must be a mapping of blob name -> array, got a list"),
+    ):
+        with pytest.raises(InputTypeError, match=match):
+            rnn2jax.verify(model.net.proto, init_net=model.param_init_net.proto, shapes=SHAPES, params=params)
+
+
 def test_params_of_the_wrong_type():
     model = lstm_model()
     with pytest.raises(InputTypeError, match=r"params= must be a mapping .* got a int"):

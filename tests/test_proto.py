@@ -1,4 +1,5 @@
-"""The committed caffe2_pb2.py is what caffe2.proto generates, and the schema is Caffe2's."""
+"""The committed caffe2_pb2.py and metanet_pb2.py are what their .proto files generate, and the schemas
+are Caffe2's."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from rnn2jax.proto import caffe2_pb2 as pb
+from rnn2jax.proto import metanet_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = ROOT / "rnn2jax" / "proto" / "caffe2_pb2.py"
+MODULES = {"caffe2_pb2.py": pb, "metanet_pb2.py": metanet_pb2}
 
 
 def _gencode_version(source: str) -> str:
@@ -23,22 +25,21 @@ def _gencode_version(source: str) -> str:
     return match.group(1) if match else ""
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools (protoc) is not installed"
-)
-def test_committed_module_is_generated_from_proto(tmp_path):
+@pytest.mark.skipif(importlib.util.find_spec("grpc_tools") is None, reason="grpcio-tools (protoc) is not installed")
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_committed_module_is_generated_from_proto(tmp_path, module):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_proto.py"), str(tmp_path)], check=True)
-    fresh = (tmp_path / "rnn2jax" / "proto" / "caffe2_pb2.py").read_text()
-    committed = COMMITTED.read_text()
+    fresh = (tmp_path / "rnn2jax" / "proto" / module).read_text()
+    committed = (ROOT / "rnn2jax" / "proto" / module).read_text()
     if _gencode_version(fresh) == _gencode_version(committed):
-        assert fresh == committed, "caffe2_pb2.py is stale: run `python scripts/generate_proto.py`"
+        assert fresh == committed, f"{module} is stale: run `python scripts/generate_proto.py`"
     else:  # another protoc version: the schema it encodes must still be identical
         serialized = re.compile(rb"AddSerializedFile\((b'.*?')\)", re.S)
         fresh_file = descriptor_pb2.FileDescriptorProto.FromString(
             ast.literal_eval(serialized.search(fresh.encode()).group(1).decode())
         )
         committed_file = descriptor_pb2.FileDescriptorProto()
-        pb.DESCRIPTOR.CopyToProto(committed_file)
+        MODULES[module].DESCRIPTOR.CopyToProto(committed_file)
         assert fresh_file == committed_file
 
 
@@ -138,11 +139,7 @@ def test_operator_net_plan_fields():
         "extra_info": (6, 9, 3),
     }
     steps = {k: v[:2] for k, v in _fields(pb.ExecutionStep).items()}
-    assert (
-        steps["substep"] == (2, 11)
-        and steps["num_iter"] == (4, 3)
-        and steps["num_concurrent_instances"] == (13, 5)
-    )
+    assert steps["substep"] == (2, 11) and steps["num_iter"] == (4, 3) and steps["num_concurrent_instances"] == (13, 5)
     blob = {k: v[:2] for k, v in _fields(pb.BlobProto).items()}
     assert blob == {
         "name": (1, 9),
@@ -160,3 +157,35 @@ def test_operator_net_plan_fields():
         "unknown_shape": (4, 8),
         "name": (5, 9),
     }
+
+
+def test_metanet_fields_match_caffe2():
+    # (number, type, label, default) from caffe2/proto/metanet.proto (9 string, 11 message; 1 optional,
+    # 2 required, 3 repeated).
+    assert _fields(metanet_pb2.ModelInfo) == {
+        "project": (1, 9, 1, ""),
+        "modelClass": (2, 9, 1, ""),
+        "version": (3, 9, 1, ""),
+        "predictorType": (4, 9, 1, "SINGLE_PREDICTOR"),
+        "modelId": (5, 9, 1, ""),
+    }
+    assert {k: v[:3] for k, v in _fields(metanet_pb2.BlobsMap).items()} == {"key": (1, 9, 2), "value": (2, 9, 3)}
+    for cls, value_type in ((metanet_pb2.NetsMap, "NetDef"), (metanet_pb2.PlansMap, "PlanDef")):
+        assert {k: v[:3] for k, v in _fields(cls).items()} == {"key": (1, 9, 2), "value": (2, 11, 2)}
+        assert cls.DESCRIPTOR.fields_by_name["value"].message_type is getattr(pb, value_type).DESCRIPTOR
+    assert {k: v[:3] for k, v in _fields(metanet_pb2.StringMap).items()} == {"key": (1, 9, 2), "value": (2, 9, 2)}
+    assert {k: v[:3] for k, v in _fields(metanet_pb2.MetaNetDef).items()} == {
+        "blobs": (1, 11, 3),
+        "nets": (2, 11, 3),
+        "modelInfo": (3, 11, 1),
+        "plans": (4, 11, 3),
+        "applicationSpecificInfo": (5, 11, 3),
+        "blobsOrder": (6, 9, 3),
+        "preLoadBlobs": (7, 9, 3),
+        "tensorBoundShapes": (8, 11, 1),
+        "requestOnlyEmbeddings": (9, 9, 3),
+        "aotConfig": (10, 11, 1),
+    }
+    fields = metanet_pb2.MetaNetDef.DESCRIPTOR.fields_by_name
+    assert fields["tensorBoundShapes"].message_type is pb.TensorBoundShapes.DESCRIPTOR
+    assert fields["aotConfig"].message_type is pb.AOTConfig.DESCRIPTOR

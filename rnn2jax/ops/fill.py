@@ -237,7 +237,7 @@ def given_tensor_byte_string_to_uint8_fill(op: Op) -> Kernel:
     """`values` holds one byte string; its bytes are the uint8 output."""
     if op.has("dtype") and not _is_string_dtype(op):
         raise BadArgumentError(f"{op.where}: argument 'dtype' must be STRING (4) if given")
-    strings = op.strings("values")
+    strings = op.byte_strings("values")
     if len(strings) != 1:
         raise BadArgumentError(
             f"{op.where}: argument 'values' must hold exactly one string, got {len(strings)}"

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
+from .checks import literal, runtime_check, runtime_checked
 from .common import canonical_axis, canonical_dtype
 from .registry import Kernel, register
 
@@ -90,14 +91,26 @@ def _take_rows_or_zero(data: jax.Array, rows: Any, valid: Any) -> jax.Array:
 
 
 def _check_total(op: Op, lengths: Any, rows: int, what: str = "rows") -> None:
-    """When the lengths are concrete, check they cover the data exactly (Caffe2 enforces it)."""
+    """The lengths must cover the data exactly (Caffe2 enforces it): known lengths are checked now,
+    traced ones when the compiled net runs (see ops/checks.py)."""
+    lengths_name = op.inputs[1] if len(op.inputs) > 1 else "lengths"
+    message = (
+        f"{literal(op.where)}: the lengths in '{literal(lengths_name)}' sum to {{total}}, but input "
+        f"'{literal(op.inputs[0])}' has {rows} {what}"
+    )
     if _is_concrete(lengths):
         total = int(np.asarray(lengths).sum())
         if total != rows:
-            raise ShapeError(
-                f"{op.where}: the lengths in '{op.inputs[1]}' sum to {total}, but input "
-                f"'{op.inputs[0]}' has {rows} {what}"
-            )
+            raise ShapeError(message.format(total=total))
+        return
+    total = jnp.sum(lengths)
+    runtime_check(total == rows, message, total=total)
+
+
+runtime_checked(
+    "AddPadding", "RemovePadding", "GatherPadding", "LengthsSum", "LengthsMean", "LengthsSumGradient",
+    "LengthsIndicesInGradientSumGradient", "LengthsMeanGradient", "LengthsIndicesInGradientMeanGradient",
+)  # fmt: skip
 
 
 def _padding_widths(op: Op) -> tuple[int, int]:

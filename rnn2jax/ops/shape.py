@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
+from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import canonical_axis, canonical_dtype, data_type_arg, size_from_dim, size_to_dim
 from .registry import Kernel, register
 
@@ -224,9 +225,7 @@ def transpose(op: Op) -> Kernel:
         if not axes:
             return jnp.transpose(x)
         if len(axes) != x.ndim:
-            raise ShapeError(
-                f"{op.where}: argument 'axes' = {list(axes)} does not fit an input of rank {x.ndim}"
-            )
+            raise ShapeError(f"{op.where}: argument 'axes' = {list(axes)} does not fit an input of rank {x.ndim}")
         return jnp.transpose(x, axes)
 
     return kernel
@@ -238,14 +237,11 @@ def squeeze(op: Op) -> Kernel:
 
     def kernel(x):
         if dims[-1] >= x.ndim:
-            raise ShapeError(
-                f"{op.where}: argument 'dims' = {list(dims)} needs a rank > {dims[-1]}, got {x.ndim}"
-            )
+            raise ShapeError(f"{op.where}: argument 'dims' = {list(dims)} needs a rank > {dims[-1]}, got {x.ndim}")
         wrong = [d for d in dims if x.shape[d] != 1]
         if wrong:
             raise ShapeError(
-                f"{op.where}: can only squeeze dims of size 1, but dims {wrong} of the input "
-                f"{list(x.shape)} are not 1"
+                f"{op.where}: can only squeeze dims of size 1, but dims {wrong} of the input {list(x.shape)} are not 1"
             )
         return jnp.squeeze(x, dims)
 
@@ -277,9 +273,7 @@ def flatten(op: Op) -> Kernel:
 
     def kernel(x):
         if x.ndim < axis:
-            raise ShapeError(
-                f"{op.where}: argument 'axis' = {axis} needs an input of rank >= {axis}, got {x.ndim}"
-            )
+            raise ShapeError(f"{op.where}: argument 'axis' = {axis} needs an input of rank >= {axis}, got {x.ndim}")
         return jnp.reshape(x, (size_to_dim(x.shape, axis), size_from_dim(x.shape, axis)))
 
     return kernel
@@ -360,9 +354,7 @@ def split(op: Op) -> Kernel:
         dim = x.shape[ax]
         if add_axis:  # one output per index along the axis, which is removed; sizes do not matter
             if n != dim:
-                raise ShapeError(
-                    f"{op.where}: add_axis=1 needs one output per index of dim {ax} (size {dim}), got {n}"
-                )
+                raise ShapeError(f"{op.where}: add_axis=1 needs one output per index of dim {ax} (size {dim}), got {n}")
             return tuple(jnp.squeeze(part, ax) for part in jnp.split(x, n, axis=ax))
         if from_input:
             sizes = sizes_from_input(split_blob, dim)
@@ -425,9 +417,7 @@ def _slice_arguments(op: Op, from_inputs: bool) -> tuple[tuple[int, ...], tuple[
         return (), ()
     starts, ends = op.ints("starts"), op.ints("ends")
     if len(starts) != len(ends):
-        raise BadArgumentError(
-            f"{op.where}: arguments 'starts' ({len(starts)} values) and 'ends' ({len(ends)}) differ"
-        )
+        raise BadArgumentError(f"{op.where}: arguments 'starts' ({len(starts)} values) and 'ends' ({len(ends)}) differ")
     return starts, ends
 
 
@@ -464,8 +454,7 @@ def slice_gradient(op: Op) -> Kernel:
     the forward Slice read (caffe2/operators/slice_op.h, `SliceImpl` backward). Bounds as in Slice."""
     if len(op.inputs) == 3:
         raise BadArgumentError(
-            f"{op.where}: SliceGradient takes 2 inputs (data, dY; with arguments) "
-            "or 4 (data, starts, ends, dY)"
+            f"{op.where}: SliceGradient takes 2 inputs (data, dY; with arguments) or 4 (data, starts, ends, dY)"
         )
     arguments = _slice_arguments(op, len(op.inputs) == 4)
 
@@ -515,24 +504,30 @@ def _is_byte(op: Op) -> bool:
 def _check_indices(op: Op, indices: Any, position: int = 1) -> None:
     """INDICES (input `position`) must be int32 or int64."""
     if indices.dtype not in _INDEX_DTYPES:
-        raise ShapeError(
-            f"{op.where}: INDICES '{op.inputs[position]}' must be int32 or int64, got {indices.dtype}"
-        )
+        raise ShapeError(f"{op.where}: INDICES '{op.inputs[position]}' must be int32 or int64, got {indices.dtype}")
 
 
 def _check_range(op: Op, indices: Any, dim: int, wrap: bool) -> None:
-    """Caffe2 refuses indices outside [0, dim) ([-dim, dim) when wrapping); when the values are known
-    (not traced) rnn2jax refuses them too."""
-    if isinstance(indices, jax.core.Tracer) or not np.size(indices):
+    """Caffe2 refuses indices outside [0, dim) ([-dim, dim) when wrapping): known values are refused
+    now, traced ones when the compiled net runs (see ops/checks.py)."""
+    if not np.size(indices):
+        return
+    low = -dim if wrap else 0
+    message = (
+        f"{literal(op.where)}: INDICES '{literal(op.inputs[1])}' has {{bad}}, out of the range [{low}, {dim}) "
+        "of DATA's indexed dim"
+    )
+    if isinstance(indices, jax.core.Tracer):
+        bad = (indices < low) | (indices >= dim)
+        runtime_check(~jnp.any(bad), message, bad=first_bad(indices, bad))
         return
     values = np.asarray(indices)
-    low = -dim if wrap else 0
     bad = values[(values < low) | (values >= dim)]
     if bad.size:
-        raise ShapeError(
-            f"{op.where}: INDICES '{op.inputs[1]}' has {int(bad[0])}, out of the range [{low}, {dim}) of DATA's "
-            "indexed dim"
-        )
+        raise ShapeError(message.format(bad=int(bad[0])))
+
+
+runtime_checked("Gather", "BatchGatherGradient")
 
 
 @register("Gather", inputs=2)
@@ -615,9 +610,7 @@ def sparse_to_dense(op: Op) -> Kernel:
     def kernel(indices, values, data=None):
         _check_indices(op, indices, 0)
         if indices.ndim != 1:
-            raise ShapeError(
-                f"{op.where}: INDICES '{op.inputs[0]}' must be 1-D, got shape {list(indices.shape)}"
-            )
+            raise ShapeError(f"{op.where}: INDICES '{op.inputs[0]}' must be 1-D, got shape {list(indices.shape)}")
         if values.ndim < 1 or values.shape[0] != indices.shape[0]:
             raise ShapeError(
                 f"{op.where}: VALUES '{op.inputs[1]}' {list(values.shape)} must have one row per index "

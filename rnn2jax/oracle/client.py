@@ -325,3 +325,46 @@ class Caffe2Oracle:
             for name, entry in answer["nets"].items()
         }
         return nets, answer["results"]
+
+    def save_predictor(
+        self,
+        path: str | os.PathLike,
+        net: pb.NetDef,
+        feeds: Mapping[str, Any],
+        parameters: Sequence[str],
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        *,
+        db_type: str = "minidb",
+        name: str = "",
+    ) -> None:
+        """Write a predictor export with real Caffe2's `predictor_exporter.save_to_db`: `feeds` (the
+        parameters and example inputs) are fed and `net` runs once first, so the export's predict-init net
+        knows the shapes of the inputs and outputs."""
+        request = _Request()
+        header = {
+            "db": os.fspath(path),
+            "db_type": db_type,
+            "net": request.proto(net),
+            "feeds": {blob: request.add(value) for blob, value in feeds.items()},
+            "parameters": list(parameters),
+            "inputs": list(inputs),
+            "outputs": list(outputs),
+            "name": name,
+        }
+        self.request("save_predictor", header, request)
+
+    def run_predictor(
+        self, path: str | os.PathLike, inputs: Mapping[str, Any], fetch: Iterable[str], *, db_type: str = "minidb"
+    ) -> dict[str, np.ndarray]:
+        """Load a predictor export with real Caffe2's `prepare_prediction_net`, feed `inputs`, run the
+        predict net and fetch the blobs `fetch`."""
+        request = _Request()
+        header = {
+            "db": os.fspath(path),
+            "db_type": db_type,
+            "feeds": {blob: request.add(value) for blob, value in inputs.items()},
+            "fetch": list(fetch),
+        }
+        answer, arrays = self.request("run_predictor", header, request)
+        return {blob: arrays[i] for blob, i in answer["blobs"].items()}

@@ -9,8 +9,10 @@ there before Caffe2 is imported.
 
 Commands: `hello` (versions, registered ops, schema files), `gradient_kinds` (what the gradient registry
 says of each op), `run` (feed blobs, then run
-ops, nets, plans in one workspace and fetch blobs), `gradient_for_op`, `backward_pass`, and `build`
-(call Caffe2's front-end builders such as `rnn_cell.LSTM` from a JSON recipe and return the nets).
+ops, nets, plans in one workspace and fetch blobs), `gradient_for_op`, `backward_pass`, `build`
+(call Caffe2's front-end builders such as `rnn_cell.LSTM` from a JSON recipe and return the nets), and
+`save_predictor` / `run_predictor` (write a predictor export with `predictor_exporter.save_to_db`; load
+one with `prepare_prediction_net` and run it, as a serving process would).
 A Caffe2 failure is answered as `{"ok": false, "error": {...}}`; an abort kills the process, and the
 client notices the closed pipe.
 """
@@ -39,6 +41,7 @@ from caffe2.python import (
     scope,
     workspace,
 )
+from caffe2.python.predictor import predictor_exporter
 from google.protobuf import text_format
 
 workspace.GlobalInit(["caffe2", "--caffe2_log_level=2"])
@@ -411,6 +414,42 @@ def cmd_build(request, arrays, out):
     return {"nets": nets, "results": [_describe(r) for r in recipe.results]}
 
 
+def cmd_save_predictor(request, arrays, out):
+    """Feed the parameters and example inputs, run the predict net once (the export's predict-init net
+    zero-fills inputs and outputs with the shapes they have in the workspace), then `save_to_db`."""
+    workspace.SwitchWorkspace(request.get("workspace", "oracle"), True)
+    workspace.ResetWorkspace()
+    for name, index in request.get("feeds", {}).items():
+        workspace.FeedBlob(name, _to_blob(arrays[index]))
+    net = _cpu_net(_proto(arrays, request["net"], caffe2_pb2.NetDef))
+    workspace.RunNetOnce(net)
+    meta = predictor_exporter.PredictorExportMeta(
+        predict_net=net,
+        parameters=request["parameters"],
+        inputs=request["inputs"],
+        outputs=request["outputs"],
+        shapes=dict((k, tuple(v)) for k, v in request.get("shapes", {}).items()),
+        name=request.get("name", ""),
+    )
+    predictor_exporter.save_to_db(request["db_type"], request["db"], meta)
+    return {}
+
+
+def cmd_run_predictor(request, arrays, out):
+    """Load an export the way Caffe2's Python serving code did (`prepare_prediction_net`: the global and
+    predict init nets run, the predict net is created), feed the inputs, run it, fetch the outputs."""
+    workspace.SwitchWorkspace(request.get("workspace", "oracle"), True)
+    workspace.ResetWorkspace()
+    net = predictor_exporter.prepare_prediction_net(request["db"], request["db_type"])
+    for name, index in request.get("feeds", {}).items():
+        workspace.FeedBlob(name, _to_blob(arrays[index]))
+    workspace.RunNet(net.Proto().name)
+    fetched = {}
+    for name in request["fetch"]:
+        fetched[name] = out.add(_from_blob(workspace.FetchBlob(name), name))
+    return {"blobs": fetched}
+
+
 COMMANDS = {
     "hello": cmd_hello,
     "gradient_kinds": cmd_gradient_kinds,
@@ -418,6 +457,8 @@ COMMANDS = {
     "gradient_for_op": cmd_gradient_for_op,
     "backward_pass": cmd_backward_pass,
     "build": cmd_build,
+    "save_predictor": cmd_save_predictor,
+    "run_predictor": cmd_run_predictor,
 }
 
 

@@ -12,10 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 from hypothesis import HealthCheck, given, seed, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fuzz.contract import enable_compilation_cache
 from fuzz.mutated import Recorder, mutated_containers, seed_containers
 
 ROUND = 50  # examples per hypothesis run; a new random seed each round
@@ -26,6 +28,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--crash-dir", type=Path, default=Path(__file__).resolve().parent / "crashes")
     args = parser.parse_args()
+    enable_compilation_cache()
     stages: dict[str, int] = {}
 
     @settings(max_examples=ROUND, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -41,6 +44,7 @@ def main() -> int:
         while time.monotonic() - start < args.seconds:
             seed(int(time.time_ns() % 2**32))(fuzz)()
             rounds += 1
+            jax.clear_caches()  # JAX's in-memory caches grow with every new net (see fuzz_nets.py)
     except Exception:
         data = Recorder.last_escape or b""
         args.crash_dir.mkdir(parents=True, exist_ok=True)

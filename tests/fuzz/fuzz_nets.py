@@ -1,3 +1,4 @@
+#!/usr/bin/env python
 """The atheris fuzzer: coverage-guided, structure-aware mutation of fuzz containers (see `contract.py`).
 
     python tests/fuzz/fuzz_nets.py [libFuzzer flags] CORPUS_DIR [SEED_DIR ...]
@@ -16,6 +17,7 @@ import zlib
 from pathlib import Path
 
 import atheris
+import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -28,7 +30,7 @@ with atheris.instrument_imports(include=["rnn2jax"]):
 
 from google.protobuf.message import DecodeError
 
-from fuzz.contract import exercise
+from fuzz.contract import enable_compilation_cache, exercise
 from fuzz.mutations import RandomChooser, mutate_container
 from rnn2jax.proto import caffe2_pb2 as pb
 
@@ -37,7 +39,17 @@ from rnn2jax.proto import caffe2_pb2 as pb
 VERIFY_ONE_IN = 4
 
 
+# JAX keeps every traced and compiled function in in-memory caches, which grow with each new net; clearing
+# them now and then holds the fuzzer's memory flat (the persistent cache on disk keeps recompiling cheap).
+CLEAR_CACHES_EVERY = 500
+_executions = 0
+
+
 def test_one_input(data: bytes) -> None:
+    global _executions
+    _executions += 1
+    if _executions % CLEAR_CACHES_EVERY == 0:
+        jax.clear_caches()
     exercise(data, verify=zlib.crc32(data) % VERIFY_ONE_IN == 0)
 
 
@@ -49,12 +61,16 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
         plan = pb.PlanDef.FromString(data)
     except (DecodeError, RecursionError):
         return atheris.Mutate(data, max_size)
-    mutate_container(chooser, plan, count=1 + chooser.below(3))
+    try:
+        mutate_container(chooser, plan, count=1 + chooser.below(3))
+    except (ValueError, TypeError):  # a value protobuf will not store (libFuzzer's bytes broke a field)
+        return atheris.Mutate(data, max_size)
     mutated = plan.SerializeToString()
     return mutated if len(mutated) <= max_size else atheris.Mutate(data, max_size)
 
 
 def main() -> None:
+    enable_compilation_cache()
     atheris.Setup(sys.argv, test_one_input, custom_mutator=custom_mutator)
     atheris.Fuzz()
 

@@ -75,12 +75,17 @@ def nets_of(net: pb.NetDef) -> list[pb.NetDef]:
     return found
 
 
+def _text(value: str | bytes) -> str:
+    """A string field's value as str (proto2 hands out bytes for a field that is not UTF-8)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def blob_names(net: pb.NetDef) -> list[str]:
     names = {*net.external_input, *net.external_output}
     for op in net.op:
         names.update(op.input)
         names.update(op.output)
-    return sorted(names, key=repr) or ["x"]  # repr: a broken byte string decodes as bytes
+    return sorted(map(_text, names)) or ["x"]
 
 
 def _name(chooser: Chooser, net: pb.NetDef) -> str:
@@ -181,7 +186,7 @@ def mutate_argument(chooser: Chooser, net: pb.NetDef) -> None:
     elif action == 7 and len(arg.strings):
         arg.strings[chooser.below(len(arg.strings))] = _name(chooser, net).encode("utf-8", "surrogatepass")
     elif action == 8:
-        arg.name = pick(chooser, [a.name for o in net.op for a in o.arg] + list(STRANGE_NAMES))
+        arg.name = pick(chooser, [_text(a.name) for o in net.op for a in o.arg] + list(STRANGE_NAMES))
     else:
         arg.s = _name(chooser, net).encode()
 

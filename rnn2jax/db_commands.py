@@ -1,0 +1,85 @@
+"""The command line's database commands: `inspect DB` (blobs with shapes and dtypes) and `convert-params DB
+-o params.npz`. Apart from commands.py so that they start without importing JAX."""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import StorageError
+from .params import save_params
+from .proto import caffe2_pb2 as pb
+from .runtime.storage import BlobInfo, describe_blobs, read_blobs
+from .table import text_table
+
+
+def _looks_like_minidb(path: Path) -> bool:
+    """A first record whose lengths fit the file and whose value is a typed BlobProto."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(8)
+            if len(head) < 8:
+                return False
+            key_length, value_length = struct.unpack("<ii", head)
+            size = path.stat().st_size
+            if key_length <= 0 or value_length <= 0 or 8 + key_length + value_length > size:
+                return False
+            file.seek(key_length, os.SEEK_CUR)
+            proto = pb.BlobProto()
+            proto.ParseFromString(file.read(value_length))
+    except Exception:  # anything unreadable is simply not a minidb
+        return False
+    return bool(proto.type)
+
+
+def guess_db_type(path: str | os.PathLike) -> str | None:
+    """The db_type of the DB at `path` judged by its content, or None when it does not look like a DB:
+    an LMDB directory has data.mdb, RocksDB and LevelDB directories a CURRENT file (RocksDB also OPTIONS-*
+    files), a minidb file starts with a record holding a BlobProto."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "data.mdb").is_file():
+            return "lmdb"
+        if (path / "CURRENT").is_file():
+            return "rocksdb" if any(path.glob("OPTIONS-*")) else "leveldb"
+        return None
+    if path.is_file() and _looks_like_minidb(path):
+        return "minidb"
+    return None
+
+
+def _shape(info: BlobInfo) -> str:
+    if info.shape is None:
+        return "-"
+    return "[" + ", ".join(str(d) for d in info.shape) + "]"
+
+
+def inspect_db(path: str | os.PathLike, db_type: str) -> str:
+    """A table of the DB's blobs: name, kind, shape, dtype, chunks, bytes."""
+    infos = describe_blobs(path, db_type)
+    rows = [["blob", "type", "shape", "dtype", "chunks", "bytes"]]
+    rows += [[i.name, i.kind, _shape(i), i.dtype or "-", str(i.chunks), str(i.nbytes)] for i in infos]
+    total = sum(i.nbytes for i in infos)
+    lines = [f"{os.fspath(path)}: {db_type}, {len(infos)} blobs, {total} bytes", *text_table(rows)]
+    return "\n".join(lines)
+
+
+def convert_params(path: str | os.PathLike, db_type: str, output: str | os.PathLike) -> list[str]:
+    """Write the DB's numeric tensors to an .npz file, one entry per blob; returns the names of the string
+    blobs left out (an .npz cannot hold them without pickles)."""
+    blobs = read_blobs(path, db_type)
+    params = {n: v for n, v in blobs.items() if isinstance(v, np.ndarray) and v.dtype.kind != "O"}
+    skipped = [n for n in blobs if n not in params]
+    if not params:
+        raise StorageError(f"DB '{os.fspath(path)}' ({db_type}) holds no numeric tensors to convert")
+    save_params(params, output)
+    return skipped
+
+
+def report_skipped(skipped: list[str]) -> None:
+    if skipped:
+        print(f"rnn2jax: left out {len(skipped)} string blob(s): {', '.join(skipped)}", file=sys.stderr)

@@ -1,0 +1,173 @@
+"""A net, or the nets of an execution step fused into one, as jitted segments of pure ops with host ops
+between them.
+
+Consecutive pure ops form one segment: one `jax.jit` function from the blobs the segment reads to every
+blob it writes (written back to the workspace, as Caffe2's in-place updates are). A net of pure ops is
+one segment, so one dispatch per run; jax.jit compiles it once per input signature (the shapes and
+dtypes of the blobs it reads) and caches it. Host ops (`host_ops.py`) run in Python between segments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from ..errors import InputTypeError, MissingBlobError, UnsupportedOpError
+from ..lower import LoweredNet
+from ..netdef import Net, Op
+from ..ops.registry import lookup, unsupported_ops
+from .host_ops import HostOpDef, lookup_host_op
+
+if TYPE_CHECKING:
+    from .workspace import Workspace
+
+
+class PureSegment:
+    """Consecutive pure ops as one jitted function `blobs read -> blobs written`."""
+
+    def __init__(self, ops: Sequence[Op], label: str, seed: int):
+        net = Net(name=label, ops=tuple(ops), external_inputs=(), external_outputs=(), where=label)
+        self.lowered = LoweredNet(net)
+        self.first_reader: dict[str, Op] = self.lowered.reads_before_writes()
+        self.inputs: tuple[str, ...] = tuple(self.first_reader)
+        # A scoped op may read its own output by name when it exists (Iter without an input).
+        self.optional: tuple[str, ...] = tuple(
+            dict.fromkeys(
+                name for op in ops if lookup(op).scoped for name in op.outputs if name not in self.first_reader
+            )
+        )
+        self.outputs: tuple[str, ...] = tuple(dict.fromkeys(name for op in ops for name in op.outputs))
+        # Random ops draw a fresh key per run; so may ops that run nets of their own.
+        self.random = any(lookup(op).random or next(op.nested_nets(), None) is not None for op in ops)
+        self._seed = seed
+        self._fn = jax.jit(self._apply)
+
+    def _apply(self, env: dict[str, Any], counter: Any) -> dict[str, Any]:
+        key = jax.random.fold_in(jax.random.key(self._seed), counter) if self.random else None
+        out = self.lowered(env, key=key)
+        return {name: out[name] for name in self.outputs}
+
+    def run(self, workspace: Workspace, counter: int) -> None:
+        values = workspace._values
+        try:
+            env = {name: values[name] for name in self.inputs}
+        except KeyError:
+            env = {name: workspace.get(name, self.first_reader[name]) for name in self.inputs}
+        for name in self.optional:
+            if workspace._has_value(name):
+                env[name] = workspace.get(name)
+        try:
+            result = self._fn(env, np.uint32(counter & 0xFFFFFFFF) if self.random else None)
+        except TypeError:
+            self._check_arrays(env)
+            raise
+        workspace._write_all(result)
+
+    def _check_arrays(self, env: dict[str, Any]) -> None:
+        """Name the blob when a pure op was handed a string or host object (jit's TypeError would not)."""
+        for name, value in env.items():
+            if not isinstance(value, jax.Array | np.ndarray) or value.dtype == object:
+                reader = self.first_reader.get(name)
+                where = f"{reader.where}: " if reader is not None else ""
+                kind = "strings" if isinstance(value, np.ndarray) else f"a {type(value).__name__}"
+                raise InputTypeError(f"{where}blob '{name}' holds {kind}, which this op cannot read")
+
+
+@dataclasses.dataclass
+class HostStep:
+    """One host op, with the state it keeps for as long as its net exists."""
+
+    op: Op
+    opdef: HostOpDef
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def run(self, workspace: Workspace, counter: int) -> None:
+        self.opdef.run(workspace, self.op, self.state)
+
+
+class Executor:
+    """`nets` run one after another as one program: jitted segments of pure ops, host ops between."""
+
+    def __init__(self, nets: Sequence[Net], seed: int = 0):
+        self.nets = tuple(nets)
+        self.label = " + ".join(net.where for net in self.nets)
+        ops = [op for net in self.nets for op in net.ops]
+        if len(self.nets) > 1:  # fused: distinct op positions, so random ops draw distinct keys
+            ops = [dataclasses.replace(op, index=i) for i, op in enumerate(ops)]
+        _check_supported(self.nets, ops)
+        self.ops = tuple(ops)
+        self.pieces: list[PureSegment | HostStep] = []
+        pending: list[Op] = []
+        for op in ops:
+            opdef = lookup_host_op(op.type)
+            if opdef is None:
+                pending.append(op)
+                continue
+            if pending:
+                self.pieces.append(PureSegment(pending, f"{self.label}, ops #{pending[0].index}-", seed))
+                pending = []
+            if opdef.check is not None:
+                opdef.check(op)
+            self.pieces.append(HostStep(op, opdef))
+        if pending:
+            self.pieces.append(PureSegment(pending, self.label, seed))
+
+    def instance(self) -> Executor:
+        """The same segments (and jit caches) with fresh host-op state: a newly created net."""
+        clone = object.__new__(Executor)
+        clone.__dict__.update(self.__dict__)
+        clone.pieces = [HostStep(p.op, p.opdef) if isinstance(p, HostStep) else p for p in self.pieces]
+        return clone
+
+    @property
+    def pure(self) -> bool:
+        """True when the nets run as one jitted function (no host op)."""
+        return all(isinstance(p, PureSegment) for p in self.pieces)
+
+    def first_readers(self) -> dict[str, Op]:
+        """Blobs some op reads before any earlier op writes them, with that op: what Caffe2 wants to
+        exist when it creates the net."""
+        written: set[str] = set()
+        needed: dict[str, Op] = {}
+        for op in self.ops:
+            for name in op.inputs:
+                if name not in written:
+                    needed.setdefault(name, op)
+            written.update(op.outputs)
+        return needed
+
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for op in self.ops for name in op.outputs))
+
+    def run(self, workspace: Workspace) -> None:
+        for piece in self.pieces:
+            piece.run(workspace, workspace._next_counter())
+
+
+def _check_supported(nets: Sequence[Net], ops: Sequence[Op]) -> None:
+    """Every op has a lowering or a host op (host ops only at the top level); all misses at once."""
+    host = {op.where for op in ops if lookup_host_op(op.type) is not None}
+    missing = [(where, t) for where, t in unsupported_ops(nets, runnable_only=True) if where not in host]
+    if missing:
+        types = sorted({t for _, t in missing})
+        lines = "\n".join(f"  {where}" for where, _ in missing)
+        raise UnsupportedOpError(
+            f"{len(missing)} op(s) of {len(types)} unsupported type(s) ({', '.join(types)}), with neither "
+            f"a lowering nor a host op:\n{lines}",
+            tuple(missing),
+        )
+
+
+def check_inputs_exist(executor: Executor, workspace: Workspace) -> None:
+    """Caffe2 refuses to create a net that reads a blob the workspace does not hold (operator.cc's
+    'Encountered a non-existing input blob')."""
+    for name, op in executor.first_readers().items():
+        if not workspace._exists(name):
+            raise MissingBlobError(
+                f"{op.where}: reads blob '{name}', which the workspace does not hold; "
+                f"the workspace's blobs are: {workspace._blob_list()}"
+            )

@@ -1,0 +1,293 @@
+"""Running a PlanDef's execution steps, following Caffe2's `caffe2/core/plan_executor.cc`.
+
+What holds, as in Caffe2 (each checked against real Caffe2 in tests/test_runtime_plan*.py):
+- A step either runs `network`s or `substep`s (both is an error; neither runs nothing). It repeats
+  `num_iter` times (default once; 0 or less: never), or, with a `should_stop_blob`, until that blob is
+  true (`num_iter` is then an error; `only_once` runs one iteration). `only_once` without a stop blob is an
+  error, even `only_once: false`. The stop blob is read after every net and every substep; it must exist
+  when the step starts (a net of the step may create it) and, once written, be a bool with one element.
+- A step's nets are created before the step runs: every blob a net reads first must exist by then
+  (earlier nets of the step, and steps already run, may create it). Nets that already exist in the
+  workspace are replaced by the plan's once. Whole top-level steps are prepared one after another, so a
+  later top-level step may read what an earlier one wrote.
+- `criteria_network` is deprecated and ignored (Caffe2 1.10 ignores it, even when the net is missing).
+- `report_net` (needs `report_interval`, in seconds) and substeps with `run_every_ms` run every interval
+  while the step runs and once more when it ends. Caffe2 runs them in a background thread; here they run
+  between the step's iterations, so one that is due runs after the current iteration, and a step shorter
+  than the interval runs them exactly once, at its end, as Caffe2 does.
+- `concurrent_substeps` (or `num_concurrent_instances` > 1, which Caffe2 also treats as concurrent): Caffe2
+  starts one thread per substep and instance, `substeps x instances` in all, thread i running substep
+  i mod n, and checks the stop blob once they all finished. Here they run one after another in thread
+  order, which gives the same blobs whenever the substeps do not race on a blob (when they do, Caffe2's
+  result depends on thread timing).
+- `create_workspace` runs the step in a child workspace made afresh for every run of the step: it writes
+  to blobs its parent has and drops those it created. With a `NODE_ID` blob, the child gets a
+  `GLOBAL_WORKSPACE_ID` blob as in Caffe2.
+- `should_continue(i)` (Caffe2's RunPlan hook) is asked before iteration i of every step.
+
+A step whose nets are all pure, without a stop blob, runs its nets fused: one jitted function per
+iteration. Ctrl-C (KeyboardInterrupt) becomes `PlanInterrupted`, which says where the plan stopped.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import PlanError
+from ..netdef import ExecutionStep, Net, Plan
+from .executor import Executor
+from .workspace import Workspace
+
+ShouldContinue = Callable[[int], bool]
+# observer(path of step names, iterations done, the step's num_iter or None) after each iteration of a step
+Observer = Callable[[tuple[str, ...], int, int | None], None]
+
+
+class PlanInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a KeyboardInterrupt from a host op) stopped the plan; `where` says where."""
+
+    def __init__(self, where: str):
+        super().__init__(where)
+        self.where = where
+
+
+def _always(_: int) -> bool:
+    return True
+
+
+class _Runner:
+    """One RunPlan: the plan's nets, which of them override nets the workspace already had, and where
+    the plan is (the stack of steps and their iterations) for interruptions."""
+
+    def __init__(self, plan: Plan, workspace: Workspace, should_continue: ShouldContinue, observer: Observer | None):
+        self.plan = plan
+        self.should_continue = should_continue
+        self.observer = observer
+        self.needs_override = {name: workspace.has_net(name) for name in plan.nets}
+        self.stack: list[list[Any]] = []
+        self.running: str = ""
+        self.interrupt_requested = False
+        self.workspace_seq = 0
+
+    def where(self) -> str:
+        if not self.stack:
+            return f"plan '{self.plan.name}' before its first step"
+        steps = " > ".join(f"step '{name}' at iteration {it}" for name, it in self.stack)
+        running = f", running {self.running}" if self.running else ""
+        return f"plan '{self.plan.name}': {steps}{running}"
+
+    def check_interrupt(self) -> None:
+        if self.interrupt_requested:
+            raise PlanInterrupted(self.where())
+
+    def net(self, name: str, step: ExecutionStep, workspace: Workspace) -> Net:
+        """Caffe2's createAndGetNet: the plan's net, created in `workspace` unless already there."""
+        net = self.plan.nets.get(name)
+        if net is None:
+            raise PlanError(
+                f"plan '{self.plan.name}': execution step '{step.name}' uses net '{name}', which the plan does "
+                f"not define; its nets are: {', '.join(self.plan.nets) or '(none)'}"
+            )
+        if self.needs_override.get(name) or not workspace.has_net(name):
+            workspace.create_net(net, overwrite=True)
+            self.needs_override[name] = False
+        return net
+
+
+class _StepWrapper:
+    """Caffe2's ExecutionStepWrapper: a step prepared once, or afresh for every run when it creates
+    its own workspace."""
+
+    def __init__(self, runner: _Runner, step: ExecutionStep, workspace: Workspace, should_continue: ShouldContinue):
+        self.runner, self.step, self.workspace, self.should_continue = runner, step, workspace, should_continue
+        self._compiled = None if step.create_workspace else _CompiledStep(runner, step, workspace, should_continue)
+
+    def compiled(self) -> _CompiledStep:
+        if self._compiled is not None:
+            return self._compiled
+        return _CompiledStep(self.runner, self.step, self.workspace, self.should_continue)
+
+
+class _CompiledStep:
+    def __init__(self, runner: _Runner, step: ExecutionStep, outer: Workspace, external: ShouldContinue):
+        self.step = step
+        self.label = f"plan '{runner.plan.name}', execution step '{step.name}'"
+        workspace = outer.child() if step.create_workspace else outer
+        if step.create_workspace:
+            _inject_workspace_id(runner, workspace)
+        self.workspace = workspace
+        if step.substeps and step.networks:
+            raise PlanError(f"{self.label}: a step has either substeps or networks, not both")
+        self.recurring: list[_StepWrapper] = []
+        self.reports: list[_StepWrapper] = []
+        self.executors: list[Executor] = []
+        for substep in step.substeps:
+            wrapper = _StepWrapper(runner, substep, workspace, external)
+            (self.reports if substep.run_every_ms is not None else self.recurring).append(wrapper)
+        nets = [runner.net(name, step, workspace) for name in step.networks]
+        self.executors = [workspace._nets[net.name] for net in nets]
+        if len(nets) > 1 and step.should_stop_blob is None and all(e.pure for e in self.executors):
+            self.executors = [workspace._executor(tuple(nets))]  # one jitted function per iteration
+        if step.should_stop_blob is not None and not workspace._exists(step.should_stop_blob):
+            raise PlanError(f"{self.label}: should_stop_blob '{step.should_stop_blob}' does not exist")
+        self.report_net: Executor | None = None
+        if step.report_net is not None:
+            if step.report_interval is None:
+                raise PlanError(f"{self.label}: report_net '{step.report_net}' needs a report_interval")
+            self.report_net = workspace._nets[runner.net(step.report_net, step, workspace).name]
+        own = _continuation(step, self.label)
+        self.should_continue: ShouldContinue = lambda i: external(i) and own(i)
+
+    def should_stop(self) -> bool:
+        """Caffe2's getShouldStop: false while the blob holds nothing; else it must be a bool scalar."""
+        name = self.step.should_stop_blob
+        if name is None or not self.workspace._has_value(name):
+            return False
+        value = self.workspace.get(name)
+        dtype, size = getattr(value, "dtype", None), getattr(value, "size", None)
+        if dtype != np.bool_ or size != 1:
+            got = f"{dtype}{list(value.shape)}" if dtype is not None else type(value).__name__
+            raise PlanError(f"{self.label}: should_stop_blob '{name}' must be a bool scalar (one element), got {got}")
+        return bool(np.asarray(value).reshape(-1)[0])
+
+
+def _continuation(step: ExecutionStep, label: str) -> ShouldContinue:
+    """Caffe2's getContinuationTest."""
+    if step.should_stop_blob is None:
+        if step.only_once is not None:
+            raise PlanError(f"{label}: only_once needs a should_stop_blob (Caffe2: 'not supported')")
+        iterations = step.num_iter if step.num_iter is not None else 1
+        return lambda i: i < iterations
+    if step.num_iter is not None:
+        raise PlanError(f"{label}: a step with a should_stop_blob must not set num_iter")
+    if step.only_once:
+        return lambda i: i == 0
+    return _always
+
+
+def _inject_workspace_id(runner: _Runner, workspace: Workspace) -> None:
+    if not workspace.has_blob("NODE_ID"):
+        return
+    node_id = int(np.asarray(workspace.get("NODE_ID")).ravel()[0])
+    if runner.workspace_seq >= 1 << 16:
+        raise PlanError(f"plan '{runner.plan.name}': integer overflow while calculating GLOBAL_WORKSPACE_ID")
+    workspace._values["GLOBAL_WORKSPACE_ID"] = jnp.asarray(runner.workspace_seq + (node_id << 16), jnp.int32)
+    runner.workspace_seq += 1
+
+
+class _Reporter:
+    """Report nets and `run_every_ms` substeps: run when due between iterations, and once at the end."""
+
+    def __init__(self) -> None:
+        self.jobs: list[list[Any]] = []  # [interval in seconds, callable, next due time]
+
+    def add(self, interval: float, job: Callable[[], None]) -> None:
+        self.jobs.append([interval, job, time.monotonic() + interval])
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for entry in self.jobs:
+            if now >= entry[2]:
+                entry[1]()
+                entry[2] = time.monotonic() + entry[0]
+
+    def finish(self) -> None:
+        for _, job, _ in self.jobs:
+            job()
+
+
+def _execute(runner: _Runner, wrapper: _StepWrapper) -> None:
+    """Caffe2's ExecuteStepRecursive. Returns when the step is done or its stop blob said stop."""
+    compiled = wrapper.compiled()
+    step = compiled.step
+    reporter = _Reporter()
+    if compiled.report_net is not None:
+        report_net, workspace = compiled.report_net, compiled.workspace
+        reporter.add(step.report_interval or 0, lambda: report_net.run(workspace))
+    for report in compiled.reports:
+        reporter.add((report.step.run_every_ms or 0) / 1000, lambda report=report: _execute(runner, report))
+    frame: list[Any] = [step.name, 0]
+    runner.stack.append(frame)
+    try:
+        _iterate(runner, compiled, reporter, frame)
+        runner.stack.pop()
+    except KeyboardInterrupt as error:
+        if isinstance(error, PlanInterrupted):
+            raise
+        raise PlanInterrupted(runner.where()) from error
+    reporter.finish()
+
+
+def _iterate(runner: _Runner, compiled: _CompiledStep, reporter: _Reporter, frame: list[Any]) -> None:
+    step, workspace = compiled.step, compiled.workspace
+    should_continue, should_stop = compiled.should_continue, compiled.should_stop
+    observer, path = runner.observer, tuple(name for name, _ in runner.stack)
+    check_stop = step.should_stop_blob is not None
+    instances = step.num_concurrent_instances or 1
+    sequential = (not step.concurrent_substeps or len(step.substeps) <= 1) and instances <= 1
+    iteration = 0
+    while should_continue(iteration):
+        frame[1] = iteration
+        runner.check_interrupt()
+        if step.substeps:
+            if sequential:
+                for substep in compiled.recurring:
+                    _execute(runner, substep)
+                    if check_stop and should_stop():
+                        return
+            else:
+                for i in range(len(compiled.recurring) * instances):
+                    _execute(runner, compiled.recurring[i % len(compiled.recurring)])
+                if check_stop and should_stop():
+                    return
+        else:
+            for executor in compiled.executors:
+                runner.running = executor.label
+                executor.run(workspace)
+                runner.running = ""
+                if check_stop and should_stop():
+                    return
+        iteration += 1
+        if reporter.jobs:
+            reporter.tick()
+        if observer is not None:
+            observer(path, iteration, step.num_iter)
+
+
+def run_plan(
+    workspace: Workspace,
+    plan: Plan,
+    *,
+    should_continue: ShouldContinue | None = None,
+    observer: Observer | None = None,
+    defer_interrupt: bool = False,
+) -> None:
+    """Run `plan` on `workspace` (Caffe2's RunPlanOnWorkspace). With `defer_interrupt` (in the main
+    thread), a first Ctrl-C stops the plan between iterations; a second one stops it at once."""
+    runner = _Runner(plan, workspace, should_continue or _always, observer)
+    if not (defer_interrupt and threading.current_thread() is threading.main_thread()):
+        _run_steps(runner, workspace)
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if runner.interrupt_requested:
+            raise PlanInterrupted(runner.where())
+        runner.interrupt_requested = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        _run_steps(runner, workspace)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_steps(runner: _Runner, workspace: Workspace) -> None:
+    for step in runner.plan.steps:
+        _execute(runner, _StepWrapper(runner, step, workspace, runner.should_continue))
