@@ -267,7 +267,7 @@ def test_missing_parameter(tmp_path):
     blobs = rnn2jax.read_blobs(path)
     del blobs["old/gain"]
     rnn2jax.write_blobs(path, blobs)
-    with pytest.raises(rnn2jax.StorageError) as error:
+    with pytest.raises(rnn2jax.MissingBlobError) as error:
         rnn2jax.load_model(path)
     _one_line(error, str(path), "'model/gain'", "Load")
 

@@ -6,26 +6,28 @@ from the DB itself through the `!!PREDICTOR_DBREADER` blob, a predict-init net t
 and outputs, and the predict net) and the blob lists (inputs, outputs, parameters), each keyed by its
 type, with `_<name>` appended when the export was given a name (predictor_py_utils.get_comp_name).
 
-`load_model` reads the DB once, replays the init nets' `Load`s on what it read (source_blob_names,
-strip_prefix, add_prefix, load_all, allow_incomplete, as caffe2/operators/load_save_op.h does), runs their
-other ops with the compiler's lowerings, and compiles the predict net with the export's inputs and outputs.
+`load_model` runs the init nets in a `Workspace` holding the export's DB reader, as Caffe2's predictor
+does (their `Load`s are the storage host ops), and compiles the predict net with the export's inputs and
+outputs.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import MissingBlobError, StorageError
-from ..netdef import Net, Op, decode_net
+from ..netdef import Net, decode_net
 from ..proto import caffe2_pb2 as pb
 from ..proto import metanet_pb2
 from .storage import read_blobs
 from .storage.db import describe
+from .storage_ops import DBReader, loaded_values
+from .workspace import Workspace
 
 if TYPE_CHECKING:
     from ..compile import CompiledNet
@@ -178,117 +180,6 @@ def _read_meta(
     return parse_meta_net_def(blobs[META_NET_DEF], where), blobs
 
 
-# ------------------------------------------------------------------------------------------------
-# Load, replayed on blobs already read
-
-
-def _key_to_name(stem: str, strip_prefix: str, add_prefix: str) -> str:
-    """load_save_op_util::buildBlobNameFromDbKey: strip_prefix is cut at its first occurrence anywhere."""
-    if strip_prefix:
-        at = stem.find(strip_prefix)
-        if at >= 0:
-            stem = stem[at + len(strip_prefix) :]
-    return add_prefix + stem
-
-
-class _Sources:
-    """The DBs a Load may read: the export itself (through the reader blob), or `db`/`dbs` by path."""
-
-    def __init__(self, export_path: str, db_type: str, export_blobs: dict[str, Any]):
-        self.export_path = export_path
-        self.db_type = db_type
-        self.cache: dict[tuple[str, str], dict[str, Any]] = {(export_path, db_type): export_blobs}
-
-    def for_op(self, op: Op, readers: Mapping[str, tuple[str, str]]) -> list[tuple[str, str, dict[str, Any]]]:
-        if op.inputs:
-            found = []
-            for blob in op.inputs:
-                if blob not in readers:
-                    raise StorageError(
-                        f"{op.where}: Load reads DB reader blob '{blob}', which nothing in the export creates "
-                        f"(the export's reader is '{PREDICTOR_DBREADER}')"
-                    )
-                found.append(readers[blob])
-        else:
-            db_type = op.str("db_type", "")
-            paths = op.strings("dbs", ()) or ((op.str("db", ""),) if op.str("db", "") else ())
-            if not db_type or not paths:
-                raise StorageError(f"{op.where}: Load has no DB reader input and no db/dbs and db_type arguments")
-            found = [(p if op.bool("absolute_path", False) else os.path.join(os.getcwd(), p), db_type) for p in paths]
-        return [(path, kind, self.read(path, kind)) for path, kind in found]
-
-    def read(self, path: str, db_type: str) -> dict[str, Any]:
-        if (path, db_type) not in self.cache:
-            self.cache[(path, db_type)] = read_blobs(path, db_type)
-        return self.cache[(path, db_type)]
-
-
-def replay_load(op: Op, dbs: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
-    """The blobs a Caffe2 `Load` op writes, given every blob of the DBs it reads (by key stem)."""
-    strip, add = op.str("strip_prefix", ""), op.str("add_prefix", "")
-    sources = op.strings("source_blob_names", ())
-    load_all = op.bool("load_all", False)
-    renamed: dict[str, Any] = {}
-    for _, _, blobs in dbs:
-        for stem, value in blobs.items():
-            renamed[_key_to_name(stem, strip, add)] = value
-    if load_all:
-        missing = [n for n in op.outputs if n not in renamed]
-        wanted = dict(renamed)
-    else:
-        names = sources or op.outputs
-        if len(names) != len(op.outputs):
-            raise StorageError(f"{op.where}: {len(names)} source_blob_names for {len(op.outputs)} outputs")
-        wanted = {out: renamed[src] for out, src in zip(op.outputs, names, strict=True) if src in renamed}
-        missing = [src for out, src in zip(op.outputs, names, strict=True) if out not in wanted]
-        if op.bool("allow_incomplete", False):
-            missing = []
-    if missing:
-        where = ", ".join(describe(path, kind) for path, kind, _ in dbs)
-        raise StorageError(
-            f"{op.where}: Load wants blob '{missing[0]}'"
-            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-            + f", which is not in {where}"
-        )
-    return wanted
-
-
-def run_export_init_net(net: Net, env: dict[str, Any], sources: _Sources, seed: int) -> None:
-    """Run an export's init net on `env` in place: Loads replayed on the DB, the other ops lowered."""
-    import jax
-
-    from ..compile import xla_out_of_memory
-    from ..lower import lower
-
-    readers = {PREDICTOR_DBREADER: (sources.export_path, sources.db_type)}
-    segment: list[Op] = []
-
-    def flush() -> None:
-        if not segment:
-            return
-        lowered = lower(replace(net, ops=tuple(segment)))
-        needed = [n for n in lowered.reads_before_writes() if n not in env]
-        if needed:
-            reader = lowered.reads_before_writes()[needed[0]]
-            raise MissingBlobError(f"{reader.where}: reads blob '{needed[0]}', which nothing in the export creates")
-        arrays = {n: v for n, v in env.items() if isinstance(v, np.ndarray | jax.Array) and v.dtype != object}
-        with xla_out_of_memory(net.where):
-            env.update(lowered(arrays, key=jax.random.key(seed)))
-        segment.clear()
-
-    for op in net.ops:
-        if op.type == "Load":
-            flush()
-            env.update(replay_load(op, sources.for_op(op, readers)))
-        elif op.type == "CreateDB" and op.outputs:
-            flush()
-            path = op.str("db", "")
-            readers[op.outputs[0]] = (path, op.str("db_type", "minidb"))
-        else:
-            segment.append(op)
-    flush()
-
-
 def load_model(
     path: str | os.PathLike,
     db_type: str = "minidb",
@@ -308,16 +199,19 @@ def load_model(
 
     if not isinstance(path, str | os.PathLike):
         raise StorageError(f"load_model: path must be a str or os.PathLike, got {type(path).__name__}")
-    meta, blobs = _read_meta(path, db_type, names=None)
+    meta, _ = _read_meta(path, db_type, names=[META_NET_DEF])
     export = decode_export(meta, path, db_type, name)
-    sources = _Sources(os.fspath(path), db_type, blobs)
-    env: dict[str, Any] = {}
-    run_export_init_net(export.global_init_net, env, sources, seed)
+    # The init nets run as Caffe2's predictor runs them: in a workspace where the export's own DB reader
+    # is the blob '!!PREDICTOR_DBREADER' that their Load reads (the storage host ops do the loading).
+    workspace = Workspace(seed=seed)
+    workspace.put(PREDICTOR_DBREADER, DBReader(os.fspath(path), db_type))
+    workspace.run(export.global_init_net)
     if export.predict_init_net is not None:
         # Its ConstantFills of the inputs and outputs only gave Caffe2's workspace blobs to bind; they are
         # no parameters (an input left among them would stop being an input).
-        run_export_init_net(export.predict_init_net, env, sources, seed)
-    for blob in (*export.inputs, *export.outputs, PREDICTOR_DBREADER, META_NET_DEF):
+        workspace.run(export.predict_init_net)
+    env = loaded_values(workspace)
+    for blob in (*export.inputs, *export.outputs, META_NET_DEF):
         env.pop(blob, None)
     values = {n: v for n, v in env.items() if getattr(v, "dtype", None) not in (None, np.dtype(object))}  # no strings
     values.update(params or {})
