@@ -16,7 +16,7 @@ FUZZ_SECONDS ?= 600
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,torch,fuzz,lmdb,leveldb,rocksdb]'
+	$(BIN)/python -m pip install --quiet -e '.[test,torch,fuzz,lmdb,leveldb,rocksdb,orbax]'
 	touch $(STAMP)
 
 # Not fatal: without Python 3.9 the differential tests skip, and the message says why.

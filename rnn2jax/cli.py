@@ -187,10 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
         "recognised by its content",
     )
     inspect.set_defaults(handler=_inspect)
-    convert = commands.add_parser("convert-params", help="write a Caffe2 DB's tensors to an .npz file")
+    convert = commands.add_parser(
+        "convert-params", help="write a Caffe2 DB's tensors to an .npz file or an Orbax checkpoint directory"
+    )
     convert.add_argument("db", metavar="DB", help="a Caffe2 DB (what Save wrote)")
     convert.add_argument("--db-type", default="minidb", metavar="TYPE", help="minidb (default), lmdb, leveldb, rocksdb")
-    convert.add_argument("-o", "--output", required=True, metavar="PARAMS.npz", help="the .npz file to write")
+    convert.add_argument(
+        "-o", "--output", required=True, metavar="OUT",
+        help="PARAMS.npz, or a new directory for an Orbax checkpoint (needs the orbax extra)",
+    )  # fmt: skip
     convert.set_defaults(handler=_convert_params)
     check = commands.add_parser(
         "verify", help="check hand-built backward step nets against jax.grad (exit 1 on mismatch)"

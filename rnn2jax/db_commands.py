@@ -1,5 +1,5 @@
 """The command line's database commands: `inspect DB` (blobs with shapes and dtypes) and `convert-params DB
--o params.npz`. Apart from commands.py so that they start without importing JAX."""
+-o params.npz` (or `-o DIR`, an Orbax checkpoint). Apart from commands.py so that they start without importing JAX."""
 
 from __future__ import annotations
 
@@ -69,15 +69,38 @@ def inspect_db(path: str | os.PathLike, db_type: str) -> str:
 
 
 def convert_params(path: str | os.PathLike, db_type: str, output: str | os.PathLike) -> list[str]:
-    """Write the DB's numeric tensors to an .npz file, one entry per blob; returns the names of the string
-    blobs left out (an .npz cannot hold them without pickles)."""
+    """Write the DB's numeric tensors to an .npz file (an `output` ending in .npz) or an Orbax checkpoint
+    directory (any other `output`), one entry per blob; returns the names of the string blobs left out
+    (neither format holds them without pickles)."""
     blobs = read_blobs(path, db_type)
     params = {n: v for n, v in blobs.items() if isinstance(v, np.ndarray) and v.dtype.kind != "O"}
     skipped = [n for n in blobs if n not in params]
     if not params:
         raise StorageError(f"DB '{os.fspath(path)}' ({db_type}) holds no numeric tensors to convert")
-    save_params(params, output)
+    if os.fspath(output).endswith(".npz"):
+        save_params(params, output)
+    else:
+        save_orbax(params, output)
     return skipped
+
+
+def save_orbax(params: dict[str, np.ndarray], directory: str | os.PathLike) -> None:
+    """An Orbax checkpoint (the JAX ecosystem's format) of `params`, a flat dict keyed by blob name:
+    `orbax.checkpoint.StandardCheckpointer().restore(directory)` gives it back. Orbax writes into a
+    temporary directory and renames it when complete, so a failed write leaves nothing behind."""
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError:
+        raise StorageError("writing an Orbax checkpoint needs the orbax extra: pip install 'rnn2jax[orbax]'") from None
+    target = Path(directory).absolute()
+    if target.exists():
+        raise StorageError(f"'{os.fspath(directory)}' exists; an Orbax checkpoint is written to a new directory")
+    checkpointer = ocp.StandardCheckpointer()
+    try:
+        checkpointer.save(target, params)
+        checkpointer.wait_until_finished()
+    except (OSError, ValueError) as error:
+        raise StorageError(f"cannot write the Orbax checkpoint '{os.fspath(directory)}': {error}") from None
 
 
 def report_skipped(skipped: list[str]) -> None:

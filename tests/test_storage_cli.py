@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -63,3 +64,33 @@ def test_convert_params_writes_npz(tmp_path, capsys):
         assert params[name].dtype == want.dtype and params[name].tobytes() == want.tobytes()
     assert main(["convert-params", str(tmp_path / "none"), "-o", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_convert_params_writes_an_orbax_checkpoint(tmp_path, capsys):
+    """-o DIR: an Orbax checkpoint that Orbax itself restores to the DB's tensors, dtypes and bytes."""
+    ocp = pytest.importorskip("orbax.checkpoint", reason="the orbax extra is not installed: make test installs it")
+    path = tmp_path / "ckpt.minidb"
+    rng = np.random.default_rng(2)
+    blobs = {"LSTM/i2h_w": rng.standard_normal((8, 4)).astype(np.float32), "it": np.array([7], np.int64),
+             "half": rng.standard_normal(3).astype(np.float16)}  # fmt: skip
+    rnn2jax.write_blobs(path, {**blobs, "vocab": np.array([b"a"], dtype=object)}, chunk_size=5)
+    out = tmp_path / "orbax"
+    assert main(["convert-params", str(path), "-o", str(out)]) == 0
+    assert "left out 1 string blob(s): vocab" in capsys.readouterr().err
+    restored = ocp.StandardCheckpointer().restore(out.absolute())
+    assert set(restored) == set(blobs)
+    for name, want in blobs.items():
+        got = np.asarray(restored[name])
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    assert main(["convert-params", str(path), "-o", str(out)]) == 2  # never over an existing directory
+    assert "exists; an Orbax checkpoint is written to a new directory" in capsys.readouterr().err
+
+
+def test_convert_params_to_orbax_without_the_extra_names_it(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "ckpt.minidb"
+    rnn2jax.write_blobs(path, {"w": np.ones(2, np.float32)})
+    monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
+    monkeypatch.setitem(sys.modules, "orbax", None)
+    assert main(["convert-params", str(path), "-o", str(tmp_path / "orbax")]) == 2
+    assert "needs the orbax extra: pip install 'rnn2jax[orbax]'" in capsys.readouterr().err
+    assert not (tmp_path / "orbax").exists()
