@@ -64,6 +64,7 @@ def _verify(args: argparse.Namespace) -> int:
         params=params,
         finite_differences=args.fd,
         caffe2=_caffe2_arg(args.caffe2),
+        db_root=args.db_root,
     )
     print(report.to_json() if args.json else report)
     return 0 if report.ok else 1
@@ -87,7 +88,7 @@ def _export(args: argparse.Namespace) -> int:
     from .commands import export
 
     shapes, dtypes = dict(args.input_shape or []), dict(args.input_dtype or [])
-    return export(args.net, args.init, args.params, shapes, dtypes, args.output, args.db_type)
+    return export(args.net, args.init, args.params, shapes, dtypes, args.output, args.db_type, args.db_root)
 
 
 def _caffe2_arg(value: str | None) -> str | None:
@@ -203,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("net", metavar="NET", help="a NetDef or PlanDef file, or a predictor export (a Caffe2 DB)")
     check.add_argument("--init", metavar="INIT", help="an init net that creates the parameters")
     check.add_argument("--db-type", metavar="TYPE", help=_EXPORT_DB_TYPE_HELP)
+    check.add_argument("--db-root", metavar="DIR", help="where the init net's databases (relative paths) are")
     check.add_argument(
         "--shape", action="append", type=_shape_arg, metavar="BLOB=D0,D1,...", help="shape of an input blob"
     )
@@ -228,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--init", metavar="INIT", help="an init net that creates the parameters")
         sub.add_argument("--params", metavar="P.npz", help="parameters by blob name (override the init net)")
         sub.add_argument("--db-type", metavar="TYPE", help=_EXPORT_DB_TYPE_HELP)
-    run.add_argument("--db-root", metavar="DIR", help="where the init net's databases (relative paths) are")
+    for sub in (run, export):
+        sub.add_argument("--db-root", metavar="DIR", help="where the init net's databases (relative paths) are")
     run.add_argument("--input", action="append", type=_name_value_arg, metavar="BLOB=FILE.npy", help="one input array")
     run.add_argument("--inputs", metavar="FILE.npz", help="input arrays by blob name")
     run.add_argument("--output", metavar="OUT.npz", help="save the outputs here (default: print a summary)")

@@ -122,12 +122,13 @@ def export(
     dtypes: Mapping[str, str],
     path: str,
     db_type: str | None = None,
+    db_root: str | None = None,
 ) -> int:
     """Export the net for the given input shapes. The parameters become constants of the StableHLO, so
     the file is self-contained and its function takes only the net's inputs."""
     from .serving import write_exported
 
-    fn = compile_with_params(net, init, params, db_type=db_type)
+    fn = compile_with_params(net, init, params, db_root=db_root, db_type=db_type)
     unknown_dtypes = [n for n in dtypes if n not in shapes]
     if unknown_dtypes:
         raise MissingBlobError(f"--input-dtype for {', '.join(unknown_dtypes)}, which have no --input-shape")

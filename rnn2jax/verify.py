@@ -12,6 +12,7 @@ same forward op on the same inputs and output gradients (Caffe2 computes in floa
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -260,6 +261,7 @@ def verify(
     rtol: float | None = None,
     atol: float | None = None,
     caffe2: Any = None,
+    db_root: str | os.PathLike | None = None,
 ) -> VerificationReport:
     """Check every RecurrentNetwork op's backward step net against `jax.vjp` of its forward scan.
 
@@ -268,7 +270,8 @@ def verify(
     "float64" (float64 runs with JAX's x64 mode on). `finite_differences` adds a float64-style central
     difference check of the hand-built gradients along a random direction. `caffe2` (a `Caffe2Oracle`,
     or the Python of a Caffe2 venv made by `rnn2jax setup-caffe2`) adds real Caffe2's gradient as a third
-    opinion, judged against `jax.vjp` with float32's tolerances.
+    opinion, judged against `jax.vjp` with float32's tolerances. `db_root` is where an init net that
+    Loads from databases finds them (relative names; the current directory by default).
     """
     if dtype not in TOLERANCES:
         raise BadArgumentError(f"dtype must be one of {', '.join(TOLERANCES)}, got {dtype!r}")
@@ -276,7 +279,7 @@ def verify(
     report = VerificationReport(dtype, default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
     loaded = load(net)
     _check_shapes_first(loaded, shapes or {}, dtype)
-    values: dict[str, Any] = dict(run_init_net(init_net, seed)) if init_net is not None else {}
+    values: dict[str, Any] = dict(run_init_net(init_net, seed, db_root)) if init_net is not None else {}
     values.update(_checked_params(params))
     rng = np.random.default_rng(seed)
     ops = _recurrent_ops(loaded)

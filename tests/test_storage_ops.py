@@ -4,9 +4,11 @@ after our Save, the same checkpoint files, the same batches; and their one-line 
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -422,3 +424,64 @@ def test_bad_arguments_are_named_before_anything_runs(tmp_path):
             workspace.run(net)
         _one_line(info.value, f"net 'bad', op #1 ({bad.type})", part)
     assert os.listdir(tmp_path) == []
+
+
+def _lstm_net_and_weights_db(folder):
+    """The builder's LSTM as files: the net, and an init net that Loads its parameters from a minidb in
+    `folder` (written from the builder's own init net's values)."""
+    from rnn2jax.caffe2 import LSTM, ModelHelper, reset_net_names
+    from rnn2jax.compile import run_init_net
+
+    reset_net_names()
+    model = ModelHelper(name="lstm_db")
+    LSTM(model, "x", "seq_lengths", ("h0", "c0"), dim_in=2, dim_out=3, scope="lstm")
+    params = {k: np.asarray(v) for k, v in run_init_net(model.param_init_net.proto, seed=3).items()}
+    rnn2jax.write_blobs(folder / "weights.minidb", params)
+    init = pb.NetDef(name="load_init")
+    op = init.op.add(type="Load", output=list(params))
+    op.arg.add(name="db", s=b"weights.minidb")
+    op.arg.add(name="db_type", s=b"minidb")
+    (folder / "net.pb").write_bytes(model.net.proto.SerializeToString())
+    (folder / "init.pb").write_bytes(init.SerializeToString())
+    return model, params
+
+
+def test_verify_and_export_read_the_init_nets_databases_under_db_root(tmp_path, capsys, monkeypatch):
+    """`rnn2jax verify` and `rnn2jax export` take --db-root as `run` does: the same report and the same
+    outputs as with the parameters given directly; without it, the error names the DB and --db-root."""
+    from rnn2jax.cli import main
+    from rnn2jax.serving import load_exported
+
+    root = tmp_path / "models"
+    root.mkdir()
+    model, params = _lstm_net_and_weights_db(root)
+    monkeypatch.chdir(tmp_path)  # relative DB names must not resolve by accident
+    shapes = {"lstm/i2h": (2, 2, 12), "h0": (2, 3), "c0": (2, 3), "seq_lengths": (2,)}
+    shape_args = [a for n, s in shapes.items() for a in ("--shape", f"{n}={','.join(map(str, s))}")]
+    net, init = str(root / "net.pb"), str(root / "init.pb")
+    assert main(["verify", net, "--init", init, "--db-root", str(root), "--json", *shape_args]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = rnn2jax.verify(model.net.proto, shapes=shapes, params=params)
+    assert [c["max_abs"] for c in got["checks"]] == [c.max_abs for c in want.checks] and want.ok
+
+    out = tmp_path / "lstm.bin"
+    export_args = [
+        a for n, s in shapes.items() if n != "lstm/i2h" for a in ("--input-shape", f"{n}={','.join(map(str, s))}")
+    ]
+    export_args += ["--input-shape", "x=2,2,2", "--input-dtype", "seq_lengths=int32"]
+    assert main(["export", net, "--init", init, "--db-root", str(root), *export_args, "-o", str(out)]) == 0
+    rng = np.random.default_rng(0)
+    inputs = {
+        "x": rng.standard_normal((2, 2, 2)).astype(np.float32),
+        "h0": rng.standard_normal((2, 3)).astype(np.float32),
+        "c0": rng.standard_normal((2, 3)).astype(np.float32),
+        "seq_lengths": np.array([2, 1], np.int32),
+    }
+    served = load_exported(out)(inputs)
+    direct = rnn2jax.compile(model.net.proto, params=params)(inputs)
+    assert "lstm/hidden_state_all" in served and set(served) == set(direct)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6), served, direct)
+
+    assert main(["verify", net, "--init", init, *shape_args]) == 2
+    error = capsys.readouterr().err
+    assert "weights.minidb" in error and "--db-root" in error and error.count("\n") == 1
