@@ -193,13 +193,18 @@ class Workspace:
         root._counter += 1
         return root._counter
 
-    def _owner(self, name: str) -> Workspace:
+    def _holder(self, name: str, created: bool = True) -> Workspace | None:
+        """The nearest workspace up the parent chain that holds `name` (a value, or with `created` a blob a
+        created net will write), or None."""
         workspace: Workspace | None = self
         while workspace is not None:
-            if name in workspace._values or name in workspace._created:
+            if name in workspace._values or (created and name in workspace._created):
                 return workspace
             workspace = workspace._parent
-        return self
+        return None
+
+    def _owner(self, name: str) -> Workspace:
+        return self._holder(name) or self
 
     def _set(self, name: str, value: Any) -> None:
         self._values[name] = value
@@ -220,20 +225,10 @@ class Workspace:
                 self._created.add(name)
 
     def _exists(self, name: str) -> bool:
-        workspace: Workspace | None = self
-        while workspace is not None:
-            if name in workspace._values or name in workspace._created:
-                return True
-            workspace = workspace._parent
-        return False
+        return self._holder(name) is not None
 
     def _has_value(self, name: str) -> bool:
-        workspace: Workspace | None = self
-        while workspace is not None:
-            if name in workspace._values:
-                return True
-            workspace = workspace._parent
-        return False
+        return self._holder(name, created=False) is not None
 
     def _blob_list(self) -> str:
         names = self.blobs()
