@@ -232,3 +232,8 @@ def test_running_the_same_message_again_reuses_its_compiled_form(monkeypatch):
         workspace.run(net("double", op("Add", ["x", "x"], ["x"])))  # a new message each time
     assert len(traces) == 1
     np.testing.assert_array_equal(workspace.fetch("x"), [8, 8, 8])
+
+
+def test_db_root_of_the_wrong_type_is_an_input_type_error():
+    with pytest.raises(InputTypeError, match=r"Workspace: db_root must be a str or os\.PathLike, got a int"):
+        rnn2jax.Workspace(db_root=5)

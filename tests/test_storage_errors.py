@@ -215,3 +215,9 @@ def test_absurd_dims_are_refused_by_the_memory_budget(tmp_path):
     path.write_bytes(record(b"w#%0", chunk("w", 0, 1, [1.0], dims=(1 << 20, 1 << 20))))
     with pytest.raises(rnn2jax.ResourceError, match=r"blob 'w' of shape \[1048576, 1048576\] float32"):
         rnn2jax.read_blobs(path)
+
+
+@pytest.mark.parametrize("call", [rnn2jax.read_blobs, rnn2jax.describe_blobs, lambda p: rnn2jax.write_blobs(p, {})])
+def test_a_db_path_of_the_wrong_type_is_an_input_type_error(call):
+    with pytest.raises(rnn2jax.InputTypeError, match=r"a DB path must be a str or os\.PathLike, got a int"):
+        call(123)

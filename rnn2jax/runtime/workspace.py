@@ -43,6 +43,8 @@ class Workspace:
         seed: int = 0,
         parent: Workspace | None = None,
     ):
+        if db_root is not None and not isinstance(db_root, str | os.PathLike):
+            raise InputTypeError(f"Workspace: db_root must be a str or os.PathLike, got a {type(db_root).__name__}")
         self._values: dict[str, Any] = {}
         self._created: set[str] = set()
         self._nets: dict[str, Executor] = {}

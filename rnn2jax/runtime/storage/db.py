@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ...errors import StorageError
+from ...errors import InputTypeError, StorageError
 
 
 class DBAccessError(Exception):
@@ -73,9 +73,17 @@ _ALIASES = {"MiniDB": "minidb", "LMDB": "lmdb", "LevelDB": "leveldb", "RocksDB":
 DB_TYPES = tuple(_TYPES)
 
 
+def db_path(path: str | os.PathLike) -> str:
+    """`path` as a str, or an InputTypeError: every public entry point names its DB through `describe`
+    first, so a path of the wrong type is refused before anything is opened."""
+    if not isinstance(path, str | os.PathLike):
+        raise InputTypeError(f"a DB path must be a str or os.PathLike, got a {type(path).__name__}")
+    return os.fspath(path)
+
+
 def describe(path: str | os.PathLike, db_type: str) -> str:
     """How messages name a DB: "DB 'ckpt.minidb' (minidb)"."""
-    return f"DB '{os.fspath(path)}' ({db_type})"
+    return f"DB '{db_path(path)}' ({db_type})"
 
 
 def db_type_info(db_type: str, path: str | os.PathLike) -> DBType:
