@@ -6,6 +6,7 @@ The functions here emit rnn2jax's wire-compatible protobuf messages (`rnn2jax.pr
 machinery produced) on top of a small `ModelHelper`.
 """
 
+from . import makers  # noqa: F401  (registers every family's gradient makers)
 from .attention import AttentionCell, AttentionType, LSTMWithAttention, LSTMWithAttentionCell
 from .core import create_net, create_operator, make_argument, make_tensor
 from .gradients import (

@@ -25,7 +25,10 @@ UNBOUNDED = 1 << 30
 class OpDef:
     """How one op type lowers. `inputs`/`outputs` are the (min, max) counts Caffe2's schema allows.
     A `random` kernel takes a `key=` keyword (a JAX PRNG key derived from the net's key and the op);
-    a `scoped` kernel takes `scope=`, the blob environment at the op (step nets read it by name)."""
+    a `scoped` kernel takes `scope=`, the blob environment at the op (step nets read it by name).
+    `static_inputs` are the positions of inputs whose VALUES decide the output's shape (lengths, sizes,
+    starts): the compiler makes the net inputs they come from static, so the kernel receives them as
+    concrete arrays (`np.asarray` works on them) and is specialised per value."""
 
     type: str
     build: Builder
@@ -33,6 +36,7 @@ class OpDef:
     outputs: tuple[int, int]
     random: bool = False
     scoped: bool = False
+    static_inputs: tuple[int, ...] = ()
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -51,6 +55,7 @@ def register(
     outputs: int | tuple[int, int | None] = 1,
     random: bool = False,
     scoped: bool = False,
+    static_inputs: tuple[int, ...] = (),
 ) -> Callable[[Builder], Builder]:
     """Register `build` for each of `types` (aliases share one builder)."""
 
@@ -58,7 +63,9 @@ def register(
         for op_type in types:
             if op_type in REGISTRY:
                 raise RuntimeError(f"op type {op_type} registered twice")
-            REGISTRY[op_type] = OpDef(op_type, build, _bounds(inputs), _bounds(outputs), random, scoped)
+            REGISTRY[op_type] = OpDef(
+                op_type, build, _bounds(inputs), _bounds(outputs), random, scoped, tuple(static_inputs)
+            )
         return build
 
     return decorate

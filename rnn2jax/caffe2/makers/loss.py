@@ -1,0 +1,1 @@
+"""Gradient makers of the loss ops (Caffe2's REGISTER_GRADIENT, as OperatorDefs)."""
