@@ -42,6 +42,7 @@ class LoweredNet:
         check_supported(net)
         self.net = net
         self._steps = tuple(_build(op) for op in net.ops)
+        self.opdefs: tuple[OpDef, ...] = tuple(step.opdef for step in self._steps)
         self.inputs: tuple[str, ...] = tuple(self.reads_before_writes())
 
     def __call__(self, env: Mapping[str, Any], *, key: jax.Array | None = None) -> dict[str, Any]:
@@ -82,7 +83,8 @@ class LoweredNet:
 
 def _build(op: Op) -> _Step:
     opdef = lookup(op)
-    return _Step(op, opdef, opdef.build(op))
+    kernel = opdef.build(op, lower) if opdef.carries_nets else opdef.build(op)
+    return _Step(op, opdef, kernel)
 
 
 def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_inputs: tuple[str, ...]) -> None:

@@ -27,8 +27,8 @@ from .errors import BadArgumentError, InputTypeError
 from .load import load
 from .lower import lower
 from .netdef import Net, Op, Plan
+from .ops.recurrent.spec import decode_spec
 from .proto import caffe2_pb2 as pb
-from .recurrent import decode_spec
 from .table import text_table
 
 TOLERANCES = {"float32": (1e-4, 1e-5), "float64": (1e-9, 1e-11)}  # (rtol, atol) per dtype

@@ -336,7 +336,7 @@ def test_forward_keeps_no_per_step_intermediates(backward):
 
 
 def test_forward_only_detection():
-    from rnn2jax.recurrent import decode_spec
+    from rnn2jax.ops.recurrent.spec import decode_spec
 
     def spec_of(**extra):
         op = create_operator("RecurrentNetwork", ["x"], ["a", "b"], step_net=create_net("s", []), **extra)

@@ -8,15 +8,27 @@ such as Reshape's `old_shape`): the interpreter keeps as many as the op lists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import BadArgumentError, UnsupportedOpError
 from ..netdef import Net, Op
 
 Kernel = Callable[..., Any]
-Builder = Callable[[Op], Kernel]
+Builder = Callable[..., Kernel]  # build(op), or build(op, lower) for an op that `carries_nets`
+
+
+class NetFunction(Protocol):
+    """A lowered net, as the interpreter (`rnn2jax.lower`) makes it for ops that carry nets."""
+
+    inputs: tuple[str, ...]
+    opdefs: tuple[OpDef, ...]
+
+    def run(self, env: MutableMapping[str, Any], **kwargs: Any) -> None: ...
+
+
+LowerNet = Callable[[Net], NetFunction]
 
 UNBOUNDED = 1 << 30
 
@@ -26,6 +38,8 @@ class OpDef:
     """How one op type lowers. `inputs`/`outputs` are the (min, max) counts Caffe2's schema allows.
     A `random` kernel takes a `key=` keyword (a JAX PRNG key derived from the net's key and the op);
     a `scoped` kernel takes `scope=`, the blob environment at the op (step nets read it by name).
+    An op that `carries_nets` (RecurrentNetwork) is built with `build(op, lower)`: `lower` turns its nested
+    nets into `NetFunction`s, so op families never import the interpreter above them.
     `static_inputs` are the positions of inputs whose VALUES decide the output's shape (lengths, sizes,
     starts): the compiler makes the net inputs they come from static, so the kernel receives them as
     concrete arrays (`np.asarray` works on them) and is specialised per value."""
@@ -37,6 +51,7 @@ class OpDef:
     random: bool = False
     scoped: bool = False
     static_inputs: tuple[int, ...] = ()
+    carries_nets: bool = False
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -56,6 +71,7 @@ def register(
     random: bool = False,
     scoped: bool = False,
     static_inputs: tuple[int, ...] = (),
+    carries_nets: bool = False,
 ) -> Callable[[Builder], Builder]:
     """Register `build` for each of `types` (aliases share one builder)."""
 
@@ -64,7 +80,7 @@ def register(
             if op_type in REGISTRY:
                 raise RuntimeError(f"op type {op_type} registered twice")
             REGISTRY[op_type] = OpDef(
-                op_type, build, _bounds(inputs), _bounds(outputs), random, scoped, tuple(static_inputs)
+                op_type, build, _bounds(inputs), _bounds(outputs), random, scoped, tuple(static_inputs), carries_nets
             )
         return build
 
@@ -72,12 +88,10 @@ def register(
 
 
 def supported(op_type: str) -> bool:
-    _load_families()
     return op_type in REGISTRY
 
 
 def lookup(op: Op) -> OpDef:
-    _load_families()
     opdef = REGISTRY.get(op.type)
     if opdef is None:
         raise UnsupportedOpError(f"{op.where}: op type '{op.type}' is not supported", ((op.where, op.type),))
@@ -124,13 +138,7 @@ def unsupported_ops(nets: Iterable[Net], runnable_only: bool = False) -> list[tu
     """(location, op type) of every op, nested nets included, that has no lowering. With
     `runnable_only`, nets an op carries but does not run (a forward op's backward step net) are
     left out."""
-    _load_families()
-    return [
-        (op.where, op.type)
-        for net in nets
-        for op in _ops_to_check(net, runnable_only)
-        if op.type not in REGISTRY
-    ]
+    return [(op.where, op.type) for net in nets for op in _ops_to_check(net, runnable_only) if op.type not in REGISTRY]
 
 
 def check_supported(*nets: Net) -> None:
@@ -144,15 +152,3 @@ def check_supported(*nets: Net) -> None:
             f"{len(missing)} op(s) of {len(types)} unsupported type(s) ({', '.join(types)}):\n{lines}",
             tuple(missing),
         )
-
-
-_loaded = False
-
-
-def _load_families() -> None:
-    """Import every op family module once (each registers its ops on import)."""
-    global _loaded
-    if not _loaded:
-        from . import families  # noqa: F401
-
-        _loaded = True

@@ -83,7 +83,7 @@ def lstm_state_update(
     op: Op, hidden_prev: jax.Array, cell_prev: jax.Array, pre: dict[str, jax.Array], extra: tuple
 ) -> tuple[jax.Array, jax.Array]:
     """LSTMUnit's maths from the four gate pre-activations `pre` (keys i, f, o, g); `extra` is
-    (seq_lengths, timestep) or (timestep,). Shared with the fused LSTM step (rnn2jax.fusion)."""
+    (seq_lengths, timestep) or (timestep,). Shared with the fused LSTM step (rnn2jax.ops.recurrent.fusion)."""
     with_lengths = op.bool("sequence_lengths", True)
     forget_bias = op.float("forget_bias", 0.0)
     seq_lengths, timestep = extra if with_lengths else (None, *extra)

@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     activation,
     array,
     conv,
+    embedding,
     loss,
     math,
     reduce,

@@ -25,19 +25,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .errors import BadArgumentError, MissingBlobError, ShapeError
-from .lower import LoweredNet
-from .netdef import Op
-from .ops.registry import register
-from .recurrent import (
-    StateViews,
-    check_link_rows,
-    check_timestep,
-    decode_links,
-    decode_spec,
-    remapped_name,
-    rows_at,
-)
+from ...errors import BadArgumentError, MissingBlobError, ShapeError
+from ...netdef import Op
+from ..registry import LowerNet, register
+from .forward import StateViews, rows_at
+from .spec import check_link_rows, check_timestep, decode_links, decode_spec, remapped_name
 
 
 @dataclass(frozen=True)
@@ -49,12 +41,12 @@ class ParamGrad:
 class RecurrentGradientLowering:
     """Lowers one RecurrentNetworkGradient op (whose arguments are the forward op's, plus its own)."""
 
-    def __init__(self, op: Op):
+    def __init__(self, op: Op, lower: LowerNet):
         self.op = op
         self.spec = spec = decode_spec(op)
         if spec.backward_step_net is None:
             raise BadArgumentError(f"{op.where}: RecurrentNetworkGradient needs a backward_step_net argument")
-        self.backward = LoweredNet(spec.backward_step_net)
+        self.backward = lower(spec.backward_step_net)
         self.outputs_with_grads = op.ints("outputs_with_grads")
         num_go = len(self.outputs_with_grads)
         num_forward_outputs = len(spec.aliases) + 1  # the aliases, then step_workspaces
@@ -213,6 +205,6 @@ def _initial_gradient(state_grad: jax.Array, initial: jax.Array) -> jax.Array:
     return jnp.reshape(state_grad[:rows], initial.shape)
 
 
-@register("RecurrentNetworkGradient", inputs=(1, None), outputs=(1, None), scoped=True)
-def recurrent_network_gradient(op: Op) -> RecurrentGradientLowering:
-    return RecurrentGradientLowering(op)
+@register("RecurrentNetworkGradient", inputs=(1, None), outputs=(1, None), scoped=True, carries_nets=True)
+def recurrent_network_gradient(op: Op, lower: LowerNet) -> RecurrentGradientLowering:
+    return RecurrentGradientLowering(op, lower)

@@ -16,8 +16,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .netdef import Net, Op
-from .ops.rnn_units import lstm_state_update
+from ...netdef import Net, Op
+from ..rnn_units import lstm_state_update
 
 GATES = ("i", "f", "o", "g")
 

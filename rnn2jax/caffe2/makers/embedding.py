@@ -1,0 +1,1 @@
+"""Gradient makers of the embedding ops."""
