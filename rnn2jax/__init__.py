@@ -16,6 +16,7 @@ from .errors import (
     MissingBlobError,
     ParseError,
     PlanError,
+    RegistrationError,
     ResourceError,
     Rnn2JaxError,
     ShapeError,
@@ -42,6 +43,8 @@ _API = {
     "describe_blobs": "runtime.storage",
     "read_blobs": "runtime.storage",
     "write_blobs": "runtime.storage",
+    "custom_op": "user_ops",
+    "register_op": "user_ops",
 }
 
 
@@ -75,6 +78,7 @@ __all__ = [
     "ParseError",
     "Plan",
     "PlanError",
+    "RegistrationError",
     "ResourceError",
     "Rnn2JaxError",
     "ShapeError",
@@ -84,6 +88,7 @@ __all__ = [
     "Workspace",
     "WorkspaceError",
     "compile",
+    "custom_op",
     "describe_blobs",
     "load",
     "load_model",
@@ -91,6 +96,7 @@ __all__ = [
     "lower",
     "memory_budget",
     "read_blobs",
+    "register_op",
     "set_memory_budget",
     "verify",
     "write_blobs",

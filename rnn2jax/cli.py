@@ -174,6 +174,13 @@ _EXPORT_DB_TYPE_HELP = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rnn2jax", description="Compile Caffe2 (recurrent) nets to JAX.")
+    parser.add_argument(
+        "--ops",
+        action="append",
+        metavar="MODULE",
+        help="import MODULE (a dotted module name or a .py file) first: it registers user ops with "
+        "rnn2jax.register_op (repeatable)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     inspect = commands.add_parser(
         "inspect", help="list a net's ops, recurrent ops and unsupported ops, or a Caffe2 DB's blobs"
@@ -290,9 +297,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _import_user_ops(module: str) -> None:
+    """Run the user's op-registering module (their own code, named on the command line)."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    from .errors import RegistrationError
+
+    try:
+        if module.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(Path(module).stem, module)
+            if spec is None or spec.loader is None or not Path(module).is_file():
+                raise FileNotFoundError(f"no such file: {module}")
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        else:
+            importlib.import_module(module)
+    except Rnn2JaxError:
+        raise
+    except Exception as error:  # the user's code: report whatever it raised, with where it came from
+        raise RegistrationError(f"--ops {module}: {type(error).__name__}: {error}") from error
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        for module in args.ops or ():
+            _import_user_ops(module)
         if args.command in ("verify", "compare"):
             from .progress import stage
 

@@ -9,7 +9,8 @@ reads) are outputs.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,11 +22,13 @@ from jax.sharding import Mesh
 from .budget import check_array, format_bytes, memory_budget
 from .errors import InputTypeError, MissingBlobError, ParseError, ResourceError
 from .load import load
-from .lower import LoweredNet, lower
+from .lower import LoweredNet, lower, specialisation_key
 from .netdef import Net, Plan
 from .ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
+from .ops.registry import overlay
 from .params import PathLike, resolve_params, run_storage_init_net, save_params, uses_storage
 from .sharding import replicate, shard_inputs
+from .user_ops import as_opdefs
 
 Arrays = dict[str, jax.Array]
 
@@ -79,7 +82,15 @@ class CompiledNet:
     """A compiled Caffe2 net. Call it with inputs by blob name; get a dict of outputs by blob name.
 
     `apply(params, inputs)` is the pure function underneath, for `jax.grad`, `jax.vmap` and friends.
+
+    Inputs whose values decide a shape (PackRNNSequence's lengths, OneHot's size, Slice's starts, a
+    Reshape's shape blob: `static_inputs`) are static: each call reads their values on the host and runs
+    the executable specialised to them, compiling one on the first call with new values. The cost is
+    a compilation per distinct value (the last `MAX_SPECIALISATIONS` are kept), so feed such inputs
+    values from a small set (bucketed lengths) when calls are frequent.
     """
+
+    MAX_SPECIALISATIONS = 32
 
     def __init__(
         self,
@@ -106,8 +117,11 @@ class CompiledNet:
         # Nets with ops that check values only known at run time (traced Gather indices, lengths) run
         # under checkify, and a failed check is raised after the call (ops/checks.py).
         self._runtime_checks = any(op.type in CHECKED_OP_TYPES for op in net.walk())
-        call = checked_call(self.apply) if self._runtime_checks else self.apply
-        self._call = jax.jit(call) if jit else call
+        self._jit = jit
+        static = self._lowered.static_inputs()
+        self.static_inputs: tuple[str, ...] = tuple(n for n in static if n in self.input_names)
+        self._static_params = {n: np.asarray(self.params[n]) for n in static if n in self.params}
+        self._executables: OrderedDict[tuple, Callable[..., Any]] = OrderedDict()
 
     def _check_outputs(self) -> None:
         known = {n for op in self.net.ops for n in op.outputs} | set(self.input_names) | set(self.params)
@@ -131,10 +145,21 @@ class CompiledNet:
                 f"got a {type(given).__name__}"
             )
         _blob_names(given, f"{self.net.where}: names in apply's {what}")
-        return {
-            name: value if isinstance(value, jax.Array) else _as_array(value, f"{self.net.where}: {what[:-1]} '{name}'")
-            for name, value in given.items()
-        }
+        return {name: self._array(name, value, what[:-1]) for name, value in given.items()}
+
+    def _array(self, name: str, value: Any, what: str) -> Any:
+        """A jax.Array (or tracer) as it is; anything else as an array. The values of static blobs stay
+        NumPy constants, so the ops computing shapes from them fold, even under jax.jit."""
+        if isinstance(value, jax.Array):
+            return value
+        if name in self.static_inputs or name in self._static_params:
+            try:
+                array = np.asarray(value)
+            except (TypeError, ValueError):
+                array = None
+            if array is not None and array.dtype.kind in "biuf":
+                return array
+        return _as_array(value, f"{self.net.where}: {what} '{name}'")
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, /, **named: Any) -> Arrays:
         if inputs is not None and not isinstance(inputs, Mapping):
@@ -150,13 +175,41 @@ class CompiledNet:
                 check_array(self._first_reader[name].where, name, shape, _jax_dtype(dtype))
         with xla_out_of_memory(self.net.where):
             arrays = {name: _as_array(value, f"{self.net.where}: input '{name}'") for name, value in given.items()}
+            # Static values are read on the host, in the dtype given (int64 stays int64, as Caffe2 sees it).
+            static = {name: np.asarray(given[name]) for name in self.static_inputs}
+            arrays = {name: value for name, value in arrays.items() if name not in static}
             if self.mesh is not None:
                 arrays = shard_inputs(self.mesh, arrays, self._batch_axes, self.net.where)
-            result = self._call(self.params, arrays)
+            params = {k: v for k, v in self.params.items() if k not in self._static_params}
+            result = self._executable(static)(params, arrays)
             if self._runtime_checks:
                 error, result = result
                 raise_failed(error)
             return result
+
+    def _executable(self, static: Mapping[str, np.ndarray]) -> Callable[..., Any]:
+        """The jitted net specialised to the values of the static inputs (and static parameters)."""
+        key = specialisation_key(static)
+        executable = self._executables.get(key)
+        if executable is not None:
+            self._executables.move_to_end(key)
+            return executable
+
+        def rnn2jax_net(params: Mapping[str, Any], inputs: Mapping[str, Any]) -> Arrays:
+            # Static values enter as NumPy constants, so the ops computing shapes from them fold.
+            return self.apply({**params, **self._static_params}, {**inputs, **static})
+
+        call = checked_call(rnn2jax_net) if self._runtime_checks else rnn2jax_net
+        executable = jax.jit(call) if self._jit else call
+        self._executables[key] = executable
+        if len(self._executables) > self.MAX_SPECIALISATIONS:
+            self._executables.popitem(last=False)
+        return executable
+
+    @property
+    def specialisations(self) -> int:
+        """How many executables are held (one per distinct value of the static inputs)."""
+        return len(self._executables)
 
     def _check_inputs(self, given: Mapping[str, Any]) -> None:
         _blob_names(given, f"{self.net.where}: input names")
@@ -181,9 +234,14 @@ class CompiledNet:
         save_params(self.params, path)
 
     def __repr__(self) -> str:
+        static = ""
+        if self.static_inputs:
+            static = (
+                f", static_inputs={list(self.static_inputs)} (specialised per value: {self.specialisations} compiled)"
+            )
         return (
             f"CompiledNet({self.net.name!r}, inputs={list(self.input_names)}, "
-            f"outputs={list(self.output_names)}, params={len(self.params)})"
+            f"outputs={list(self.output_names)}, params={len(self.params)}{static})"
         )
 
 
@@ -256,6 +314,7 @@ def compile(
     mesh: Mesh | None = None,
     batch_axes: Mapping[str, int | None] | None = None,
     db_root: PathLike | None = None,
+    custom_ops: Any = None,
 ) -> CompiledNet:
     """Compile a Caffe2 net into a `CompiledNet`.
 
@@ -268,6 +327,8 @@ def compile(
     and replicate the parameters (data parallelism). The batch axis is 1 for 3-D and larger inputs
     (Caffe2's [T, N, ...] sequences) and 0 otherwise; `batch_axes` overrides it per input, with None
     meaning replicate.
+    `custom_ops` adds ops for this call only: a list of `rnn2jax.custom_op(...)`, or a mapping of op type to
+    builder (see `rnn2jax.register_op` for the contract and for registering ops for good).
     """
     if params is not None and not isinstance(params, Mapping | str | os.PathLike):
         raise InputTypeError(
@@ -275,6 +336,9 @@ def compile(
             f"got a {type(params).__name__}"
         )
     net = as_net(net)
-    values: dict[str, Any] = run_init_net(init_net, seed, db_root) if init_net is not None else {}
-    values.update({k: np.asarray(v) if not isinstance(v, jax.Array) else v for k, v in resolve_params(params).items()})
-    return CompiledNet(net, values, outputs, jit=jit, mesh=mesh, batch_axes=batch_axes)
+    with overlay(as_opdefs(custom_ops) if custom_ops is not None else {}):  # kernels are built inside
+        values: dict[str, Any] = run_init_net(init_net, seed, db_root) if init_net is not None else {}
+        values.update(
+            {k: np.asarray(v) if not isinstance(v, jax.Array) else v for k, v in resolve_params(params).items()}
+        )
+        return CompiledNet(net, values, outputs, jit=jit, mesh=mesh, batch_axes=batch_axes)

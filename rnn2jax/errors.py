@@ -66,3 +66,7 @@ class StorageError(Rnn2JaxError):
 
 class WorkspaceError(Rnn2JaxError):
     """A workspace has no net of that name, or already has one (create_net without overwrite=True)."""
+
+
+class RegistrationError(Rnn2JaxError, ValueError):
+    """A user op cannot be registered: its type is taken (pass override=True), or its definition is wrong."""

@@ -67,6 +67,29 @@ class LoweredNet:
             if after_op is not None:
                 after_op(step.op, env)
 
+    def static_inputs(self) -> dict[str, Op]:
+        """Blobs read before written whose VALUES decide a shape, each with the op that needs them.
+
+        Walks back from every op's `static_inputs` through the ops that computed them (all of such an
+        op's inputs then decide the shape too), stopping at outputs computed from shapes alone (Shape's,
+        Reshape's old_shape, Concat's split_info: registry `shape_only`/`shape_outputs`).
+        The compiler makes these blobs static, so every op on the way computes with constants."""
+        need: dict[str, Op] = {}
+        for step in reversed(self._steps):
+            op, opdef = step.op, step.opdef
+            produced = [name for name in op.outputs if name in need]
+            if produced:
+                reader = need[produced[0]]
+                for name in produced:
+                    del need[name]
+                if opdef.reads_values_for(op, produced):
+                    for name in op.inputs:
+                        need.setdefault(name, reader)
+            for position in opdef.static_positions(op):
+                need.setdefault(op.inputs[position], op)
+        first_read = self.reads_before_writes()
+        return {name: need[name] for name in first_read if name in need}
+
     def reads_before_writes(self) -> dict[str, Op]:
         """Blobs the net reads before any of its ops writes them, in first-read order, each with the
         op that first reads it. A scoped op (RecurrentNetwork) also reads, by name, what its step
@@ -114,6 +137,8 @@ def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_
             result = step.kernel(*args, **kwargs)
     except Rnn2JaxError:
         raise
+    except _TRACED_VALUE_ERRORS as error:
+        raise ShapeError(_traced_value_message(step, error)) from None
     except (TypeError, ValueError, IndexError) as error:
         inputs = ", ".join(f"{n}: {_describe(v)}" for n, v in zip(op.inputs, args, strict=True))
         raise ShapeError(f"{op.where}: {error} (inputs: {inputs})") from error
@@ -123,10 +148,37 @@ def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_
         env[name] = value
 
 
+_TRACED_VALUE_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
+
+
+def _traced_value_message(step: _Step, error: Exception) -> str:
+    """Why a kernel met a traced value where it needs a known one, and what to do about it."""
+    op = step.op
+    named = [op.inputs[i] for i in step.opdef.static_positions(op)]
+    what = f"the values of input(s) {', '.join(repr(n) for n in named)}" if named else "an input's values"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"{op.where}: {what} decide the output's shape, so they must be known when the net is compiled, "
+        "but they are traced here. rnn2jax.compile makes such net inputs static by itself; this happens "
+        "when the values are computed per step inside a step net, or when `apply` runs under your own "
+        f"jax.jit/grad with them as traced arguments (pass them as NumPy arrays instead). ({first})"
+    )
+
+
 def _foldable(opdef: OpDef, args: list[Any]) -> bool:
     if opdef.random or opdef.scoped:
         return False
     return not any(isinstance(a, jax.core.Tracer) for a in args)
+
+
+def specialisation_key(static: Mapping[str, Any]) -> tuple:
+    """A hashable key for the values of a net's static inputs (NumPy arrays): one executable per key."""
+    return tuple((name, value.dtype.str, value.shape, value.tobytes()) for name, value in static.items())
 
 
 def lower(net: Net) -> LoweredNet:

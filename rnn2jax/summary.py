@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .netdef import Net, Op, Plan
-from .ops.registry import unsupported_ops
+from .ops.registry import find, unsupported_ops
 
 RECURRENT_OPS = ("RecurrentNetwork", "RecurrentNetworkGradient")
 
@@ -48,6 +48,9 @@ def describe_net(net: Net, indent: str = "") -> str:
     lines.append(f"  recurrent ops ({len(recurrent)}):" if recurrent else "  recurrent ops: none")
     for op in recurrent:
         lines.extend(_recurrent_lines(op))
+    user = Counter(op.type for op in net.walk() if (opdef := find(op.type)) is not None and opdef.user)
+    if user:
+        lines.append("  user ops: " + ", ".join(f"{t} x{n}" for t, n in sorted(user.items())))
     missing = unsupported_ops([net])
     if missing:
         by_type = Counter(t for _, t in missing)

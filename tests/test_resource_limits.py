@@ -243,27 +243,27 @@ def test_compare_draw_inputs_refuses_a_huge_shape():
 # XLA's RESOURCE_EXHAUSTED
 
 
-def test_xla_resource_exhausted_becomes_a_resource_error():
+def test_xla_resource_exhausted_becomes_a_resource_error(monkeypatch):
     net = create_net("n", [create_operator("Relu", ["data"], ["y"])], external_outputs=["y"])
     fn = rnn2jax.compile(net)
 
     def out_of_memory(*_):
         raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8 bytes.")
 
-    fn._call = out_of_memory
+    monkeypatch.setattr(fn, "_executable", lambda _static: out_of_memory)
     with pytest.raises(ResourceError, match=r"^net 'n': XLA ran out of memory running the net") as caught:
         fn(data=np.ones(2, np.float32))
     assert isinstance(caught.value.__cause__, jax.errors.JaxRuntimeError)
 
 
-def test_other_xla_errors_pass_through():
+def test_other_xla_errors_pass_through(monkeypatch):
     net = create_net("n", [create_operator("Relu", ["data"], ["y"])], external_outputs=["y"])
     fn = rnn2jax.compile(net)
 
     def broken(*_):
         raise jax.errors.JaxRuntimeError("INTERNAL: something else")
 
-    fn._call = broken
+    monkeypatch.setattr(fn, "_executable", lambda _static: broken)
     with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
         fn(data=np.ones(2, np.float32))
 

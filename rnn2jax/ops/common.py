@@ -78,3 +78,12 @@ def shape_arg(op: Op, name: str = "shape") -> tuple[int, ...]:
     if any(d < 0 for d in dims):
         raise BadArgumentError(f"{op.where}: argument '{name}' has negative dims {list(dims)}")
     return tuple(dims)
+
+
+# Why a value that decides a shape can still be traced: `rnn2jax.compile` makes such net inputs static
+# (registry `static_inputs`), so only these cases remain.
+TRACED_SHAPE_HINT = (
+    "rnn2jax.compile makes net inputs that decide shapes static by itself; these values are traced because "
+    "they are computed per step inside a step net, or because `apply` runs under your own jax.jit/grad "
+    "with them as traced arguments (pass them as NumPy arrays)"
+)

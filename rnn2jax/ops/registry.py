@@ -8,8 +8,11 @@ such as Reshape's `old_shape`): the interpreter keeps as many as the op lists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from ..errors import BadArgumentError, UnsupportedOpError
@@ -42,7 +45,9 @@ class OpDef:
     nets into `NetFunction`s, so op families never import the interpreter above them.
     `static_inputs` are the positions of inputs whose VALUES decide the output's shape (lengths, sizes,
     starts): the compiler makes the net inputs they come from static, so the kernel receives them as
-    concrete arrays (`np.asarray` works on them) and is specialised per value."""
+    concrete arrays (`np.asarray` works on them) and is specialised per value. A `shape_only` op's outputs
+    depend on its inputs' shapes alone (Shape, Size), and so do an op's `shape_outputs` (Reshape's
+    old_shape, Concat's split_info): the values feeding them need not be static."""
 
     type: str
     build: Builder
@@ -50,11 +55,44 @@ class OpDef:
     outputs: tuple[int, int]
     random: bool = False
     scoped: bool = False
-    static_inputs: tuple[int, ...] = ()
+    static_inputs: tuple[int, ...] | Callable[[Op], tuple[int, ...]] = ()
     carries_nets: bool = False
+    shape_only: bool = False
+    shape_outputs: tuple[int, ...] = ()
+    user: bool = False  # registered by `rnn2jax.register_op` or given to compile(custom_ops=)
+
+    def reads_values_for(self, op: Op, outputs: Iterable[str]) -> bool:
+        """Whether computing `outputs` of `op` reads its inputs' values (not only their shapes)."""
+        if self.shape_only:
+            return False
+        return any(i not in self.shape_outputs for i, name in enumerate(op.outputs) if name in outputs)
+
+    def static_positions(self, op: Op) -> tuple[int, ...]:
+        """The positions of `op`'s inputs whose values decide its output shapes (some depend on arguments:
+        a fill's input decides the shape only with `input_as_shape`)."""
+        positions = self.static_inputs(op) if callable(self.static_inputs) else self.static_inputs
+        return tuple(p for p in positions if p < len(op.inputs))
 
 
 REGISTRY: dict[str, OpDef] = {}
+
+# Ops given to one `compile(..., custom_ops=)` call: they take precedence while that net is lowered.
+_OVERLAY: ContextVar[Mapping[str, OpDef]] = ContextVar("rnn2jax_custom_ops", default=MappingProxyType({}))
+
+
+@contextmanager
+def overlay(opdefs: Mapping[str, OpDef]) -> Iterator[None]:
+    """Make `opdefs` visible to `lookup` (and the support checks) inside the block only."""
+    token = _OVERLAY.set({**_OVERLAY.get(), **opdefs})
+    try:
+        yield
+    finally:
+        _OVERLAY.reset(token)
+
+
+def find(op_type: str) -> OpDef | None:
+    """The OpDef of `op_type`: a custom op of the current `overlay`, else the registry's."""
+    return _OVERLAY.get().get(op_type) or REGISTRY.get(op_type)
 
 
 def _bounds(count: int | tuple[int, int | None]) -> tuple[int, int]:
@@ -70,8 +108,10 @@ def register(
     outputs: int | tuple[int, int | None] = 1,
     random: bool = False,
     scoped: bool = False,
-    static_inputs: tuple[int, ...] = (),
+    static_inputs: tuple[int, ...] | Callable[[Op], tuple[int, ...]] = (),
     carries_nets: bool = False,
+    shape_only: bool = False,
+    shape_outputs: tuple[int, ...] = (),
 ) -> Callable[[Builder], Builder]:
     """Register `build` for each of `types` (aliases share one builder)."""
 
@@ -80,7 +120,16 @@ def register(
             if op_type in REGISTRY:
                 raise RuntimeError(f"op type {op_type} registered twice")
             REGISTRY[op_type] = OpDef(
-                op_type, build, _bounds(inputs), _bounds(outputs), random, scoped, tuple(static_inputs), carries_nets
+                op_type,
+                build,
+                _bounds(inputs),
+                _bounds(outputs),
+                random,
+                scoped,
+                static_inputs,
+                carries_nets,
+                shape_only,
+                shape_outputs,
             )
         return build
 
@@ -88,11 +137,11 @@ def register(
 
 
 def supported(op_type: str) -> bool:
-    return op_type in REGISTRY
+    return find(op_type) is not None
 
 
 def lookup(op: Op) -> OpDef:
-    opdef = REGISTRY.get(op.type)
+    opdef = find(op.type)
     if opdef is None:
         raise UnsupportedOpError(f"{op.where}: op type '{op.type}' is not supported", ((op.where, op.type),))
     _check_arity(op, opdef)
@@ -138,7 +187,7 @@ def unsupported_ops(nets: Iterable[Net], runnable_only: bool = False) -> list[tu
     """(location, op type) of every op, nested nets included, that has no lowering. With
     `runnable_only`, nets an op carries but does not run (a forward op's backward step net) are
     left out."""
-    return [(op.where, op.type) for net in nets for op in _ops_to_check(net, runnable_only) if op.type not in REGISTRY]
+    return [(op.where, op.type) for net in nets for op in _ops_to_check(net, runnable_only) if find(op.type) is None]
 
 
 def check_supported(*nets: Net) -> None:

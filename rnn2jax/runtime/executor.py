@@ -17,13 +17,16 @@ import jax
 import numpy as np
 
 from ..errors import InputTypeError, MissingBlobError, UnsupportedOpError
-from ..lower import LoweredNet
+from ..lower import LoweredNet, specialisation_key
 from ..netdef import Net, Op
 from ..ops.registry import lookup, unsupported_ops
 from .host_ops import HostOpDef, lookup_host_op
 
 if TYPE_CHECKING:
     from .workspace import Workspace
+
+
+MAX_SPECIALISATIONS = 32  # executables kept per segment, one per distinct value of its static blobs
 
 
 class PureSegment:
@@ -44,7 +47,9 @@ class PureSegment:
         # Random ops draw a fresh key per run; so may ops that run nets of their own.
         self.random = any(lookup(op).random or next(op.nested_nets(), None) is not None for op in ops)
         self._seed = seed
-        self._fn = jax.jit(self._apply)
+        # Blobs whose values decide shapes are read on the host: one executable per distinct value.
+        self.static: tuple[str, ...] = tuple(self.lowered.static_inputs())
+        self._fns: dict[tuple, Any] = {}
 
     def _apply(self, env: dict[str, Any], counter: Any) -> dict[str, Any]:
         key = jax.random.fold_in(jax.random.key(self._seed), counter) if self.random else None
@@ -60,12 +65,22 @@ class PureSegment:
         for name in self.optional:
             if workspace._has_value(name):
                 env[name] = workspace.get(name)
+        static = {name: np.asarray(env.pop(name)) for name in self.static if name in env}
         try:
-            result = self._fn(env, np.uint32(counter & 0xFFFFFFFF) if self.random else None)
+            result = self._executable(static)(env, np.uint32(counter & 0xFFFFFFFF) if self.random else None)
         except TypeError:
             self._check_arrays(env)
             raise
         workspace._write_all(result)
+
+    def _executable(self, static: dict[str, np.ndarray]) -> Any:
+        key = specialisation_key(static)
+        fn = self._fns.get(key)
+        if fn is None:
+            if len(self._fns) >= MAX_SPECIALISATIONS:
+                self._fns.pop(next(iter(self._fns)))
+            fn = self._fns[key] = jax.jit(lambda env, counter: self._apply({**env, **static}, counter))
+        return fn
 
     def _check_arrays(self, env: dict[str, Any]) -> None:
         """Name the blob when a pure op was handed a string or host object (jit's TypeError would not)."""
