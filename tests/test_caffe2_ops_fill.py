@@ -201,16 +201,16 @@ def check_random(caffe2, case, data):
 
 
 CASES = cases(
-    Case("ConstantFill", draw_constant_fill, jit=False),
+    Case("ConstantFill", draw_constant_fill),
     *(Case(name, draw_given(name)) for name in GIVEN),
     Case("GivenTensorByteStringToUInt8Fill", draw_byte_string),
     Case("GivenTensorStringFill", draw_string_fill, note="strings: rnn2jax refuses clearly"),
-    Case("RangeFill", draw_range_fill, jit=False),
-    Case("UniformFill", draw_uniform, jit=False, note="random: shape, dtype and bounds"),
-    Case("UniformIntFill", draw_uniform_int, jit=False, note="random: shape, dtype and bounds"),
-    Case("GaussianFill", draw_gaussian, jit=False, note="random: shape, dtype and bounds"),
-    Case("XavierFill", draw_fan_fill("XavierFill", 1), jit=False, note="random: shape, dtype and bounds"),
-    Case("MSRAFill", draw_fan_fill("MSRAFill", 2), jit=False, note="random: shape, dtype and bounds"),
+    Case("RangeFill", draw_range_fill),
+    Case("UniformFill", draw_uniform, note="random: shape, dtype and bounds"),
+    Case("UniformIntFill", draw_uniform_int, note="random: shape, dtype and bounds"),
+    Case("GaussianFill", draw_gaussian, note="random: shape, dtype and bounds"),
+    Case("XavierFill", draw_fan_fill("XavierFill", 1), note="random: shape, dtype and bounds"),
+    Case("MSRAFill", draw_fan_fill("MSRAFill", 2), note="random: shape, dtype and bounds"),
 )
 
 

@@ -366,3 +366,69 @@ def test_squared_l2_distance_errors(jit):
         run_op("SquaredL2Distance", [x, np.zeros((2, 2), np.float32)], jit=jit)
     with pytest.raises(ShapeError, match=r"dDistance 'x2' must have shape \[2\]"):
         run_op("SquaredL2DistanceGradient", [x, x, np.zeros(3, np.float32)], 2, jit=jit)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ranking losses and metrics: loops written from rank_loss_op.cc and accuracy_op.cc
+
+
+def pair_wise_reference(x, label, lengths):
+    """PairWiseLossOp: per session, the mean over pairs j < i with different labels of logLogit."""
+    eps = np.finfo(np.float32).eps
+    min_log = np.log(eps)
+
+    def log_logit(v):
+        return 0.0 if v < min_log else v if v > -min_log else np.log(np.exp(v) + 1)
+
+    out, offset = [], 0
+    for length in lengths:
+        total, pairs = 0.0, 0
+        for i in range(offset, offset + length):
+            for j in range(offset, i):
+                if abs(label[i] - label[j]) < eps:
+                    continue
+                pairs += 1
+                sign = 1 if label[i] > label[j] else -1
+                total += log_logit(sign * (x[j] - x[i]))
+        out.append(total / pairs if pairs else total)
+        offset += length
+    return np.array(out, np.float32)
+
+
+@st.composite
+def pair_wise_cases(draw):
+    lengths = draw(st.lists(st.integers(0, 4), min_size=1, max_size=3))
+    n = sum(lengths)
+    x = draw(floats((n,), -20, 20))
+    label = draw(hnp.arrays(np.float32, (n,), elements=st.sampled_from([0.0, 1.0, 2.0])))
+    return x, label, np.array(lengths, np.int32)
+
+
+@given(case=pair_wise_cases())
+def test_pair_wise_loss(jit, case):
+    x, label, lengths = case
+    if x.size == 0:
+        return
+    (y,) = run_op("PairWiseLoss", [x, label, lengths], jit=jit)
+    np.testing.assert_allclose(y, pair_wise_reference(x, label, lengths), rtol=1e-5, atol=1e-6)
+
+
+def accuracy_reference(x, label, top_k):
+    """AccuracyOp: a row is correct when fewer than top_k classes beat its label (ties: lower index)."""
+    correct = 0
+    for i, row in enumerate(x):
+        ahead = sum(1 for j, p in enumerate(row) if p > row[label[i]] or (p == row[label[i]] and j < label[i]))
+        correct += 1 + ahead <= top_k
+    return np.float32(correct) / np.float32(len(x))
+
+
+@given(
+    x=st.integers(1, 5).flatmap(lambda n: floats((n, 4), -2, 2).map(np.round)),
+    top_k=st.integers(1, 4),
+    data=st.data(),
+)
+def test_accuracy_top_k_with_ties(jit, x, top_k, data):
+    label = data.draw(hnp.arrays(np.int32, (len(x),), elements=st.integers(0, 3)))
+    (acc,) = run_op("Accuracy", [x, label], jit=jit, top_k=top_k)
+    assert acc.dtype == np.float32 and acc.shape == ()
+    assert acc == accuracy_reference(x, label, top_k)

@@ -1,4 +1,5 @@
-"""LayerNorm and Dropout against NumPy references written from Caffe2's documented semantics."""
+"""LayerNorm, Dropout and the channel-wise normalisations against NumPy references written from Caffe2's
+documented semantics and kernels."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from helpers import run_op
+from helpers import forward, run_op
 from rnn2jax.errors import BadArgumentError, ShapeError
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -102,9 +103,7 @@ def test_layer_norm_errors(jit):
     with pytest.raises(BadArgumentError, match="elementwise_affine"):
         run_op("LayerNorm", [x], 3, jit=jit, elementwise_affine=1)
     with pytest.raises(ShapeError, match="gamma 'x1' has 2 elements"):
-        run_op(
-            "LayerNorm", [x, np.ones(2, np.float32), np.ones(3, np.float32)], 3, jit=jit, elementwise_affine=1
-        )
+        run_op("LayerNorm", [x, np.ones(2, np.float32), np.ones(3, np.float32)], 3, jit=jit, elementwise_affine=1)
     with pytest.raises(BadArgumentError, match="'epsilon'"):
         run_op("LayerNorm", [x], 3, jit=jit, epsilon="small")
     with pytest.raises(BadArgumentError, match="takes 3 outputs"):
@@ -187,3 +186,115 @@ def test_dropout_errors(jit):
         run_op("Dropout", [x], 3, jit=jit, is_test=0)
     with pytest.raises(ShapeError, match="float input 'x0'"):
         run_op("Dropout", [np.ones((2, 2), np.int32)], 2, jit=jit, is_test=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Channel-wise normalisations against NumPy (float64) references written from Caffe2's kernels
+
+
+def _channels_last(x, nchw):
+    """X as [C, N·HxW] in float64."""
+    c = x.shape[1] if nchw else x.shape[-1]
+    moved = np.moveaxis(x, 1 if nchw else -1, 0)
+    return moved.reshape(c, -1).astype(np.float64)
+
+
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+def test_spatial_bn_training_reference(jit, order):
+    rng = np.random.default_rng(3)
+    nchw = order == "NCHW"
+    x = rng.standard_normal((3, 2, 4, 2) if nchw else (3, 4, 2, 2)).astype(np.float32)
+    scale, bias = rng.standard_normal(2).astype(np.float32), rng.standard_normal(2).astype(np.float32)
+    running_mean, running_var = rng.standard_normal(2).astype(np.float32), np.float32([0.5, 2.0])
+    fn = forward(
+        "SpatialBN",
+        5,
+        5,
+        input_names=["X", "s", "b", "rm", "rv"],
+        output_names=["Y", "rm", "rv", "sm", "siv"],
+        is_test=0,
+        order=order,
+        momentum=0.75,
+        epsilon=1e-3,
+    )
+    y, rm, rv, sm, siv = (
+        np.asarray(o) for o in (jax.jit(fn) if jit else fn)(x, scale, bias, running_mean, running_var)
+    )
+    cols = _channels_last(x, nchw)
+    mean, var = cols.mean(axis=1), cols.var(axis=1)
+    n = cols.shape[1]
+    np.testing.assert_allclose(sm, mean, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(siv, 1 / np.sqrt(var + 1e-3), rtol=RTOL)
+    np.testing.assert_allclose(rm, 0.75 * running_mean + 0.25 * mean, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(rv, 0.75 * running_var + 0.25 * var * n / (n - 1), rtol=RTOL)
+    shape = (1, 2, 1, 1) if nchw else (1, 1, 1, 2)
+    expected = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + 1e-3) * scale.reshape(shape) + bias.reshape(
+        shape
+    )
+    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+
+
+def test_spatial_bn_single_value_makes_running_var_nan(jit):
+    """One value per channel: Caffe2's unbiasing factor n/(n-1) is infinite, times a variance of 0."""
+    x = np.float32([[1.5, -2.0]])
+    fn = forward(
+        "SpatialBN",
+        5,
+        5,
+        input_names=["X", "s", "b", "rm", "rv"],
+        output_names=["Y", "rm", "rv", "sm", "siv"],
+        is_test=0,
+    )
+    ones = np.ones(2, np.float32)
+    _, rm, rv, sm, _ = (np.asarray(o) for o in (jax.jit(fn) if jit else fn)(x, ones, ones, ones, ones))
+    assert np.isnan(rv).all()
+    np.testing.assert_allclose(rm, 0.9 + 0.1 * x[0], rtol=RTOL)
+    np.testing.assert_array_equal(sm, x[0])
+
+
+def test_spatial_bn_refuses_running_stats_not_in_place():
+    with pytest.raises(BadArgumentError, match="in place"):
+        forward("SpatialBN", 5, 5, is_test=0)  # outputs y1, y2 are not the inputs x3, x4
+
+
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+def test_group_norm_reference(jit, order):
+    rng = np.random.default_rng(4)
+    nchw = order == "NCHW"
+    x = rng.standard_normal((2, 6, 3) if nchw else (2, 3, 6)).astype(np.float32)
+    gamma, beta = rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    y, mu, rsig = run_op("GroupNorm", [x, gamma, beta], 3, jit=jit, group=3, order=order, epsilon=1e-4)
+    grouped = (x if nchw else x.transpose(0, 2, 1)).astype(np.float64).reshape(2, 3, 2 * 3)
+    e_mu, e_var = grouped.mean(axis=2), grouped.var(axis=2)
+    np.testing.assert_allclose(mu, e_mu, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(rsig, 1 / np.sqrt(e_var + 1e-4), rtol=RTOL)
+    normed = ((grouped - e_mu[..., None]) / np.sqrt(e_var[..., None] + 1e-4)).reshape(2, 6, 3)
+    expected = normed * gamma[:, None] + beta[:, None]
+    np.testing.assert_allclose(y, expected if nchw else expected.transpose(0, 2, 1), rtol=RTOL, atol=ATOL)
+
+
+def test_batch_box_cox_reference(jit):
+    x = np.float32([[0.5, 2.0, 3.0, -1.0], [1.5, 0.25, 4.0, -2.0]])
+    lambda1, lambda2 = np.float32([0.0, 0.5, 2.0, 1.0]), np.float32([0.0, 0.5, 0.0, 0.5])
+    (y,) = run_op("BatchBoxCox", [x, lambda1, lambda2], jit=jit)
+    t = np.maximum(x.astype(np.float64) + lambda2, 1e-6)
+    safe = np.where(lambda1 == 0, 1, lambda1)
+    expected = np.where(lambda1 == 0, np.log(t), (t**safe - 1) / safe)
+    np.testing.assert_allclose(y, expected, rtol=RTOL, atol=ATOL)
+
+
+def test_rms_norm_reads_eps_not_epsilon(jit):
+    """The C++ reads `eps` (default 0); the schema's documented `epsilon` is ignored."""
+    x = np.float32([[3.0, 4.0]])
+    ones, zeros = np.ones(2, np.float32), np.zeros(2, np.float32)
+    _, rrms = run_op("RMSNorm", [x, ones, zeros], 2, jit=jit, epsilon=100.0)
+    np.testing.assert_allclose(rrms, [1 / np.sqrt(12.5)], rtol=RTOL)
+    _, rrms = run_op("RMSNorm", [x, ones, zeros], 2, jit=jit, eps=87.5)
+    np.testing.assert_allclose(rrms, [0.1], rtol=RTOL)
+
+
+def test_normalize_l1_zero_slice_is_zero(jit):
+    """Caffe2 leaves the output of an all-zero slice unwritten; rnn2jax gives 0 there."""
+    x = np.float32([[0.0, 0.0], [1.0, -3.0]])
+    (y,) = run_op("NormalizeL1", [x], jit=jit)
+    np.testing.assert_allclose(y, [[0, 0], [0.25, -0.75]], rtol=RTOL)

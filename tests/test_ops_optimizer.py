@@ -149,6 +149,178 @@ def test_learning_rate_step_as_in_a_real_training_net(jit):
         np.testing.assert_allclose(lr, -2.5 * np.float32(0.9999) ** np.float32(it), rtol=1e-5)
 
 
+# Schedules as real Caffe2 (torch 1.10.2) prints them for iterations 0, 1, 2, ... (step `every`).
+PINNED_SCHEDULES = [
+    (
+        {"policy": "cyclical", "base_lr": 0.1, "max_lr": 0.5, "stepsize": 4, "decay": 0.5},
+        2,
+        [0.1, 0.3, 0.5, 0.3, 0.1, 0.2, 0.3, 0.2, 0.1, 0.15],
+    ),
+    ({"policy": "cyclical", "base_lr": 0.1, "stepsize": 4}, 2, [0.1, 0.0525, 0.005, 0.0525, 0.1, 0.0525]),
+    (
+        {"policy": "cosine", "base_lr": 1.0, "max_lr": 0.5, "min_lr": 0.1, "period": 4},
+        2,
+        [0.5, 0.3, 0.495, 0.297, 0.49005, 0.29403],
+    ),
+    ({"policy": "cosine", "base_lr": 1.0}, 20, [0.5, 0.3618034, 0.1381966, 0.45718536, 0.23581463, 0.49005]),
+    (
+        {
+            "policy": "cosine",
+            "base_lr": 1.0,
+            "max_lr": 0.5,
+            "min_lr": 0.1,
+            "period": 4,
+            "t_mult": 2.0,
+            "lr_shrink": 0.5,
+        },
+        3,
+        [0.5, 0.15857865, 0.22071068, 0.11173166, 0.125, 0.11657348, 0.09413417, 0.06524549, 0.03964466, 0.02596074],
+    ),
+    (
+        {"policy": "gate", "base_lr": 1.0, "multiplier_1": 0.5, "multiplier_2": 2.0, "num_iter": 3},
+        1,
+        [0.5, 0.5, 0.5, 2.0, 2.0],
+    ),
+    ({"policy": "gate", "base_lr": 1.0}, 1, [1.0, 1.0]),
+    (
+        {"policy": "pieceWarmup", "base_lr": 1.0, "m1": 0.1, "n1": 2, "m2": 0.3, "n2": 4, "m3": 0.7},
+        1,
+        [0.1, 0.1, 0.3, 0.3, 0.7, 0.7],
+    ),
+    (
+        {
+            "policy": "composite",
+            "base_lr": 1.0,
+            "sub_policy_num_iters": [2, 3],
+            "sub_policy_0_policy": "exp",
+            "sub_policy_0_gamma": 0.5,
+            "sub_policy_0_lr_scale": 2.0,
+            "sub_policy_1_policy": "fixed",
+        },
+        1,
+        [2.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0],
+    ),
+    (
+        {
+            "policy": "constantThenLinearWarmup",
+            "base_lr": 1.0,
+            "start_warmup_multiplier": 0.2,
+            "constant_warmup_num_iter": 2,
+            "linear_warmup_num_iter": 4,
+        },
+        1,
+        [0.2, 0.2, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0],
+    ),
+    (
+        {
+            "policy": "compositeCyclical",
+            "base_lr": 0.1,
+            "start_warmup_multiplier": 0.2,
+            "constant_warmup_num_iter": 2,
+            "linear_warmup_num_iter": 2,
+            "cyclical_max_lr": 0.5,
+            "cyclical_step_size": 2,
+            "cyclical_decay": 0.5,
+        },
+        1,
+        [0.02, 0.02, 0.02, 0.06, 0.1, 0.3, 0.5, 0.3, 0.1, 0.2, 0.3, 0.2],
+    ),
+    (
+        {
+            "policy": "compositeCosine",
+            "base_lr": 1.0,
+            "start_warmup_multiplier": 0.2,
+            "constant_warmup_num_iter": 2,
+            "linear_warmup_num_iter": 2,
+            "cosine_max_lr": 0.5,
+            "cosine_min_lr": 0.1,
+            "cosine_period": 4,
+        },
+        1,
+        [0.2, 0.2, 0.2, 0.6, 0.5, 0.44142136, 0.3, 0.15857865, 0.495, 0.43700713, 0.297, 0.15699285],
+    ),
+    ({"policy": "alter", "base_lr": 1.0, "active_period": 2, "inactive_period": 3}, 1, [1, 1, 0, 0, 0, 1, 1]),
+    (
+        {
+            "policy": "hill",
+            "base_lr": 1.0,
+            "num_iter": 3,
+            "start_multiplier": 0.1,
+            "gamma": 0.5,
+            "power": 1.0,
+            "end_multiplier": 0.2,
+        },
+        1,
+        [0.1, 0.4, 0.7, 1.0, 0.6666667, 0.5, 0.4, 0.33333334, 0.2857143, 0.25],
+    ),
+    (
+        {"policy": "linearWarmup", "base_lr": 1.0, "start_multiplier": 0.1, "num_iter": 4},
+        1,
+        [0.1, 0.325, 0.55, 0.775, 1.0, 1.0],
+    ),
+    ({"policy": "constantWarmup", "base_lr": 1.0, "num_iter": 2}, 1, [0.5, 0.5, 1.0, 1.0]),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "every", "want"),
+    PINNED_SCHEDULES,
+    ids=[f"{a['policy']}-{i}" for i, (a, _, _) in enumerate(PINNED_SCHEDULES)],
+)
+def test_learning_rate_schedules_as_caffe2_prints_them(jit, args, every, want):
+    got = [run_op("LearningRate", [counter(k * every)], jit=jit, **args)[0] for k in range(len(want))]
+    np.testing.assert_allclose(np.array(got), np.array(want, np.float32), rtol=1e-6, atol=1e-7)
+
+
+def cosine_reference(it, min_lr, max_lr, period, t_mult, lr_shrink):
+    """SGDR (arXiv 1608.03983) in float64, written from the paper's formulas."""
+    if t_mult != 1:
+        i = np.floor(np.log(1 - it / period * (1 - t_mult)) / np.log(t_mult))
+        t_i = t_mult**i * period
+        t_curr = it - (1 - t_mult**i) / (1 - t_mult) * period
+    else:
+        i = np.floor(it / period)
+        t_i, t_curr = period, it - period * i
+    low, high = min_lr * lr_shrink**i, max_lr * lr_shrink**i
+    return low + 0.5 * (high - low) * (1 + np.cos(np.pi * t_curr / t_i))
+
+
+def cyclical_reference(it, base_lr, max_lr, stepsize, decay):
+    """Triangular cyclical rate (arXiv 1506.01186) with a per-cycle decay of the peak, in float64."""
+    cycle = it // (2 * stepsize)
+    x = abs(it / stepsize - 2 * (cycle + 1) + 1)
+    return base_lr * (1 + (abs(max_lr) / abs(base_lr) - 1) * max(0.0, 1 - x) * decay**cycle)
+
+
+@given(
+    it=st.integers(0, 10**5),
+    period=st.integers(1, 1000),
+    t_mult=st.sampled_from([1.0, 1.5, 2.0]),
+    lr_shrink=st.floats(0.5, 1.0),
+)
+def test_learning_rate_cosine(jit, it, period, t_mult, lr_shrink):
+    args = {"min_lr": 0.125, "max_lr": 0.75, "period": period, "t_mult": t_mult, "lr_shrink": lr_shrink}
+    (lr,) = run_op("LearningRate", [counter(it)], jit=jit, policy="cosine", base_lr=2.0, **args)
+    f32 = {k: float(np.float32(v)) for k, v in args.items()}
+    np.testing.assert_allclose(lr, 2.0 * cosine_reference(it, **f32), rtol=1e-4, atol=1e-6)
+
+
+@given(it=st.integers(0, 10**5), stepsize=st.integers(1, 1000), decay=st.floats(0.5, 1.0))
+def test_learning_rate_cyclical(jit, it, stepsize, decay):
+    (lr,) = run_op(
+        "LearningRate",
+        [counter(it)],
+        jit=jit,
+        policy="cyclical",
+        base_lr=0.25,
+        max_lr=1.0,
+        stepsize=stepsize,
+        decay=decay,
+    )
+    want = cyclical_reference(it, 0.25, 1.0, stepsize, float(np.float32(decay)))
+    np.testing.assert_allclose(lr, want, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [
@@ -157,6 +329,19 @@ def test_learning_rate_step_as_in_a_real_training_net(jit):
         ({"base_lr": 0.1, "policy": "multistep"}, "'multistep' is not supported"),
         ({"base_lr": 0.1, "policy": "step"}, "'stepsize' > 0"),
         ({"base_lr": 0.1, "policy": "poly", "max_iter": 0}, "'max_iter' != 0"),
+        ({"base_lr": 0.1, "policy": "cyclical"}, "'stepsize' > 0"),
+        ({"base_lr": 0.1, "policy": "cosine", "period": 0}, "'period' > 0"),
+        ({"base_lr": 0.1, "policy": "alter", "active_period": 0, "inactive_period": 0}, "!= 0"),
+        ({"base_lr": 0.1, "policy": "composite"}, "non-empty 'sub_policy_num_iters'"),
+        ({"base_lr": 0.1, "policy": "composite", "sub_policy_num_iters": [0]}, "must be positive"),
+        (
+            {"base_lr": 0.1, "policy": "composite", "sub_policy_num_iters": [1], "sub_policy_0_policy": "composite"},
+            "cannot be a sub-policy",
+        ),
+        (
+            {"base_lr": 0.1, "policy": "composite", "sub_policy_num_iters": [1], "sub_policy_0_policy": "step"},
+            "'sub_policy_0_stepsize' > 0",
+        ),
         ({"base_lr": 0.1, "policy": 3}, "must be a string"),
     ],
 )

@@ -162,9 +162,7 @@ def test_front_back_errors(jit):
 def test_reduce_axes(jit, data):
     op_type = data.draw(st.sampled_from(["ReduceSum", "ReduceMean"]), label="op_type")
     x = data.draw(int_valued(min_side=1), label="x")
-    chosen = data.draw(
-        st.lists(st.integers(0, max(x.ndim - 1, 0)), unique=True, max_size=x.ndim), label="axes"
-    )
+    chosen = data.draw(st.lists(st.integers(0, max(x.ndim - 1, 0)), unique=True, max_size=x.ndim), label="axes")
     axes = [data.draw(st.sampled_from([a, a - x.ndim])) for a in chosen]  # negative axes count from the end
     keepdims = data.draw(st.sampled_from([None, 0, 1]), label="keepdims")
     (y,) = run_op(op_type, [x], jit=jit, axes=axes or None, keepdims=keepdims)
@@ -233,3 +231,51 @@ def test_sum_elements_errors(jit):
         run_op("SumElements", [np.ones(3, np.int32)], jit=jit)
     with pytest.raises(BadArgumentError, match="'average'"):
         run_op("SumElements", [np.ones(3, np.float32)], jit=jit, average=0.5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# ReduceMax/Min/L1/L2, Row/ColwiseMax, Moments, BatchMoments, Summarize
+
+
+@given(data=st.data())
+def test_reduce_axes_norms_and_extremes(jit, data):
+    x = data.draw(int_valued(min_dims=1), label="x")
+    axes = data.draw(st.lists(st.integers(0, x.ndim - 1), min_size=1, max_size=x.ndim, unique=True), label="axes")
+    for op_type, reference in (
+        ("ReduceMax", lambda v: np.max(v, axis=tuple(axes), keepdims=True, initial=np.finfo(np.float32).min)),
+        ("ReduceMin", lambda v: np.min(v, axis=tuple(axes), keepdims=True, initial=np.finfo(np.float32).max)),
+        ("ReduceL1", lambda v: np.abs(v).sum(axis=tuple(axes), keepdims=True)),
+        ("ReduceL2", lambda v: np.sqrt(np.square(v.astype(np.float64)).sum(axis=tuple(axes), keepdims=True))),
+    ):
+        (y,) = run_op(op_type, [x], jit=jit, axes=axes)
+        np.testing.assert_allclose(y, reference(x), rtol=RTOL, err_msg=op_type)
+
+
+def test_row_col_max_and_gradients(jit):
+    x = np.float32([[[1, 5, 5], [4, 2, 0]], [[-1, -2, -3], [7, 7, 1]]])
+    (rows,) = run_op("RowwiseMax", [x], jit=jit)
+    (cols,) = run_op("ColwiseMax", [x], jit=jit)
+    np.testing.assert_array_equal(rows, [[5, 4], [-1, 7]])
+    np.testing.assert_array_equal(cols, [[4, 5, 5], [7, 7, 1]])
+    (dx,) = run_op("RowwiseMaxGradient", [x, rows, np.float32([[1, 2], [3, 4]])], jit=jit)
+    np.testing.assert_array_equal(dx, [[[0, 1, 1], [2, 0, 0]], [[3, 0, 0], [4, 4, 0]]])  # ties all get it
+
+
+def test_moments_and_batch_moments(jit):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
+    mean, var = run_op("Moments", [x], 2, jit=jit, axes=[0, 2], keepdims=0)
+    np.testing.assert_allclose(mean, x.mean(axis=(0, 2)), rtol=RTOL)
+    np.testing.assert_allclose(var, x.astype(np.float64).var(axis=(0, 2)), rtol=RTOL)
+    mu, second = run_op("BatchMoments", [x], 2, jit=jit)  # the raw second moment, not the variance
+    np.testing.assert_allclose(mu, x.mean(axis=(0, 2)), rtol=RTOL)
+    np.testing.assert_allclose(second, np.square(x.astype(np.float64)).mean(axis=(0, 2)), rtol=RTOL)
+    with pytest.raises(ShapeError, match="no negative axes"):
+        run_op("Moments", [x], 2, jit=jit, axes=[-1])
+
+
+def test_summarize(jit):
+    x = np.arange(5, dtype=np.float32)
+    (y,) = run_op("Summarize", [x], jit=jit)
+    np.testing.assert_allclose(y, [0, 4, 2, np.std(x, ddof=1)], rtol=RTOL)
+    (y,) = run_op("Summarize", [x[:1] + 3], jit=jit)
+    np.testing.assert_array_equal(y, [3, 3, 3, 0])

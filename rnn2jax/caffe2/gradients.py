@@ -8,7 +8,9 @@ first reader, summed: the first generator keeps its name, later ones are renamed
 A gradient op may only read a forward blob that still has the version the forward op saw; in-place
 chains that break this raise RuntimeError, as core.py did (section 3.3 of SEMANTICS.md).
 
-Dense gradients only (no GradientSlice / sparse accumulation), which is all RNN step nets need.
+A sparse gradient (Caffe2's GradientSlice) is an `(indices, values)` pair; several of them for one blob
+(two lookups into one embedding table) are accumulated as Caffe2 did, by two `Concat`s (indices, values)
+with no deduplication. A mix of sparse and dense gradients for one blob is refused, as in core.py.
 """
 
 from __future__ import annotations
@@ -69,17 +71,32 @@ class _Generator(NamedTuple):
     device_option: pb.DeviceOption
 
 
+class _SparseGenerator(NamedTuple):
+    """A GradientSlice contribution: which gradient ops write its indices and its values (None: passed
+    through from the forward op, as Gather passes its INDICES)."""
+
+    op_i: pb.OperatorDef | None
+    idx_i: int
+    op_v: pb.OperatorDef | None
+    idx_v: int
+    gradient: tuple[str, str]
+    device_option: pb.DeviceOption
+
+
+Generator = _Generator | _SparseGenerator
+
+
+def _sparse(grad: object) -> bool:
+    return isinstance(grad, tuple)
+
+
 class _IR:
     def __init__(self, ops: Iterable[pb.OperatorDef]):
         self.ssa: list[_OpSSA] = []
-        self.input_usages: defaultdict[str, defaultdict[int, list[int]]] = defaultdict(
-            lambda: defaultdict(list)
-        )
+        self.input_usages: defaultdict[str, defaultdict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
         self.frontier: defaultdict[str, int] = defaultdict(int)
         self.gradient_frontier: dict[str, int] = {}
-        self.generators: defaultdict[str, defaultdict[int, list[_Generator]]] = defaultdict(
-            lambda: defaultdict(list)
-        )
+        self.generators: defaultdict[str, defaultdict[int, list[Generator]]] = defaultdict(lambda: defaultdict(list))
         for op in ops:
             self._play(op)
         for op in ops:
@@ -141,24 +158,86 @@ class _IR:
     ) -> None:
         forward, in_versions, _ = self.ssa[index]
         local: list[str] = []
+        sparse: dict[str, _SparseGenerator] = {}  # core.py's AppendSparseGenerators: indices and values merged
         for grad_op in grad_ops:
             for name in grad_op.input:
                 self._check_input(name, g_output, index, local)
             local.extend(grad_op.output)
             for i, output in enumerate(grad_op.output):
-                if output in g_input:
-                    input_name = forward.input[g_input.index(output)]
+                position = next((k for k, g in enumerate(g_input) if g == output or (_sparse(g) and output in g)), None)
+                if position is None:
+                    continue
+                input_name, grad = forward.input[position], g_input[position]
+                if not _sparse(grad):
                     self.generators[input_name][in_versions[input_name]].append(
                         _Generator(grad_op, i, output, grad_op.device_option)
                     )
+                    continue
+                part = sparse.get(input_name) or _SparseGenerator(None, 0, None, 0, grad, grad_op.device_option)
+                if output == grad[0]:
+                    part = part._replace(op_i=grad_op, idx_i=i)
+                else:
+                    part = part._replace(op_v=grad_op, idx_v=i)
+                sparse[input_name] = part
+        for input_name, part in sparse.items():
+            self.generators[input_name][in_versions[input_name]].append(part)
         for input_name, grad in zip(forward.input, g_input, strict=True):
-            if grad and grad not in local:  # passed through, not computed
+            passed = grad and (all(n not in local for n in grad) if _sparse(grad) else grad not in local)
+            if passed:  # passed through, not computed
+                make = _SparseGenerator(None, 0, None, 0, grad, forward.device_option) if _sparse(grad) else None
                 self.generators[input_name][in_versions[input_name]].append(
-                    _Generator(None, 0, grad, forward.device_option)
+                    make or _Generator(None, 0, grad, forward.device_option)
                 )
         for input_name, grad in zip(forward.input, g_input, strict=True):
             if grad is not None:
                 self.gradient_frontier[input_name] = in_versions[input_name]
+
+    def _make_sparse_sum(
+        self, generators: list[_SparseGenerator], input_name: str
+    ) -> tuple[list[pb.OperatorDef], tuple[str, str]]:
+        """core.py `_MakeSparseSumOps`: every computed part is autosplit, then indices and values are
+        concatenated (no deduplication: the optimizers take repeated rows)."""
+        base = input_name + "_grad"
+        for g in generators:
+            if g.op_i is not None:
+                base = g.op_i.output[g.idx_i].removesuffix("_indices")
+                break
+            if g.op_v is not None:
+                base = g.op_v.output[g.idx_v].removesuffix("_values")
+                break
+        parts: tuple[list[str], list[str]] = ([], [])
+        counts = [0, 0]
+        for g in generators:
+            for k, (op, idx) in enumerate(((g.op_i, g.idx_i), (g.op_v, g.idx_v))):
+                if op is None:
+                    if g.gradient[k] == base:
+                        raise GradientError(
+                            "The gradient output of empty gradient op can not be the same as the normal "
+                            "name of the current input gradient."
+                        )
+                    parts[k].append(g.gradient[k])
+                else:
+                    op.output[idx] = f"_{op.output[idx]}_autosplit_{counts[k]}"
+                    counts[k] += 1
+                    parts[k].append(op.output[idx])
+        ops = []
+        for names, what in zip(parts, ("indices", "values"), strict=True):
+            op = pb.OperatorDef(type="Concat", name="")
+            op.input.extend(names)
+            op.output.extend([f"{base}_{what}_concat", f"{base}_{what}_concat_split"])
+            op.arg.add(name="axis", i=0)
+            ops.append(op)
+        self._tag_sum_ops(ops, generators)
+        return ops, (ops[0].output[0], ops[1].output[0])
+
+    @staticmethod
+    def _tag_sum_ops(ops: list[pb.OperatorDef], generators: Sequence[Generator]) -> None:
+        """core.py `_SetSumOpsDeviceOption`: the first generator's device, tagged as an auto-generated sum."""
+        keep_tag_only = any(ONLY_KEEP_TAG in g.device_option.extra_info for g in generators)
+        for op in ops:
+            if not keep_tag_only:
+                op.device_option.CopyFrom(generators[0].device_option)
+            op.device_option.extra_info.append(AUTO_GEN_SUM_TAG)
 
     def _make_sum(self, generators: list[_Generator], input_name: str) -> tuple[pb.OperatorDef, str]:
         """The accumulation Sum: first computed gradient keeps its name, the others are autosplit."""
@@ -188,31 +267,34 @@ class _IR:
         op = pb.OperatorDef(type="Sum", name="")
         op.input.extend(inputs)
         op.output.append(out)
-        if any(ONLY_KEEP_TAG in g.device_option.extra_info for g in generators):
-            op.device_option.extra_info.append(AUTO_GEN_SUM_TAG)
-        else:
-            op.device_option.CopyFrom(generators[0].device_option)
-            op.device_option.extra_info.append(AUTO_GEN_SUM_TAG)
+        self._tag_sum_ops([op], generators)
         return op, out
 
-    def _accumulate(self, index: int) -> tuple[list[pb.OperatorDef], dict[str, str]]:
+    def _accumulate(self, index: int) -> tuple[list[pb.OperatorDef], dict[str, str | tuple[str, str]]]:
         """Sums for inputs of op `index` read by several ops, emitted at their first reader.
 
         Caffe2 iterated `set(op.input)` here (hash order); this uses first-appearance order.
         """
         forward, in_versions, _ = self.ssa[index]
         sums: list[pb.OperatorDef] = []
-        grad_map: dict[str, str] = {}
+        grad_map: dict[str, str | tuple[str, str]] = {}
         for input_name in dict.fromkeys(forward.input):
             version = in_versions[input_name]
             usage = self.input_usages[input_name][version]
             if len(usage) <= 1 or index != usage[0]:
                 continue
             generators = self.generators[input_name][version]
+            kinds = {type(g) for g in generators}
+            if len(kinds) > 1:
+                raise GradientError("Automatic aggregation of a mix of sparse and dense gradients is not supported yet")
             if len(generators) < 2:
                 continue
-            op, grad_map[input_name] = self._make_sum(generators, input_name)
-            sums.append(op)
+            if kinds == {_SparseGenerator}:
+                ops, grad_map[input_name] = self._make_sparse_sum(generators, input_name)
+                sums.extend(ops)
+            else:
+                op, grad_map[input_name] = self._make_sum(generators, input_name)
+                sums.append(op)
         return sums, grad_map
 
     # -- the reverse sweep -------------------------------------------------------------------------
@@ -241,9 +323,7 @@ class _IR:
         all_ops: list[pb.OperatorDef] = []
         for y, grad in ys.items():
             if grad is None:  # autogenerated all-ones gradient
-                fill = pb.OperatorDef(
-                    type="ConstantFill", name="", input=[y], output=[y + AUTOGEN_GRAD_SUFFIX]
-                )
+                fill = pb.OperatorDef(type="ConstantFill", name="", input=[y], output=[y + AUTOGEN_GRAD_SUFFIX])
                 fill.arg.add(name="value", f=1.0)
                 all_ops.append(fill)
                 grad = fill.output[0]

@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import jax
+import numpy as np
 from jax.experimental import checkify
 
 from ..errors import ShapeError
@@ -64,6 +65,17 @@ def raise_failed(error: checkify.Error) -> None:
     message = error.get()
     if message is not None:
         raise ShapeError(message.removesuffix(_SUFFIX))
+
+
+def enforce(ok: Any, message: str, **values: Any) -> None:
+    """Caffe2's CAFFE_ENFORCE on input VALUES: refused at once (a `ShapeError`) when they are known (an
+    eager run, a static input), checked when the compiled net runs when they are traced. `message` is a
+    check format string over `values`, its names passed through `literal`."""
+    if any(isinstance(v, jax.core.Tracer) for v in (ok, *values.values())):
+        runtime_check(ok, message, **values)
+    elif not bool(np.asarray(ok)):
+        shown = {k: np.asarray(v).item() if np.size(v) == 1 else np.asarray(v) for k, v in values.items()}
+        raise ShapeError(message.format(**shown))
 
 
 def literal(text: str) -> str:

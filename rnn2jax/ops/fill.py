@@ -18,7 +18,7 @@ import numpy as np
 from ..budget import check_array
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
-from .common import canonical_dtype, data_type_arg, shape_arg
+from .common import TRACED_SHAPE_HINT, canonical_dtype, data_type_arg, shape_arg
 from .registry import Kernel, register
 
 Shape = tuple[int, ...]
@@ -45,7 +45,7 @@ def _concrete_dims(op: Op, x: Any) -> Shape:
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         raise ShapeError(
             f"{op.where}: input_as_shape needs the values of blob '{blob}' while tracing, but they are "
-            "traced (computed under jax.jit or fed as a jit argument); give them as a constant instead"
+            f"traced; {TRACED_SHAPE_HINT}"
         ) from None
     if values.ndim != 1 or values.size == 0 or values.dtype.kind not in "iu":
         raise ShapeError(
@@ -55,6 +55,11 @@ def _concrete_dims(op: Op, x: Any) -> Shape:
     if (values < 0).any():
         raise ShapeError(f"{op.where}: blob '{blob}' (input_as_shape) holds negative dims {values.tolist()}")
     return tuple(int(v) for v in values)
+
+
+def _input_as_shape(op: Op) -> tuple[int, ...]:
+    """With `input_as_shape`, the first input's values are the output's shape (registry `static_inputs`)."""
+    return (0,) if op.bool("input_as_shape", False) else ()
 
 
 def _shape_source(op: Op) -> Callable[[Any], Shape]:
@@ -69,17 +74,13 @@ def _shape_source(op: Op) -> Callable[[Any], Shape]:
             raise BadArgumentError(f"{op.where}: 'input_as_shape' is set but the op has no input")
         return lambda _: shape
     if shape:
-        raise BadArgumentError(
-            f"{op.where}: cannot set the 'shape' argument and pass in an input at the same time"
-        )
+        raise BadArgumentError(f"{op.where}: cannot set the 'shape' argument and pass in an input at the same time")
     if as_shape:
         return lambda x: _concrete_dims(op, x) + extra
     return lambda x: tuple(x.shape) + extra
 
 
-def _filler(
-    op: Op, fill: Fill, check: Callable[[Shape], None] | None = None, dtype: np.dtype = _FLOAT32
-) -> Kernel:
+def _filler(op: Op, fill: Fill, check: Callable[[Shape], None] | None = None, dtype: np.dtype = _FLOAT32) -> Kernel:
     """The kernel of a filler: resolve the shape (checked by `check`, then against the memory budget for
     an output of `dtype`), then `fill` it.
 
@@ -105,9 +106,7 @@ def _scalar_input(op: Op, index: int, x: Any, dtype: np.dtype) -> jax.Array:
     """An input that holds one value (ConstantFill's value, UniformFill's min and max)."""
     shape = list(np.shape(x))
     if math.prod(shape) != 1:
-        raise ShapeError(
-            f"{op.where}: input '{op.inputs[index]}' must hold exactly one value, got shape {shape}"
-        )
+        raise ShapeError(f"{op.where}: input '{op.inputs[index]}' must hold exactly one value, got shape {shape}")
     return jnp.reshape(x, ()).astype(dtype)
 
 
@@ -131,8 +130,7 @@ def _convert(op: Op, name: str, values: Any, dtype: np.dtype) -> np.ndarray:
             info = np.iinfo(limit)
             if raw.size and (raw.min() < info.min or raw.max() > info.max):
                 raise BadArgumentError(
-                    f"{op.where}: argument '{name}' has values outside the {limit} range "
-                    f"[{info.min}, {info.max}]{hint}"
+                    f"{op.where}: argument '{name}' has values outside the {limit} range [{info.min}, {info.max}]{hint}"
                 )
         return raw.astype(target)
     with np.errstate(over="ignore"):
@@ -153,9 +151,7 @@ def _check_count(op: Op, count: int) -> Callable[[Shape], None]:
 def _given(op: Op, values: np.ndarray) -> Kernel:
     """A filler whose output is `values` (a flat array) in the output shape."""
     constant = jnp.asarray(values)
-    return _filler(
-        op, lambda shape, _key: constant.reshape(shape), _check_count(op, values.size), constant.dtype
-    )
+    return _filler(op, lambda shape, _key: constant.reshape(shape), _check_count(op, values.size), constant.dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,14 +178,12 @@ def _constant_fill_dtype(op: Op) -> np.dtype:
     return _FLOAT32
 
 
-@register("ConstantFill", inputs=(0, 2))
+@register("ConstantFill", inputs=(0, 2), static_inputs=_input_as_shape)
 def constant_fill(op: Op) -> Kernel:
     """Every element is `value` (default 0), or the single element of a second input."""
     arg = op.args.get("value")
     if arg is not None and arg.kind not in ("f", "i"):
-        raise BadArgumentError(
-            f"{op.where}: argument 'value' must be a number (field f or i), got field {arg.kind}"
-        )
+        raise BadArgumentError(f"{op.where}: argument 'value' must be a number (field f or i), got field {arg.kind}")
     dtype = _constant_fill_dtype(op)
     target = canonical_dtype(dtype)
     value = np.zeros((), target) if arg is None else _convert(op, "value", arg.value, dtype)
@@ -213,7 +207,7 @@ _GIVEN_DTYPES = {
 _GIVEN_FILL_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.bool_, np.int32, np.int64))
 
 
-@register(*_GIVEN_DTYPES, inputs=(0, 1))
+@register(*_GIVEN_DTYPES, inputs=(0, 1), static_inputs=_input_as_shape)
 def given_tensor_fill(op: Op) -> Kernel:
     """The output is `values` (float lists for float types, int lists otherwise) in the output shape."""
     dtype = _GIVEN_DTYPES[op.type]
@@ -239,14 +233,12 @@ def given_tensor_byte_string_to_uint8_fill(op: Op) -> Kernel:
         raise BadArgumentError(f"{op.where}: argument 'dtype' must be STRING (4) if given")
     strings = op.byte_strings("values")
     if len(strings) != 1:
-        raise BadArgumentError(
-            f"{op.where}: argument 'values' must hold exactly one string, got {len(strings)}"
-        )
+        raise BadArgumentError(f"{op.where}: argument 'values' must hold exactly one string, got {len(strings)}")
     data = strings[0].encode("utf-8") if isinstance(strings[0], str) else strings[0]
     return _given(op, np.frombuffer(data, dtype=np.uint8))
 
 
-@register("RangeFill", inputs=(0, 1))
+@register("RangeFill", inputs=(0, 1), static_inputs=_input_as_shape)
 def range_fill(op: Op) -> Kernel:
     """float32 0, 1, 2, ... in row-major order (Caffe2 uses it to debug reshapes)."""
     return _filler(op, lambda shape, _key: jnp.arange(math.prod(shape), dtype=jnp.float32).reshape(shape))
@@ -269,9 +261,7 @@ def _range_inputs(op: Op, names: tuple[str, str]) -> bool:
         return False
     for name in names:
         if op.has(name):
-            raise BadArgumentError(
-                f"{op.where}: cannot set both the '{name}' argument and the {name} input blob"
-            )
+            raise BadArgumentError(f"{op.where}: cannot set both the '{name}' argument and the {name} input blob")
     return True
 
 
@@ -279,7 +269,7 @@ def _bound_inputs(op: Op, bounds: tuple[Any, Any], dtype: np.dtype) -> tuple[jax
     return _scalar_input(op, 1, bounds[0], dtype), _scalar_input(op, 2, bounds[1], dtype)
 
 
-@register("UniformFill", inputs=(0, 3), random=True)
+@register("UniformFill", inputs=(0, 3), random=True, static_inputs=_input_as_shape)
 def uniform_fill(op: Op) -> Kernel:
     """U[min, max) with `min` (0.0) and `max` (1.0), or with the scalars of inputs 1 and 2.
 
@@ -306,7 +296,7 @@ def _randint_inclusive(key: jax.Array, shape: Shape, low: int, high: int) -> jax
     return jax.lax.bitcast_convert_type(jax.random.bits(key, shape, jnp.uint32), jnp.int32)
 
 
-@register("UniformIntFill", inputs=(0, 3), random=True)
+@register("UniformIntFill", inputs=(0, 3), random=True, static_inputs=_input_as_shape)
 def uniform_int_fill(op: Op) -> Kernel:
     """int32 uniform on [min, max], both inclusive (`min` 0, `max` 1), or from the scalars of inputs 1, 2."""
     from_inputs = _range_inputs(op, ("min", "max"))
@@ -324,7 +314,7 @@ def uniform_int_fill(op: Op) -> Kernel:
     return _filler(op, fill, dtype=_INT32)
 
 
-@register("GaussianFill", inputs=(0, 1), random=True)
+@register("GaussianFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape)
 def gaussian_fill(op: Op) -> Kernel:
     """Normal with `mean` (0.0) and `std` (1.0)."""
     mean, std = op.float("mean", 0.0), op.float("std", 1.0)
@@ -341,14 +331,12 @@ def _normal(key: jax.Array, shape: Shape, mean: float, std: float | np.floating)
 def _needs_rank(op: Op, rank: int) -> Callable[[Shape], None]:
     def check(shape: Shape) -> None:
         if len(shape) < rank:
-            raise ShapeError(
-                f"{op.where}: {op.type} needs an output of rank >= {rank}, got shape {list(shape)}"
-            )
+            raise ShapeError(f"{op.where}: {op.type} needs an output of rank >= {rank}, got shape {list(shape)}")
 
     return check
 
 
-@register("XavierFill", inputs=(0, 1), random=True)
+@register("XavierFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape)
 def xavier_fill(op: Op) -> Kernel:
     """U[-s, s) with s = sqrt(3 / fan_in), fan_in = numel / dim 0 (a [out, in] weight's input size)."""
 
@@ -362,7 +350,7 @@ def xavier_fill(op: Op) -> Kernel:
     return _filler(op, fill, _needs_rank(op, 1))
 
 
-@register("MSRAFill", inputs=(0, 1), random=True)
+@register("MSRAFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape)
 def msra_fill(op: Op) -> Kernel:
     """Normal(0, s) with s = sqrt(2 / fan_out), fan_out = numel / dim 1: current Caffe2's MSRAFillOp
     (filler_op.h; 2017 versions drew U[-sqrt(2 / fan_in), ...) instead)."""

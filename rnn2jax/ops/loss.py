@@ -1,10 +1,13 @@
-"""Losses: the ops that end Caffe2 training nets (cross entropies, SoftmaxWithLoss, SquaredL2Distance,
-AveragedLoss) and the gradient ops their backward nets start with.
+"""Losses and metrics: the ops that end Caffe2 training nets (cross entropies, SoftmaxWithLoss and its
+spatial form, SquaredL2Distance, AveragedLoss, ranking criteria, PairWiseLoss, BernoulliJSD), the
+gradient ops their backward nets start with, and Accuracy, MultiClassAccuracy, Perplexity.
 
 Each follows Caffe2's CPU kernel, clamps and quirks included (caffe2/operators/cross_entropy_op.cc,
-softmax_with_loss_op.cc, distance_op.cc, loss_op.h). Caffe2 also checks label *values* (class indices in
-range, probabilities in [0, 1]); values are unknown while tracing, so here an out-of-range class index
-is clamped to the nearest class instead, and probability labels are used as given.
+softmax_with_loss_op.cc, spatial_softmax_with_loss_op.cc, distance_op.cc, loss_op.h, rank_loss_op.cc,
+jsd_op.cc, margin_ranking_criterion_op.cc, cosine_embedding_criterion_op.cc, accuracy_op.cc). Caffe2 also
+checks label *values* (class indices in range, probabilities in [0, 1]); values are unknown while tracing,
+so here an out-of-range class index is clamped to the nearest class instead (SpatialSoftmaxWithLoss and
+PairWiseLoss's lengths are run-time checked), and probability labels are used as given.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
+from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .registry import Kernel, register
 
@@ -40,9 +44,7 @@ def _check_float(op: Op, x: Any, position: int) -> None:
 def _check_int(op: Op, x: Any, position: int) -> None:
     """Class labels are read as int32 (an int64 label is "Tensor type mismatch")."""
     if x.dtype != jnp.int32:
-        raise ShapeError(
-            f"{op.where}: labels '{op.inputs[position]}' must be an integer tensor (int32), got {x.dtype}"
-        )
+        raise ShapeError(f"{op.where}: labels '{op.inputs[position]}' must be an integer tensor (int32), got {x.dtype}")
 
 
 def _reciprocal(n: int, dtype: Any) -> Any:
@@ -69,9 +71,7 @@ def _class_labels(op: Op, label: Any, n: int, d: int) -> Any:
     """LabelCrossEntropy's labels: [N] or [N, 1] integers, as a clamped [N] vector."""
     _check_int(op, label, 1)
     if not (label.ndim == 1 or (label.ndim == 2 and label.shape[1] == 1)) or label.shape[0] != n:
-        raise ShapeError(
-            f"{op.where}: label '{op.inputs[1]}' must have shape [{n}] or [{n}, 1], got {_shape(label)}"
-        )
+        raise ShapeError(f"{op.where}: label '{op.inputs[1]}' must have shape [{n}] or [{n}, 1], got {_shape(label)}")
     if d == 0 and n > 0:
         raise ShapeError(f"{op.where}: X '{op.inputs[0]}' has no classes to pick a label from")
     return jnp.clip(label.reshape(n), 0, max(d - 1, 0))
@@ -115,9 +115,7 @@ def averaged_loss_gradient(op: Op) -> Kernel:
             dloss = jnp.ones((), x.dtype)
         _check_float(op, dloss, 1 if len(op.inputs) == 2 else 0)
         if dloss.size != 1:
-            raise ShapeError(
-                f"{op.where}: dLoss '{op.inputs[-1]}' must hold one element, got shape {_shape(dloss)}"
-            )
+            raise ShapeError(f"{op.where}: dLoss '{op.inputs[-1]}' must hold one element, got shape {_shape(dloss)}")
         value = dloss.reshape(())
         if x.size:
             value = value / jnp.asarray(x.size, value.dtype)
@@ -209,9 +207,7 @@ def _sigmoid_xent_mode(op: Op) -> str:
     log_d_trick = op.bool("log_D_trick", False)
     unjoined = op.bool("unjoined_lr_loss", False)
     if log_d_trick and unjoined:
-        raise BadArgumentError(
-            f"{op.where}: arguments 'log_D_trick' and 'unjoined_lr_loss' cannot both be set"
-        )
+        raise BadArgumentError(f"{op.where}: arguments 'log_D_trick' and 'unjoined_lr_loss' cannot both be set")
     return "log_D_trick" if log_d_trick else "unjoined" if unjoined else "default"
 
 
@@ -440,11 +436,467 @@ def squared_l2_distance_gradient(op: Op) -> Kernel:
     def kernel(x, y, dd):
         n = _distance_rows(op, x, y, 0)
         if dd.ndim != 1 or dd.shape[0] != n:
-            raise ShapeError(
-                f"{op.where}: dDistance '{op.inputs[2]}' must have shape [{n}], got {_shape(dd)}"
-            )
+            raise ShapeError(f"{op.where}: dDistance '{op.inputs[2]}' must have shape [{n}], got {_shape(dd)}")
         rows = (n,) + (1,) * (x.ndim - 1) if x.ndim else ()
         dx = (x - y.astype(x.dtype)) * dd.astype(x.dtype).reshape(rows)
         return dx, -dx
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# WeightedSigmoidCrossEntropyWithLogits
+
+
+def _check_weights(op: Op, weights: Any, logits: Any, position: int) -> None:
+    if weights.shape != logits.shape:
+        raise ShapeError(
+            f"{op.where}: weights '{op.inputs[position]}' {_shape(weights)} must have the logits' shape "
+            f"{_shape(logits)}"
+        )
+
+
+@register("WeightedSigmoidCrossEntropyWithLogits", inputs=3)
+def weighted_sigmoid_cross_entropy_with_logits(op: Op) -> Kernel:
+    """(logits, targets, weights) -> loss without the last dim: minus the row mean of weight · the
+    sigmoid log-likelihood (SigmoidCrossEntropyWithLogits' default mode, weighted per element)."""
+
+    def kernel(logits, targets, weights):
+        _check_logits_targets(op, logits, targets, 0)
+        _check_weights(op, weights, logits, 2)
+        terms = _sigmoid_xent_terms("default", logits, targets.astype(logits.dtype)) * weights.astype(logits.dtype)
+        if logits.ndim == 0:
+            return -terms
+        return -jnp.sum(terms, axis=-1) / jnp.asarray(_inner_size(op, logits, 0), logits.dtype)
+
+    return kernel
+
+
+@register("WeightedSigmoidCrossEntropyWithLogitsGradient", inputs=4)
+def weighted_sigmoid_cross_entropy_with_logits_gradient(op: Op) -> Kernel:
+    """(dY, logits, targets, weights) -> dlogits = -dY[row] / inner · (target - sigmoid(logit)) · weight."""
+
+    def kernel(g, logits, targets, weights):
+        _check_logits_targets(op, logits, targets, 1)
+        _check_weights(op, weights, logits, 3)
+        inner = _inner_size(op, logits, 1)
+        outer = size_to_dim(logits.shape, logits.ndim - 1) if logits.ndim else 1
+        if g.size != outer:
+            raise ShapeError(
+                f"{op.where}: dY '{op.inputs[0]}' has {g.size} values for {outer} rows of logits "
+                f"'{op.inputs[1]}' {_shape(logits)}"
+            )
+        rows = (*logits.shape[:-1], 1) if logits.ndim else ()
+        factor = -g.astype(logits.dtype).reshape(rows) / jnp.asarray(inner, logits.dtype)
+        slopes = _sigmoid_xent_slopes("default", logits, targets.astype(logits.dtype))
+        return factor * slopes * weights.astype(logits.dtype)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# MakeTwoClass
+
+
+@register("MakeTwoClass")
+def make_two_class(op: Op) -> Kernel:
+    """X (probabilities) -> Y = X.shape + [2] holding (1 - x, x)."""
+
+    def kernel(x):
+        _check_float(op, x, 0)
+        return jnp.stack([1 - x, x], axis=-1)
+
+    return kernel
+
+
+@register("MakeTwoClassGradient")
+def make_two_class_gradient(op: Op) -> Kernel:
+    """dY [..., 2] -> dX [...] = dY[..., 1] - dY[..., 0]."""
+
+    def kernel(dy):
+        _check_float(op, dy, 0)
+        if dy.ndim < 1 or dy.shape[-1] != 2:
+            raise ShapeError(f"{op.where}: dY '{op.inputs[0]}' must end with a dim of 2, got {_shape(dy)}")
+        return dy[..., 1] - dy[..., 0]
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# MarginRankingCriterion / CosineEmbeddingCriterion (caffe2/operators/margin_ranking_criterion_op.cc,
+# cosine_embedding_criterion_op.cc): elementwise, labels are int32 +1 / -1.
+
+
+def _same_size(op: Op, x: Any, first: int, *others: tuple[Any, int]) -> None:
+    for y, position in others:
+        if y.size != x.size:
+            raise ShapeError(
+                f"{op.where}: '{op.inputs[position]}' {_shape(y)} must have as many elements as "
+                f"'{op.inputs[first]}' {_shape(x)}"
+            )
+
+
+@register("MarginRankingCriterion", inputs=3)
+def margin_ranking_criterion(op: Op) -> Kernel:
+    """(X1, X2, Y) -> loss shaped like X1 = max(-Y · (X1 - X2) + margin, 0); `margin` defaults to 1."""
+    margin = np.float32(op.float("margin", 1.0))
+
+    def kernel(x1, x2, y):
+        _check_float(op, x1, 0)
+        _check_int(op, y, 2)
+        _same_size(op, x1, 0, (x2, 1), (y, 2))
+        dist = -y.reshape(x1.shape).astype(x1.dtype) * (x1 - x2.reshape(x1.shape).astype(x1.dtype)) + margin
+        return jnp.maximum(dist, jnp.zeros((), x1.dtype))
+
+    return kernel
+
+
+@register("MarginRankingCriterionGradient", inputs=4, outputs=2)
+def margin_ranking_criterion_gradient(op: Op) -> Kernel:
+    """(X1, X2, Y, dLoss) -> (dX1, dX2) = (-Y · dLoss, Y · dLoss) where the margin is not met (dist >= 0),
+    else 0."""
+    margin = np.float32(op.float("margin", 1.0))
+
+    def kernel(x1, x2, y, dloss):
+        _check_float(op, x1, 0)
+        _check_int(op, y, 2)
+        _same_size(op, x1, 0, (x2, 1), (y, 2), (dloss, 3))
+        yf = y.reshape(x1.shape).astype(x1.dtype)
+        dist = -yf * (x1 - x2.reshape(x1.shape).astype(x1.dtype)) + margin
+        live = dist >= 0
+        g = dloss.reshape(x1.shape).astype(x1.dtype)
+        dx1 = jnp.where(live, -yf * g, jnp.zeros((), x1.dtype))
+        dx2 = jnp.where(live, yf * g, jnp.zeros((), x1.dtype))
+        return dx1, dx2.reshape(x2.shape)
+
+    return kernel
+
+
+@register("CosineEmbeddingCriterion", inputs=2)
+def cosine_embedding_criterion(op: Op) -> Kernel:
+    """(S, Y) -> loss shaped like S: 1 - s where y == 1, else max(0, s - margin); `margin` defaults to 0."""
+    margin = np.float32(op.float("margin", 0.0))
+
+    def kernel(s, y):
+        _check_float(op, s, 0)
+        _check_int(op, y, 1)
+        _same_size(op, s, 0, (y, 1))
+        positive = y.reshape(s.shape) == 1
+        return jnp.where(positive, 1 - s, jnp.maximum(jnp.zeros((), s.dtype), s - margin))
+
+    return kernel
+
+
+@register("CosineEmbeddingCriterionGradient", inputs=3)
+def cosine_embedding_criterion_gradient(op: Op) -> Kernel:
+    """(S, Y, dLoss) -> dS = dLoss · (-1 where y == 1, else [s >= margin])."""
+    margin = np.float32(op.float("margin", 0.0))
+
+    def kernel(s, y, dloss):
+        _check_float(op, s, 0)
+        _check_int(op, y, 1)
+        _same_size(op, s, 0, (y, 1), (dloss, 2))
+        positive = y.reshape(s.shape) == 1
+        slope = jnp.where(positive, -jnp.ones((), s.dtype), (s >= margin).astype(s.dtype))
+        return dloss.reshape(s.shape).astype(s.dtype) * slope
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# PairWiseLoss (caffe2/operators/rank_loss_op.cc): within each session (lengths), the mean over pairs
+# with different labels of log(1 + exp(sign · (X[j] - X[i]))), sign = +1 where label[i] > label[j].
+
+
+runtime_checked("PairWiseLoss", "PairWiseLossGradient")
+_EPSILON32 = float(np.finfo(np.float32).eps)
+_MIN_LOG_DIFF = float(np.log(np.float32(np.finfo(np.float32).eps)))
+
+
+def _log_logit(x: Any) -> Any:
+    """Caffe2's logLogit: log(1 + exp(x)), 0 below log(eps) and x above -log(eps)."""
+    middle = jnp.log(jnp.exp(jnp.clip(x, _MIN_LOG_DIFF, -_MIN_LOG_DIFF)) + 1)
+    return jnp.where(x < _MIN_LOG_DIFF, jnp.zeros((), x.dtype), jnp.where(x > -_MIN_LOG_DIFF, x, middle))
+
+
+def _pairwise_setup(op: Op, x: Any, label: Any, lengths: Any) -> tuple[Any, Any, Any, Any, int]:
+    """(scores [N], label [N], pair mask [N, N] (i, j), sign [N, N], sessions) for the N > 0 case."""
+    n = x.shape[0]
+    _check_float(op, x, 0)
+    if x.size != n:
+        raise ShapeError(f"{op.where}: X '{op.inputs[0]}' {_shape(x)} must hold one score per row (N x 1)")
+    if not (label.ndim == 1 or (label.ndim == 2 and label.shape[1] == 1)) or label.shape[0] != n:
+        raise ShapeError(f"{op.where}: label '{op.inputs[1]}' must have shape [{n}] or [{n}, 1], got {_shape(label)}")
+    _check_float(op, label, 1)
+    t = label.reshape(n).astype(x.dtype)
+    if lengths is None:
+        session = jnp.zeros((n,), jnp.int32)
+        sessions = 1
+    else:
+        if lengths.ndim != 1 or lengths.dtype != jnp.int32:
+            raise ShapeError(
+                f"{op.where}: lengths '{op.inputs[2]}' must be a 1-D int32 tensor, got {lengths.dtype}{_shape(lengths)}"
+            )
+        sessions = lengths.shape[0]
+        ends = jnp.cumsum(lengths)
+        runtime_check(
+            (ends[-1] if sessions else jnp.zeros((), jnp.int32)) == n,
+            f"{literal(op.where)}: lengths '{literal(op.inputs[2])}' sum to {{total}}, not the {n} rows of X",
+            total=ends[-1] if sessions else jnp.zeros((), jnp.int32),
+        )
+        session = jnp.searchsorted(ends, jnp.arange(n), side="right").astype(jnp.int32)
+    rows = jnp.arange(n)
+    diff = t[:, None] - t[None, :]
+    mask = (rows[None, :] < rows[:, None]) & (session[:, None] == session[None, :]) & (jnp.abs(diff) >= _EPSILON32)
+    sign = jnp.where(t[:, None] > t[None, :], jnp.ones((), x.dtype), -jnp.ones((), x.dtype))
+    return x.reshape(n), session, mask, sign, sessions
+
+
+@register("PairWiseLoss", inputs=(2, 3))
+def pair_wise_loss(op: Op) -> Kernel:
+    """(X [N] or [N, 1], label [N] float[, lengths]) -> Y [sessions] (one session without lengths; [0]
+    when N is 0)."""
+
+    def kernel(x, label, lengths=None):
+        n = x.shape[0] if x.ndim else 0
+        if n == 0:
+            return jnp.zeros((0,), x.dtype)
+        scores, session, mask, sign, sessions = _pairwise_setup(op, x, label, lengths)
+        terms = jnp.where(mask, _log_logit(sign * (scores[None, :] - scores[:, None])), jnp.zeros((), x.dtype))
+        per_row = jnp.sum(terms, axis=1)
+        pairs_row = jnp.sum(mask, axis=1)
+        one_hot = session[None, :] == jnp.arange(sessions)[:, None]
+        total = jnp.sum(jnp.where(one_hot, per_row[None, :], 0), axis=1)
+        pairs = jnp.sum(jnp.where(one_hot, pairs_row[None, :], 0), axis=1)
+        return jnp.where(pairs > 0, total / jnp.maximum(pairs, 1).astype(x.dtype), total)
+
+    return kernel
+
+
+@register("PairWiseLossGradient", inputs=(3, 4))
+def pair_wise_loss_gradient(op: Op) -> Kernel:
+    """(X, label, dY[, lengths]) -> dX: for each pair, g = sign · dY / (1 + exp(-sign · (X[j] - X[i])))
+    is taken from dX[i] and added to dX[j]; each session's dX is divided by its number of pairs."""
+
+    def kernel(x, label, dy, lengths=None):
+        n = x.shape[0] if x.ndim else 0
+        if x.size != n:
+            raise ShapeError(f"{op.where}: X '{op.inputs[0]}' {_shape(x)} must hold one score per row")
+        if n == 0:
+            return jnp.zeros(x.shape, x.dtype)
+        scores, session, mask, sign, sessions = _pairwise_setup(op, x, label, lengths)
+        if dy.ndim != 1 or dy.shape[0] != sessions:
+            raise ShapeError(f"{op.where}: dY '{op.inputs[2]}' must have shape [{sessions}], got {_shape(dy)}")
+        g_session = dy.astype(x.dtype)[session]
+        grad = sign * g_session[:, None] / (1 + jnp.exp(-sign * (scores[None, :] - scores[:, None])))
+        grad = jnp.where(mask, grad, jnp.zeros((), x.dtype))
+        dx = jnp.sum(grad, axis=0) - jnp.sum(grad, axis=1)
+        one_hot = session[None, :] == jnp.arange(sessions)[:, None]
+        pairs = jnp.sum(jnp.where(one_hot, jnp.sum(mask, axis=1)[None, :], 0), axis=1)[session]
+        dx = jnp.where(pairs > 0, dx / jnp.maximum(pairs, 1).astype(x.dtype), dx)
+        return dx.reshape(x.shape)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# BernoulliJSD (caffe2/operators/jsd_op.cc)
+
+
+def _entropy(p: Any) -> Any:
+    q = 1 - p
+    safe = jnp.clip(p, LOG_THRESHOLD, 1 - LOG_THRESHOLD)
+    value = -safe * jnp.log(safe) - (1 - safe) * jnp.log(1 - safe)
+    return jnp.where((p < LOG_THRESHOLD) | (q < LOG_THRESHOLD), jnp.zeros((), p.dtype), value)
+
+
+def _logit(p: Any) -> Any:
+    x = jnp.minimum(jnp.maximum(p, jnp.asarray(LOG_THRESHOLD, p.dtype)), 1 - jnp.asarray(LOG_THRESHOLD, p.dtype))
+    return -jnp.log(1 / x - 1)
+
+
+@register("BernoulliJSD", inputs=2)
+def bernoulli_jsd(op: Op) -> Kernel:
+    """(X, T) probabilities -> L shaped like X: H((x + t) / 2) - (H(x) + H(t)) / 2, H the Bernoulli entropy."""
+
+    def kernel(x, t):
+        _check_float(op, x, 0)
+        _same_size(op, x, 0, (t, 1))
+        t = t.reshape(x.shape).astype(x.dtype)
+        avg = (x + t) / 2
+        return _entropy(avg) - (_entropy(x) + _entropy(t)) / 2
+
+    return kernel
+
+
+@register("BernoulliJSDGradient", inputs=3)
+def bernoulli_jsd_gradient(op: Op) -> Kernel:
+    """(dL, X, T) -> dX = dL · (logit(x) - logit((x + t) / 2)) / 2."""
+
+    def kernel(g, x, t):
+        _check_float(op, x, 1)
+        _same_size(op, x, 1, (t, 2), (g, 0))
+        t = t.reshape(x.shape).astype(x.dtype)
+        avg = (x + t) / 2
+        return g.reshape(x.shape).astype(x.dtype) * ((_logit(x) - _logit(avg)) / 2)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# SpatialSoftmaxWithLoss (caffe2/operators/spatial_softmax_with_loss_op.cc): softmax over the channels
+# of X [N, D, H, W]; labels [N, H, W] with -1 meaning "don't care"; optional weights per pixel.
+
+_DONT_CARE = -1
+runtime_checked("SpatialSoftmaxWithLoss")
+
+
+def _spatial_setup(op: Op, x: Any, t: Any, w: Any) -> tuple[Any, Any, Any]:
+    """(labels clamped to [0, D), care mask, weights), all [N, H, W]."""
+    _check_float(op, x, 0)
+    if x.ndim != 4:
+        raise ShapeError(f"{op.where}: logits '{op.inputs[0]}' must be 4-D (N, D, H, W), got {_shape(x)}")
+    _check_int(op, t, 1)
+    n, d, h, wd = x.shape
+    if t.ndim != 3 or t.shape[0] != n or t.size != n * h * wd:
+        raise ShapeError(f"{op.where}: labels '{op.inputs[1]}' must have shape [{n}, {h}, {wd}], got {_shape(t)}")
+    t = t.reshape(n, h, wd)
+    care = t != _DONT_CARE
+    weights = jnp.ones((n, h, wd), x.dtype)
+    if w is not None:
+        if w.size != n * h * wd:
+            raise ShapeError(f"{op.where}: weights '{op.inputs[2]}' must hold {n * h * wd} values, got {_shape(w)}")
+        weights = w.reshape(n, h, wd).astype(x.dtype)
+    return jnp.clip(t, 0, max(d - 1, 0)), care, weights
+
+
+@register("SpatialSoftmaxWithLoss", inputs=(2, 3), outputs=2)
+def spatial_softmax_with_loss(op: Op) -> Kernel:
+    """(X, labels[, weights]) -> (P softmax over D, loss = Σ w · -log max(P[label], 1e-20) / Σ w over
+    the cared-for pixels; 0 when the weights sum to 0)."""
+
+    def kernel(x, t, w=None):
+        labels, care, weights = _spatial_setup(op, x, t, w)
+        d = x.shape[1]
+        bad = care & ((t.reshape(labels.shape) < 0) | (t.reshape(labels.shape) >= d))
+        runtime_check(
+            ~jnp.any(bad),
+            f"{literal(op.where)}: labels '{literal(op.inputs[1])}' hold {{bad}}, outside [0, {d}) and not -1",
+            bad=first_bad(t.reshape(labels.shape), bad),
+        )
+        shifted = x - jnp.max(x, axis=1, keepdims=True) if x.size else x
+        e = jnp.exp(shifted)
+        p = e / jnp.sum(e, axis=1, keepdims=True)
+        picked = jnp.take_along_axis(p, labels[:, None], axis=1)[:, 0] if d else jnp.ones(labels.shape, x.dtype)
+        losses = -jnp.log(jnp.maximum(picked, jnp.asarray(LOG_THRESHOLD, x.dtype))) * weights
+        zero = jnp.zeros((), x.dtype)
+        total_weight = jnp.sum(jnp.where(care, weights, zero))
+        loss_sum = jnp.sum(jnp.where(care, losses, zero))
+        safe = jnp.where(total_weight != 0, total_weight, jnp.ones((), x.dtype))
+        return p, jnp.where(total_weight != 0, loss_sum / safe, zero)
+
+    return kernel
+
+
+@register("SpatialSoftmaxWithLossGradient", inputs=(4, 5))
+def spatial_softmax_with_loss_gradient(op: Op) -> Kernel:
+    """(X, labels[, weights], P, dLoss) -> dX = (P - onehot(label)) · w, zero at don't-care pixels,
+    times scale / Σ w when that is positive, times dLoss."""
+    scale = np.float32(op.float("scale", 1.0))
+
+    def kernel(x, t, *rest):
+        w, p, dloss = rest if len(rest) == 3 else (None, *rest)
+        labels, care, weights = _spatial_setup(op, x, t, w)
+        if p.shape != x.shape:
+            raise ShapeError(f"{op.where}: P '{op.inputs[-2]}' {_shape(p)} must have the logits' shape {_shape(x)}")
+        if dloss.size < 1:
+            raise ShapeError(f"{op.where}: dLoss '{op.inputs[-1]}' is empty")
+        d = x.shape[1]
+        one_hot = (jnp.arange(d)[None, :, None, None] == labels[:, None]).astype(p.dtype)
+        grad = (p - one_hot) * weights[:, None]
+        zero = jnp.zeros((), p.dtype)
+        grad = jnp.where(care[:, None], grad, zero)
+        total = jnp.sum(jnp.where(care, weights, zero))
+        safe = jnp.where(total > 0, total, jnp.ones((), p.dtype))
+        grad = jnp.where(total > 0, grad * (scale / safe), grad)
+        return grad * dloss.reshape(-1)[0].astype(p.dtype)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Metrics: Accuracy, MultiClassAccuracy, Perplexity (no gradient)
+
+
+def _predictions(op: Op, x: Any, label: Any) -> tuple[int, int, Any]:
+    _check_float(op, x, 0)
+    if x.ndim != 2:
+        raise ShapeError(f"{op.where}: predictions '{op.inputs[0]}' must be 2-D (N, D), got {_shape(x)}")
+    _check_int(op, label, 1)
+    n, d = x.shape
+    if label.ndim != 1 or label.shape[0] != n:
+        raise ShapeError(f"{op.where}: labels '{op.inputs[1]}' must have shape [{n}], got {_shape(label)}")
+    return n, d, label
+
+
+@register("Accuracy", inputs=2)
+def accuracy(op: Op) -> Kernel:
+    """(X [N, D], label [N]) -> 0-d float: the share of rows whose label is among the `top_k` (1) best
+    scores, ties going to the lower class index; NaN for N = 0 (Caffe2 divides 0 by 0)."""
+    top_k = op.int("top_k", 1)
+
+    def kernel(x, label):
+        n, d, label = _predictions(op, x, label)
+        if d == 0:
+            correct = jnp.zeros((), jnp.int32)
+        else:
+            safe = jnp.clip(label, 0, d - 1)
+            target = jnp.take_along_axis(x, safe[:, None], axis=1)
+            cols = jnp.arange(d)[None, :]
+            ahead = (x > target) | ((x == target) & (cols < safe[:, None]))
+            hit = (1 + jnp.sum(ahead, axis=1) <= top_k) & (label >= 0) & (label < d)
+            correct = jnp.sum(hit.astype(jnp.int32))
+        return (correct.astype(jnp.float32) / jnp.float32(n)).astype(jnp.float32)
+
+    return kernel
+
+
+@register("MultiClassAccuracy", inputs=2, outputs=2)
+def multi_class_accuracy(op: Op) -> Kernel:
+    """(X [N, D], label [N]) -> (accuracies [D] float, amounts [D] int32): per class, the share of its
+    rows whose first highest score is the class (0 for a class with no rows), and its row count."""
+
+    def kernel(x, label):
+        # Caffe2 only DCHECKs the labels' shape: it reads the first N labels of any int32 tensor.
+        if label.ndim != 1 and label.size >= x.shape[0] if x.ndim else False:
+            label = label.reshape(-1)
+        if label.ndim == 1 and x.ndim == 2 and label.shape[0] > x.shape[0]:
+            label = label[: x.shape[0]]
+        n, d, label = _predictions(op, x, label)
+        if n == 0 or d == 0:
+            return jnp.zeros((d,), jnp.float32), jnp.zeros((d,), jnp.int32)
+        best = jnp.argmax(x, axis=1)
+        classes = jnp.arange(d)[:, None] == label[None, :]
+        amounts = jnp.sum(classes, axis=1).astype(jnp.int32)
+        hits = jnp.sum(classes & (best == label)[None, :], axis=1).astype(jnp.float32)
+        return jnp.where(amounts > 0, hits / jnp.maximum(amounts, 1).astype(jnp.float32), hits), amounts
+
+    return kernel
+
+
+@register("Perplexity")
+def perplexity(op: Op) -> Kernel:
+    """X [N] probabilities -> 0-d Π x^(-1/N) (1 for N = 0). Caffe2 takes N = dim(0) and reads the first N
+    elements of a tensor of higher rank; so does this."""
+
+    def kernel(x):
+        _check_float(op, x, 0)
+        if x.ndim == 0:
+            raise ShapeError(f"{op.where}: probabilities '{op.inputs[0]}' must be 1-D, got a scalar")
+        n = x.shape[0]
+        if n == 0:
+            return jnp.ones((), x.dtype)
+        first = x.reshape(-1)[:n]
+        return jnp.prod(jnp.power(first, jnp.asarray(-1.0 / n, x.dtype)))
 
     return kernel

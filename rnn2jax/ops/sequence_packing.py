@@ -1,13 +1,13 @@
 """Sequence packing: ops that move between a flat "values + lengths" layout and padded or per-segment
-layouts (PackRNNSequence, AddPadding, LengthsSum...), plus the small index ops nets use around them
-(OneHot, ArgMax, Where).
+layouts (PackRNNSequence, AddPadding...), plus the small index ops nets use around them (OneHot, ArgMax,
+Where). The segment reductions (LengthsSum...) and the lengths conversions are in segment.py.
 
 Several of these have output shapes that depend on the *values* of a lengths input (PackRNNSequence's
-`max(lengths)`, LengthsToSegmentIds' `sum(lengths)`). Shapes must be static under `jax.jit`, so those
+`max(lengths)`). Shapes must be static under `jax.jit`, so those
 ops need the lengths to be concrete when the net is traced: a NumPy constant, or a blob the net computes
 from constants only (rnn2jax folds such ops at trace time). A traced lengths blob raises a `ShapeError`
 that says so. Ops whose output shape follows from the input shapes alone (AddPadding, RemovePadding,
-GatherPadding, ReversePackedSegs, LengthsSum/Mean, LengthsToRanges, BatchOneHot) accept traced lengths.
+GatherPadding, ReversePackedSegs, BatchOneHot) accept traced lengths.
 """
 
 from __future__ import annotations
@@ -22,13 +22,8 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
 from .checks import literal, runtime_check, runtime_checked
-from .common import canonical_axis, canonical_dtype
+from .common import TRACED_SHAPE_HINT, canonical_axis, canonical_dtype
 from .registry import Kernel, register
-
-_HINT = (
-    "these ops need concrete lengths: feed the lengths as a NumPy constant (closed over, not a jit "
-    "argument), or compute them in the net from constants only"
-)
 
 # --------------------------------------------------------------------------------------------------
 # Helpers
@@ -48,7 +43,7 @@ def _concrete_lengths(op: Op, lengths: Any, index: int = 1) -> np.ndarray:
     if isinstance(lengths, jax.core.Tracer):
         raise ShapeError(
             f"{op.where}: {op.type}'s output shape depends on the values of input '{name}', but it is a "
-            f"traced array here; {_HINT}"
+            f"traced array here; {TRACED_SHAPE_HINT}"
         )
     values = np.asarray(lengths)
     _check_lengths(op, values, index)
@@ -107,10 +102,7 @@ def _check_total(op: Op, lengths: Any, rows: int, what: str = "rows") -> None:
     runtime_check(total == rows, message, total=total)
 
 
-runtime_checked(
-    "AddPadding", "RemovePadding", "GatherPadding", "LengthsSum", "LengthsMean", "LengthsSumGradient",
-    "LengthsIndicesInGradientSumGradient", "LengthsMeanGradient", "LengthsIndicesInGradientMeanGradient",
-)  # fmt: skip
+runtime_checked("AddPadding", "RemovePadding", "GatherPadding")
 
 
 def _padding_widths(op: Op) -> tuple[int, int]:
@@ -126,7 +118,7 @@ def _padding_widths(op: Op) -> tuple[int, int]:
 # PackRNNSequence / UnpackRNNSequence (each is the other's gradient)
 
 
-@register("PackRNNSequence", inputs=2)
+@register("PackRNNSequence", inputs=2, static_inputs=(1,))
 def pack_rnn_sequence(op: Op) -> Kernel:
     """(values [Σlen, …], lengths [C]) -> [max(len), C, …], zero padded: column c is segment c."""
 
@@ -148,7 +140,7 @@ def pack_rnn_sequence(op: Op) -> Kernel:
     return kernel
 
 
-@register("UnpackRNNSequence", inputs=2)
+@register("UnpackRNNSequence", inputs=2, static_inputs=(1,))
 def unpack_rnn_sequence(op: Op) -> Kernel:
     """(packed [T, C, …], lengths [C]) -> [Σlen, …]: the segments, concatenated."""
 
@@ -282,7 +274,7 @@ def gather_padding(op: Op) -> Kernel:
 
 
 # --------------------------------------------------------------------------------------------------
-# ReversePackedSegs, LengthsToRanges, LengthsToSegmentIds
+# ReversePackedSegs
 
 
 @register("ReversePackedSegs", inputs=2)
@@ -308,119 +300,11 @@ def reverse_packed_segs(op: Op) -> Kernel:
     return kernel
 
 
-@register("LengthsToRanges")
-def lengths_to_ranges(op: Op) -> Kernel:
-    """lengths [N] -> int32 [N, 2] of (offset, length)."""
-
-    def kernel(lengths):
-        _check_lengths(op, lengths, 0)
-        return jnp.stack([_starts(lengths), jnp.asarray(lengths).astype(jnp.int32)], axis=1)
-
-    return kernel
-
-
-@register("LengthsToSegmentIds")
-def lengths_to_segment_ids(op: Op) -> Kernel:
-    """lengths [S] -> int32 [Σlen]: each row's segment index. Needs concrete lengths."""
-
-    def kernel(lengths):
-        lens = _concrete_lengths(op, lengths, 0)
-        return np.repeat(np.arange(lens.size, dtype=np.int32), lens)
-
-    return kernel
-
-
-# --------------------------------------------------------------------------------------------------
-# LengthsSum / LengthsMean and their gradients
-
-
-def _lengths_reduce(op: Op, mean: bool) -> Kernel:
-    def kernel(data, lengths):
-        if data.ndim < 1:
-            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 1 dim")
-        _check_lengths(op, lengths)
-        _check_total(op, lengths, data.shape[0])
-        segment, _ = _segments(lengths, data.shape[0])
-        num = lengths.shape[0]
-        out = jax.ops.segment_sum(data, segment, num_segments=num)
-        if mean:  # Caffe2's MeanReducer leaves empty segments at zero
-            counts = jnp.maximum(jnp.asarray(lengths), 1).astype(data.dtype)
-            out = out / jnp.reshape(counts, (-1,) + (1,) * (data.ndim - 1))
-        return out
-
-    return kernel
-
-
-def _lengths_reduce_gradient(op: Op, mean: bool) -> Kernel:
-    def kernel(grad, lengths, indices=None):
-        # With a third input (INDICES; the forward's DATA for the dense ops) its dim 0 is the output's,
-        # so traced lengths do; without it the output size is sum(lengths), which must be concrete.
-        if indices is not None:
-            return _traced_lengths_gradient(op, grad, lengths, indices, mean)
-        lens = _concrete_lengths(op, lengths)
-        if grad.ndim < 1 or grad.shape[0] != lens.size:
-            raise ShapeError(
-                f"{op.where}: input '{op.inputs[0]}' of shape {tuple(grad.shape)} needs one row per "
-                f"length in '{op.inputs[1]}' ({lens.size})"
-            )
-        segment = np.repeat(np.arange(lens.size), lens).astype(np.int32)
-        out = jnp.take(grad, segment, axis=0)
-        if mean:
-            scale = (1.0 / np.maximum(lens[segment], 1)).astype(np.dtype(grad.dtype))
-            out = out * jnp.reshape(scale, (-1,) + (1,) * (grad.ndim - 1))
-        return out
-
-    return kernel
-
-
-def _traced_lengths_gradient(op: Op, grad: Any, lengths: Any, indices: Any, mean: bool) -> jax.Array:
-    _check_lengths(op, lengths)
-    if grad.ndim < 1 or grad.shape[0] != lengths.shape[0]:
-        raise ShapeError(
-            f"{op.where}: input '{op.inputs[0]}' of shape {tuple(grad.shape)} needs one row per "
-            f"length in '{op.inputs[1]}' ({lengths.shape[0]})"
-        )
-    if jnp.ndim(indices) < 1:
-        raise ShapeError(f"{op.where}: input '{op.inputs[2]}' must have at least 1 dim")
-    rows = indices.shape[0]
-    _check_total(op, lengths, rows)
-    segment, _ = _segments(lengths, rows)
-    out = _take_clip(grad, segment)
-    if mean:
-        counts = jnp.maximum(_take_clip(jnp.asarray(lengths).astype(jnp.int32), segment), 1)
-        out = out / jnp.reshape(counts.astype(grad.dtype), (-1,) + (1,) * (grad.ndim - 1))
-    return out
-
-
-@register("LengthsSum", inputs=2)
-def lengths_sum(op: Op) -> Kernel:
-    """(data [Σlen, …], lengths [S]) -> [S, …]: the sum of each segment's rows."""
-    return _lengths_reduce(op, mean=False)
-
-
-@register("LengthsMean", inputs=2)
-def lengths_mean(op: Op) -> Kernel:
-    """(data [Σlen, …], lengths [S]) -> [S, …]: the mean of each segment's rows (0 when empty)."""
-    return _lengths_reduce(op, mean=True)
-
-
-@register("LengthsSumGradient", "LengthsIndicesInGradientSumGradient", inputs=(2, 3))
-def lengths_sum_gradient(op: Op) -> Kernel:
-    """(dY [S, …], lengths [S]) -> dX [Σlen, …]: each row gets its segment's gradient."""
-    return _lengths_reduce_gradient(op, mean=False)
-
-
-@register("LengthsMeanGradient", "LengthsIndicesInGradientMeanGradient", inputs=(2, 3))
-def lengths_mean_gradient(op: Op) -> Kernel:
-    """(dY [S, …], lengths [S]) -> dX [Σlen, …]: each row gets its segment's gradient / length."""
-    return _lengths_reduce_gradient(op, mean=True)
-
-
 # --------------------------------------------------------------------------------------------------
 # OneHot, BatchOneHot, ArgMax/ArgMin, Where
 
 
-@register("OneHot", inputs=2)
+@register("OneHot", inputs=2, static_inputs=(1,))
 def one_hot(op: Op) -> Kernel:
     """(indices [N], index_size scalar) -> float32 [N, index_size]. The size decides the output shape, so
     it must be concrete."""
@@ -429,7 +313,7 @@ def one_hot(op: Op) -> Kernel:
         if isinstance(index_size, jax.core.Tracer):
             raise ShapeError(
                 f"{op.where}: OneHot's output shape depends on the value of input '{op.inputs[1]}', but "
-                f"it is a traced array here; feed it as a NumPy constant or compute it from constants"
+                f"it is a traced array here; {TRACED_SHAPE_HINT}"
             )
         size = np.asarray(index_size)
         if size.size != 1 or not np.issubdtype(size.dtype, np.integer) or int(size.reshape(())) < 0:

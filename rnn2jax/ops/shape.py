@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
-from .common import canonical_axis, canonical_dtype, data_type_arg, size_from_dim, size_to_dim
+from .common import TRACED_SHAPE_HINT, canonical_axis, canonical_dtype, data_type_arg, size_from_dim, size_to_dim
 from .registry import Kernel, register
 
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -167,7 +167,7 @@ def _resolve_shape(op: Op, old: Sequence[int], new: Sequence[int], source: str) 
     return tuple(resolved)
 
 
-@register("Reshape", inputs=(1, 2), outputs=(1, 2))
+@register("Reshape", inputs=(1, 2), outputs=(1, 2), static_inputs=(1,), shape_outputs=(1,))
 def reshape(op: Op) -> Kernel:
     """(data[, new_shape]) -> (reshaped, old_shape); the shape comes from argument `shape` xor input 1."""
     from_input = len(op.inputs) == 2
@@ -183,7 +183,7 @@ def reshape(op: Op) -> Kernel:
     def kernel(x, new_shape=None):
         old_dtype = np.int64  # Caffe2 writes old_shape in the shape input's type, int64 by default
         if from_input:
-            hint = "use the argument 'shape' instead, or feed the shape blob as a constant, not a jit input"
+            hint = f"use the argument 'shape' instead; {TRACED_SHAPE_HINT}"
             array = _concrete_ints(op, new_shape, op.inputs[1], hint)
             values, source, old_dtype = tuple(array.tolist()), f"input '{op.inputs[1]}'", array.dtype.type
             _check_new_shape(op, values, source)
@@ -199,7 +199,7 @@ def reshape(op: Op) -> Kernel:
 # Transpose, Squeeze, ExpandDims, Flatten
 
 
-@register("Shape")
+@register("Shape", shape_only=True)
 def shape(op: Op) -> Kernel:
     """The input's dims as an int64 1-D tensor (optionally only `axes`), as a constant: shapes are
     static under jit, so what nets compute from them (initial coverage sizes...) stays concrete."""
@@ -283,7 +283,7 @@ def flatten(op: Op) -> Kernel:
 # Concat / Split
 
 
-@register("Concat", "DepthConcat", inputs=(1, None), outputs=(1, 2))
+@register("Concat", "DepthConcat", inputs=(1, None), outputs=(1, 2), shape_outputs=(1,))
 def concat(op: Op) -> Kernel:
     """(x0, x1, ...) -> (y, split_info); `add_axis` stacks along a new axis instead."""
     axis, add_axis = _concat_split_axis(op)
@@ -318,7 +318,7 @@ def concat(op: Op) -> Kernel:
     return kernel
 
 
-@register("Split", "DepthSplit", inputs=(1, 2), outputs=(1, None))
+@register("Split", "DepthSplit", inputs=(1, 2), outputs=(1, None), static_inputs=(1,))
 def split(op: Op) -> Kernel:
     """(input[, split]) -> (out0, ...): sizes from input 1 xor argument `split` xor an equal split."""
     axis, add_axis = _concat_split_axis(op)
@@ -343,7 +343,7 @@ def split(op: Op) -> Kernel:
             )
         if n == 1 and isinstance(split_blob, jax.core.Tracer):
             return (dim,)  # one output takes the whole dim, whatever the values say
-        hint = "use the argument 'split' instead, or feed the split sizes as a constant, not a jit input"
+        hint = f"use the argument 'split' instead; {TRACED_SHAPE_HINT}"
         values = _concrete_ints(op, split_blob, op.inputs[1], hint)
         if values.size != n:
             raise ShapeError(f"{op.where}: input '{op.inputs[1]}' has {values.size} sizes for {n} outputs")
@@ -427,13 +427,13 @@ def _slice_bounds(
     """[lo, hi) per dim, from the `starts`/`ends` blobs (inputs 1 and 2) if given, else the arguments."""
     if not blobs:
         return _slice_limits(op, shape, *arguments)
-    hint = "use the arguments 'starts'/'ends' instead, or feed the bounds as constants"
+    hint = f"use the arguments 'starts'/'ends' instead; {TRACED_SHAPE_HINT}"
     names = op.inputs[1:3]
     starts, ends = (_concrete_ints(op, b, n, hint).tolist() for b, n in zip(blobs, names, strict=True))
     return _slice_limits(op, shape, starts, ends)
 
 
-@register("Slice", inputs=(1, 3))
+@register("Slice", inputs=(1, 3), static_inputs=(1, 2))
 def slice_(op: Op) -> Kernel:
     """(data[, starts, ends]) -> out; bounds from arguments `starts`/`ends` or from inputs 1 and 2.
     As in Caffe2 (slice_op.h), at most one dim may be sliced (the others must be kept whole)."""
@@ -448,7 +448,7 @@ def slice_(op: Op) -> Kernel:
     return kernel
 
 
-@register("SliceGradient", inputs=(2, 4))
+@register("SliceGradient", inputs=(2, 4), static_inputs=lambda op: (1, 2) if len(op.inputs) == 4 else ())
 def slice_gradient(op: Op) -> Kernel:
     """(data[, starts, ends], dY) -> dX: zeros shaped like data (in dY's dtype) with dY written where
     the forward Slice read (caffe2/operators/slice_op.h, `SliceImpl` backward). Bounds as in Slice."""
@@ -584,7 +584,7 @@ def _in_range(indices: Any, dim: int) -> Any:
     return jnp.clip(indices, 0, max(dim - 1, 0))
 
 
-@register("SparseToDense", inputs=(2, 3))
+@register("SparseToDense", inputs=(2, 3), static_inputs=lambda op: (0,) if len(op.inputs) == 2 else ())
 def sparse_to_dense(op: Op) -> Kernel:
     """(INDICES [K], VALUES [K, ...][, DATA_TO_INFER_DIM]) -> OUT [first_dim, ...] with
     `OUT[INDICES[k]] += VALUES[k]` (duplicates add up): Gather's gradient with `dense_gradient`.
@@ -603,7 +603,7 @@ def sparse_to_dense(op: Op) -> Kernel:
             if data.ndim < 1:
                 raise ShapeError(f"{op.where}: DATA_TO_INFER_DIM '{op.inputs[2]}' must have rank >= 1")
             return data.shape[0]
-        hint = "pass DATA_TO_INFER_DIM or argument 'output_first_dim' instead"
+        hint = f"pass DATA_TO_INFER_DIM or argument 'output_first_dim' instead; {TRACED_SHAPE_HINT}"
         values = _concrete_ints(op, indices, op.inputs[0], hint)
         return int(values.max()) + 1 if values.size else 0
 

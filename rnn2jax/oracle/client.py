@@ -288,6 +288,12 @@ class Caffe2Oracle:
         answer, arrays = self.request("gradient_for_op", {"op": request.proto(op), "g_output": list(g_output)}, request)
         return [_decode(arrays[i], pb.OperatorDef) for i in answer["ops"]], answer["g_input"]
 
+    def python_ops(self, functions: Mapping[str, str]) -> dict[str, str]:
+        """Register Python ops in the worker from source (name -> code defining `name(inputs, outputs)`);
+        returns the token of each, for an OperatorDef of type "Python" with argument `token`."""
+        answer, _ = self.request("python_ops", {"functions": dict(functions)}, _Request())
+        return answer["tokens"]
+
     def backward_pass(
         self, ops: Sequence[pb.OperatorDef], ys: Mapping[str, str | None]
     ) -> tuple[list[pb.OperatorDef], dict[str, Any]]:

@@ -206,8 +206,22 @@ def cmd_hello(request, arrays, out):
 
 def _gradient_kind(name):
     schema = workspace.C.OpSchema.get(name)
-    inputs = schema.min_input if schema else 1
-    outputs = max(1, schema.min_output) if schema else 1
+    low_in = schema.min_input if schema else 1
+    low_out = max(1, schema.min_output) if schema else 1
+    # The schema's smallest op first; makers check the op against the schema, so when that arity is not
+    # allowed (Partition: 0 inputs, 1 output), the next smallest ones are tried.
+    arities = sorted(
+        ((i, o) for i in range(low_in, low_in + 6) for o in range(low_out, low_out + 6)),
+        key=lambda io: (io[0] + io[1], io),
+    )
+    for inputs, outputs in arities:
+        kind = _gradient_kind_of(name, schema, inputs, outputs)
+        if kind != "schema":
+            return kind
+    return "gradient"
+
+
+def _gradient_kind_of(name, schema, inputs, outputs):
     names = []
     for o in range(outputs):  # outputs the schema wants in place (Iter, AtomicIter) reuse the input's name
         same = [i for i in range(inputs) if schema is not None and schema.inplace_enforced(i, o)]
@@ -224,6 +238,8 @@ def _gradient_kind(name):
             return "not_implemented"
         if "hould not" in message or "not have gradient" in message:
             return "should_not"
+        if "did not pass schema checking" in message:
+            return "schema"
         return "gradient"  # a maker exists but wants real arguments or inputs (Cast's `to`, say)
     return "gradient" if ops else "no_gradient"
 
@@ -450,6 +466,18 @@ def cmd_run_predictor(request, arrays, out):
     return {"blobs": fetched}
 
 
+def cmd_python_ops(request, arrays, out):
+    """Register Python ops (`core.Net.Python`'s mechanism): each source defines `NAME(inputs, outputs)`
+    over Caffe2's TensorCPU wrappers. The client's own code (a test's stand-ins for ops Caffe2 lacks),
+    never anything read from a net. Returns each function's token, for ops of type "Python"."""
+    tokens = {}
+    for name, source in request["functions"].items():
+        namespace = {"np": np}
+        exec(compile(source, "<python op %s>" % name, "exec"), namespace)
+        tokens[name] = core._RegisterPythonImpl(namespace[name])
+    return {"tokens": tokens}
+
+
 COMMANDS = {
     "hello": cmd_hello,
     "gradient_kinds": cmd_gradient_kinds,
@@ -459,6 +487,7 @@ COMMANDS = {
     "build": cmd_build,
     "save_predictor": cmd_save_predictor,
     "run_predictor": cmd_run_predictor,
+    "python_ops": cmd_python_ops,
 }
 
 
