@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import rnn2jax
-from rnn2jax.caffe2 import create_net, get_gradient_for_op
+from rnn2jax.caffe2 import create_net, create_operator, get_gradient_for_op
 from rnn2jax.caffe2.grad_makers import GradientError, has_gradient_maker
 from rnn2jax.errors import Rnn2JaxError
 from rnn2jax.load import load
@@ -237,6 +237,18 @@ def _gradient_name(entry: Any) -> Any:
 
 # ------------------------------------------------------------------------------------------------
 # Strategies shaped like Caffe2's hypothesis_test_util
+
+
+def invalid(data: st.DataObject) -> bool:
+    """About one draw in eight is invalid on purpose (Caffe2 must refuse it, and so must rnn2jax)."""
+    return data.draw(st.integers(0, 7)) == 0
+
+
+def make_op(op_type: str, inputs: Sequence[str], outputs: Sequence[str], **args: Any) -> pb.OperatorDef:
+    """An OperatorDef with no engine, as the differential cases draw them."""
+    op = create_operator(op_type, inputs, outputs, **args)
+    op.ClearField("engine")
+    return op
 
 
 def dims(min_value: int = 1, max_value: int = 5) -> st.SearchStrategy[int]:

@@ -9,16 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, run_case, shapes
+from differential import Case, arrays, cases, invalid, run_case, shapes
 from rnn2jax.caffe2.core import create_operator
 
 # Caffe2's CPU kernels take float32 only. rnn2jax accepts doubles on purpose (its float64 verification
 # mode, rnn2jax/verify.py), so the refused dtypes drawn are integers.
 OTHER = (np.int32, np.int64)
-
-
-def _invalid(data: st.DataObject) -> bool:
-    return data.draw(st.integers(0, 7)) == 0
 
 
 def flush_subnormals(x: np.ndarray) -> np.ndarray:
@@ -31,7 +27,7 @@ def flush_subnormals(x: np.ndarray) -> np.ndarray:
 
 
 def _input(data: st.DataObject, min_dims: int = 0, low: float = -3.0, high: float = 3.0):
-    dtype = data.draw(st.sampled_from(OTHER)) if _invalid(data) else np.float32
+    dtype = data.draw(st.sampled_from(OTHER)) if invalid(data) else np.float32
     return flush_subnormals(data.draw(arrays(shapes(min_dims, 4, min_side=0), dtype, low, high)))
 
 
@@ -48,7 +44,7 @@ def _simple(op_type: str, **arg_strategies):
 
 def draw_softmax(data: st.DataObject):
     x = _input(data, min_dims=1, low=-10, high=10)
-    if _invalid(data):
+    if invalid(data):
         axis = data.draw(st.sampled_from([x.ndim, -x.ndim - 1]))
     else:
         axis = data.draw(st.integers(-x.ndim, x.ndim - 1))
@@ -64,7 +60,7 @@ def _with_args(op_type: str, low: float = -3.0, high: float = 3.0, **arg_strateg
         args = {}
         for name, strategy in arg_strategies.items():
             if data.draw(st.booleans()):
-                args[name] = data.draw(strategy(_invalid(data)))
+                args[name] = data.draw(strategy(invalid(data)))
         x = _input(data, low=low, high=high)
         return create_operator(op_type, ["X"], ["Y"], **args), {"X": x}
 
@@ -84,7 +80,7 @@ def draw_prelu(data: st.DataObject):
         x = np.zeros((*x.shape[:-1], 1), x.dtype)
     channels = x.shape[-1] if order == "NHWC" else x.shape[1]
     count = data.draw(st.sampled_from([1, channels]))
-    if _invalid(data):
+    if invalid(data):
         count = channels + 2
     w_shape = data.draw(st.sampled_from([(count,), (1, count)]))
     w = data.draw(arrays(w_shape, np.float32, -1, 1))
@@ -96,7 +92,7 @@ def draw_glu(data: st.DataObject):
     """X split in halves along `dim` (-1, the last), which must be even."""
     x = _input(data, min_dims=1)
     axis = data.draw(st.integers(0, x.ndim - 1))
-    if x.shape[axis] % 2 and not _invalid(data):
+    if x.shape[axis] % 2 and not invalid(data):
         x = np.concatenate([x, x], axis=axis)
     args = {}
     if axis != x.ndim - 1 or data.draw(st.booleans()):

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, assert_same_ops, cases, run_case, run_rnn2jax, shapes
-from rnn2jax.caffe2 import GradientError, create_operator, get_gradient_for_op
+from differential import Case, arrays, assert_same_ops, cases, invalid, make_op, run_case, run_rnn2jax, shapes
+from rnn2jax.caffe2 import GradientError, get_gradient_for_op
 from rnn2jax.errors import BadArgumentError, ShapeError
 from rnn2jax.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb
@@ -19,23 +19,12 @@ DT = pb.TensorProto
 NUMERIC = [np.float32, np.float64, np.int32, np.int64]
 
 
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
-
-
 def values(data, shape, dtype=np.float32):
     """Floats in [-1, 1], integers in [-9, 9], or bools."""
     dtype = np.dtype(dtype)
     if dtype.kind in "iu":
         return data.draw(arrays(shape, dtype, -9, 9))
     return data.draw(arrays(shape, dtype))
-
-
-def invalid(data) -> bool:
-    """About one draw in eight breaks a rule on purpose."""
-    return data.draw(st.integers(0, 7)) == 0
 
 
 def ties(data, shape):

@@ -19,14 +19,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, run_case
+from differential import Case, arrays, cases, invalid, run_case
 from rnn2jax.caffe2.core import create_operator
 
 NOTSET, VALID, SAME, CAFFE_LEGACY_POOLING = 0, 1, 2, 3
-
-
-def _invalid(data: st.DataObject) -> bool:
-    return data.draw(st.integers(0, 7)) == 0
 
 
 def _values(data: st.DataObject, shape, dtype=np.float32) -> np.ndarray:
@@ -133,7 +129,7 @@ def _conv(op_type: str, ranks: tuple[int, ...], nhwc_3d: bool = False):
         with_bias = data.draw(st.booleans())
         b_shape = [out]
         dtype = np.float32
-        if _invalid(data):
+        if invalid(data):
             problem = data.draw(st.sampled_from(["channels", "bias", "dtype", "kernel"]))
             if problem == "channels":
                 channels += 1
@@ -195,7 +191,7 @@ def draw_conv_transpose(data: st.DataObject):
     with_bias = data.draw(st.booleans())
     b_shape = [channels]
     dtype = np.float32
-    if _invalid(data):
+    if invalid(data):
         problem = data.draw(st.sampled_from(["channels", "bias", "dtype", "adj"]))
         if problem == "channels":
             w_shape = (w_shape[0] + 1, *w_shape[1:])

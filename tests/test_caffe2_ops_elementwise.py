@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from differential import Case, arrays, cases, check_gradient, check_op, dims, run_case, shapes
+from differential import Case, arrays, cases, check_gradient, check_op, dims, invalid, run_case, shapes
 from rnn2jax.caffe2.core import create_operator
 
 NUMERIC = (np.int32, np.int64, np.float32, np.float64)
@@ -19,11 +19,6 @@ INTS = (np.int32, np.int64)
 # Abs/Exp/Log/Clip: Caffe2 refuses doubles, rnn2jax accepts them on purpose (its float64 verification
 # mode, rnn2jax/verify.py), so they are drawn in float32 and refused dtypes are integers.
 FLOAT32 = (np.float32,)
-
-
-def _invalid(data: st.DataObject) -> bool:
-    """About one example in eight is drawn invalid on purpose (Caffe2 must refuse it, and so rnn2jax)."""
-    return data.draw(st.integers(0, 7)) == 0
 
 
 def _values(data: st.DataObject, shape, dtype, low=-1.0, high=1.0, nonzero=False):
@@ -84,7 +79,7 @@ def broadcast_shapes(data: st.DataObject) -> tuple[tuple[int, ...], tuple[int, .
             hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4, min_side=0, max_side=4)
         ).input_shapes
         args = {"broadcast": 0} if data.draw(st.booleans()) else {}
-    if _invalid(data) and b_shape:
+    if invalid(data) and b_shape:
         i = data.draw(st.integers(0, len(b_shape) - 1))
         b_shape = (*b_shape[:i], b_shape[i] + 2, *b_shape[i + 1 :])
     return a_shape, b_shape, args
@@ -94,7 +89,7 @@ def _binary(op_type: str):
     def draw(data: st.DataObject):
         dtype = data.draw(st.sampled_from(NUMERIC))
         a_shape, b_shape, args = broadcast_shapes(data)
-        b_dtype = data.draw(st.sampled_from(NUMERIC)) if _invalid(data) else dtype
+        b_dtype = data.draw(st.sampled_from(NUMERIC)) if invalid(data) else dtype
         op = create_operator(op_type, ["A", "B"], ["C"], **args)
         return op, {
             "A": _values(data, a_shape, dtype),
@@ -113,7 +108,7 @@ def draw_sum(data: st.DataObject):
     shape = data.draw(shapes(0, 4, min_side=0))
     n = data.draw(st.integers(1, 4))
     shapes_ = [shape] * n
-    if n > 1 and _invalid(data):
+    if n > 1 and invalid(data):
         shapes_[-1] = (*shape, 2)
     names = [f"X{i}" for i in range(n)]
     op = create_operator("Sum", names, ["Y"])
@@ -130,9 +125,9 @@ def test_sum_gradient_is_pass_through(caffe2, data):
 
 
 def draw_sum_reduce_like(data: st.DataObject):
-    dtype = data.draw(st.sampled_from(NUMERIC if _invalid(data) else FLOATS))
+    dtype = data.draw(st.sampled_from(NUMERIC if invalid(data) else FLOATS))
     a_shape, b_shape, args = legacy_shapes(data)
-    if _invalid(data) and b_shape:
+    if invalid(data) and b_shape:
         b_shape = (*b_shape[:-1], b_shape[-1] + 2)
     op = create_operator("SumReduceLike", ["A", "B"], ["C"], **args)
     return op, {"A": _values(data, a_shape, dtype), "B": _values(data, b_shape, dtype)}
@@ -143,7 +138,7 @@ def draw_sum_reduce_like(data: st.DataObject):
 
 
 def draw_scale(data: st.DataObject):
-    dtype = data.draw(st.sampled_from(INTS if _invalid(data) else FLOATS))
+    dtype = data.draw(st.sampled_from(INTS if invalid(data) else FLOATS))
     args = {}
     if data.draw(st.booleans()):
         args["scale"] = data.draw(st.floats(-3, 3, width=32))
@@ -152,7 +147,7 @@ def draw_scale(data: st.DataObject):
 
 
 def draw_clip(data: st.DataObject):
-    dtype = data.draw(st.sampled_from(INTS if _invalid(data) else FLOAT32))
+    dtype = data.draw(st.sampled_from(INTS if invalid(data) else FLOAT32))
     args = {}
     for name in ("min", "max"):
         if data.draw(st.booleans()):
@@ -163,7 +158,7 @@ def draw_clip(data: st.DataObject):
 
 def _unary(op_type: str, low: float = -1.0, high: float = 1.0, dtypes=FLOAT32):
     def draw(data: st.DataObject):
-        dtype = data.draw(st.sampled_from(INTS if _invalid(data) and dtypes != NUMERIC else dtypes))
+        dtype = data.draw(st.sampled_from(INTS if invalid(data) and dtypes != NUMERIC else dtypes))
         op = create_operator(op_type, ["X"], ["Y"])
         return op, {"X": _values(data, data.draw(shapes(0, 4, min_side=0)), dtype, low, high)}
 

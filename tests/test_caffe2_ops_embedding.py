@@ -10,22 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, check_op, run_case, run_rnn2jax
+from differential import Case, arrays, cases, check_op, invalid, make_op, run_case, run_rnn2jax
 from rnn2jax.caffe2 import get_gradient_for_op
-from rnn2jax.caffe2.core import create_operator
 from rnn2jax.errors import BadArgumentError
 from rnn2jax.ops.embedding import _FROM_FUSED, _LOOKUPS, _TO_FUSED
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
-
-
-def _invalid(data: st.DataObject) -> bool:
-    """About one example in eight is drawn invalid on purpose (Caffe2 must refuse it, and so rnn2jax)."""
-    return data.draw(st.integers(0, 7)) == 0
 
 
 def floats(data, shape, dtype=np.float32, low=-1.0, high=1.0):
@@ -119,7 +107,7 @@ def draw_lookup(op_type: str):
         inputs["indices"], inputs["lengths"] = indices, lengths
         if "scale_bias" in table:
             inputs["scale_bias"] = table["scale_bias"]
-        if _invalid(data):
+        if invalid(data):
             # (the 8BitsRowwise ops read WEIGHTS unchecked, past its end when short: rnn2jax refuses that)
             if (
                 spec.weighted
@@ -160,7 +148,7 @@ def draw_lengths_gradient(op_type: str):
             rows = data.draw(st.integers(1, 4))
             inputs["data"] = floats(data, (rows, *block))
             inputs["indices"] = data.draw(arrays((count,), np.int32, 0, rows - 1))
-        if _invalid(data):
+        if invalid(data):
             if data.draw(st.booleans()):
                 inputs["lengths"] = lengths.astype(np.int64)
             else:
@@ -191,7 +179,7 @@ def draw_to_fused(op_type: str):
 
     def draw(data):
         x = _quantizer_input(data, spec.source, per_byte)
-        if _invalid(data):
+        if invalid(data):
             if per_byte > 1 and data.draw(st.booleans()):
                 x = np.concatenate([x, x[..., :1]], axis=-1)  # columns not a multiple of 8/bits
             else:
@@ -208,7 +196,7 @@ def draw_from_fused(op_type: str):
         lead = tuple(data.draw(st.lists(st.integers(0, 3), max_size=2)))
         table = _fused_table(data, int(np.prod(lead)), spec.bits, spec.sb_dtype)
         x = table.reshape(*lead, table.shape[-1])
-        if _invalid(data):
+        if invalid(data):
             # too few columns for the scale and bias (a segfault in Caffe2 when there are no rows)
             x = x[..., :3] if x.size and data.draw(st.booleans()) else x.astype(np.int8)
         return make_op(op_type, ["x"], ["y"]), {"x": x}
@@ -220,7 +208,7 @@ def draw_float_to_rowwise_8bits(data):
     x = _quantizer_input(data, np.float32, 1, rows_min=1)
     if x.ndim == 1:
         x = x.reshape(1, -1)
-    if _invalid(data):
+    if invalid(data):
         x = x.astype(np.float64)
     return make_op("FloatToRowwiseQuantized8Bits", ["x"], ["q", "scale_bias"]), {"x": x}
 
@@ -230,7 +218,7 @@ def draw_rowwise_8bits_to_float(data):
     block = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2)))
     q = data.draw(arrays((rows, *block), np.uint8, 0, 255))
     scale_bias = np.concatenate([data.draw(arrays((rows, 1), np.float32, 0.0, 0.125)), floats(data, (rows, 1))], axis=1)
-    if _invalid(data):
+    if invalid(data):
         scale_bias = scale_bias[:, :1] if data.draw(st.booleans()) else np.concatenate([scale_bias] * 2)
     return make_op("Rowwise8BitQuantizedToFloat", ["q", "scale_bias"], ["y"]), {"q": q, "scale_bias": scale_bias}
 
@@ -240,7 +228,7 @@ def draw_gather_fused(data):
     table = _fused_table(data, rows, 8)
     index = data.draw(st.sampled_from([np.int32, np.int64]))
     indices = data.draw(arrays((data.draw(st.integers(0, 4 if rows else 0)),), index, 0, max(rows - 1, 0)))
-    if _invalid(data):
+    if invalid(data):
         indices = np.append(indices, rows).astype(index)
     return make_op("GatherFused8BitRowwise", ["data", "indices"], ["y"]), {"data": table, "indices": indices}
 

@@ -14,19 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, cases, run_case, run_rnn2jax, shapes
-from rnn2jax.caffe2 import create_operator
+from differential import Case, cases, make_op, run_case, run_rnn2jax, shapes
 from rnn2jax.errors import BadArgumentError
 from rnn2jax.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb
 
 DT = pb.TensorProto
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
 
 
 def shape_source(data, min_rank=0):

@@ -9,19 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, run_case
-from rnn2jax.caffe2 import create_operator
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
-
-
-def invalid(data) -> bool:
-    """About one draw in eight breaks a rule on purpose."""
-    return data.draw(st.integers(0, 7)) == 0
+from differential import Case, arrays, cases, invalid, make_op, run_case
 
 
 def side(data, low=1, high=3):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, assert_same_ops, cases, check_op, dims, run_case, run_rnn2jax
+from differential import Case, arrays, assert_same_ops, cases, check_op, dims, invalid, run_case, run_rnn2jax
 from rnn2jax.caffe2 import get_gradient_for_op
 from rnn2jax.caffe2.core import create_operator
 
@@ -26,18 +26,13 @@ def _split(n: int, parts: int, data: st.DataObject) -> tuple[int, ...]:
     return tuple(n if i == position else 1 for i in range(parts))
 
 
-def _invalid(data: st.DataObject) -> bool:
-    """About one example in eight is drawn invalid on purpose (Caffe2 must refuse it, and so rnn2jax)."""
-    return data.draw(st.integers(0, 7)) == 0
-
-
 # --------------------------------------------------------------------------------------------------
 # FC / FCTransposed
 
 
 def _fc(op_type: str):
     def draw(data: st.DataObject):
-        dtype = data.draw(st.sampled_from((*FLOATS, np.int32) if _invalid(data) else FLOATS))
+        dtype = data.draw(st.sampled_from((*FLOATS, np.int32) if invalid(data) else FLOATS))
         m, k, n = dims(0, 4), dims(1, 4), dims(1, 4)
         m, k, n = data.draw(m), data.draw(k), data.draw(n)
         if dtype != np.float32:  # an empty X skips Caffe2's type check (Y is float32 for any input type)
@@ -51,7 +46,7 @@ def _fc(op_type: str):
         w_k = _split(k, data.draw(st.integers(1, 2)), data)
         w_shape, axis_w = (w_n + w_k, len(w_n)) if op_type == "FC" else (w_k + w_n, len(w_k))
         b_shape = (n,)
-        if _invalid(data):
+        if invalid(data):
             which = data.draw(st.sampled_from(["w", "b"]))
             if which == "w":
                 w_shape = (*w_shape[:-1], w_shape[-1] + 1)
@@ -94,7 +89,7 @@ def draw_matmul(data: st.DataObject, axis_one: bool = True):
     trans_a, trans_b = data.draw(st.booleans()), data.draw(st.booleans())
     a_shape, axis_a = _matmul_operand(data, m, k, trans_a, axis_one)
     b_shape, axis_b = _matmul_operand(data, k, n, trans_b, axis_one)
-    if _invalid(data):
+    if invalid(data):
         b_shape = (*b_shape[:-1], b_shape[-1] + 1) if trans_b else (b_shape[0] + 1, *b_shape[1:])
     args = {}
     for name, value, default in (
@@ -152,7 +147,7 @@ def draw_batch_matmul(data: st.DataObject):
             a_shape = (*a_shape[:-2], a_shape[-1], a_shape[-2])
     else:
         a_shape, b_shape = batch + a_mat, batch + b_mat
-    if _invalid(data):
+    if invalid(data):
         if data.draw(st.booleans()) or len(b_shape) < 3:
             b_shape = (
                 (*b_shape[:-1], b_shape[-1] + 1)
@@ -179,7 +174,7 @@ def draw_elementwise_linear(data: st.DataObject):
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     d = math.prod(shape[axis:])
     a_shape, b_shape = (d,), (d,)
-    if _invalid(data):
+    if invalid(data):
         a_shape = (d + 1,) if data.draw(st.booleans()) else (1, d)
     args = {"axis": axis} if axis != 1 or data.draw(st.booleans()) else {}
     op = create_operator("ElementwiseLinear", ["X", "a", "b"], ["Y"], **args)

@@ -11,19 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, dims, run_case, run_rnn2jax, shapes
+from differential import Case, arrays, cases, dims, invalid, run_case, run_rnn2jax, shapes
 from rnn2jax.caffe2.core import create_operator
 from rnn2jax.errors import ShapeError
-
-
-def _invalid(data: st.DataObject) -> bool:
-    return data.draw(st.integers(0, 7)) == 0
 
 
 def _float_dtype(data: st.DataObject):
     """float32, or (invalid) int32. Caffe2 refuses doubles too, but rnn2jax accepts them on purpose (its
     float64 verification mode, rnn2jax/verify.py), so they are not drawn."""
-    return np.int32 if _invalid(data) else np.float32
+    return np.int32 if invalid(data) else np.float32
 
 
 def _grow(data: st.DataObject, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -53,7 +49,7 @@ def draw_averaged_loss(data: st.DataObject):
 def draw_squared_l2_distance(data: st.DataObject):
     dtype = _float_dtype(data)
     shape = data.draw(shapes(1, 4, min_side=0))
-    y_shape = _grow(data, shape) if _invalid(data) else shape
+    y_shape = _grow(data, shape) if invalid(data) else shape
     op = create_operator("SquaredL2Distance", ["X", "Y"], ["D"])
     x, y = data.draw(arrays(shape, dtype)), data.draw(arrays(y_shape, dtype))
     if dtype == np.float32 and y_shape == shape:
@@ -67,7 +63,7 @@ def draw_squared_l2_distance(data: st.DataObject):
 def draw_cross_entropy(data: st.DataObject):
     n, d = data.draw(dims(0, 4)), data.draw(dims(1, 5))
     x = data.draw(arrays((n, d), _float_dtype(data), 0.0625, 1.0))
-    label_shape = _grow(data, (n, d)) if _invalid(data) else (n, d)
+    label_shape = _grow(data, (n, d)) if invalid(data) else (n, d)
     label = _probabilities(data, label_shape)
     return create_operator("CrossEntropy", ["X", "label"], ["Y"]), {"X": x, "label": label}
 
@@ -75,9 +71,9 @@ def draw_cross_entropy(data: st.DataObject):
 def draw_label_cross_entropy(data: st.DataObject):
     n, d = data.draw(dims(0, 4)), data.draw(dims(1, 5))
     x = _probabilities(data, (n, d), _float_dtype(data))
-    label_dtype = data.draw(st.sampled_from([np.int64, np.float32])) if _invalid(data) else np.int32
+    label_dtype = data.draw(st.sampled_from([np.int64, np.float32])) if invalid(data) else np.int32
     label_shape = data.draw(st.sampled_from([(n,), (n, 1)]))
-    if _invalid(data):
+    if invalid(data):
         label_shape = (n + 1,)
     label = data.draw(arrays(label_shape, label_dtype, 0, d - 1))
     return create_operator("LabelCrossEntropy", ["X", "label"], ["Y"]), {"X": x, "label": label}
@@ -88,12 +84,12 @@ def draw_sigmoid_cross_entropy_with_logits(data: st.DataObject):
     shape = data.draw(shapes(1, 4, min_side=0))
     shape = (*shape[:-1], max(shape[-1], 1))  # an empty last dim crashes Caffe2: test_sigmoid_xent_empty_rows
     logits = data.draw(arrays(shape, dtype, -8, 8))
-    targets = data.draw(arrays(_grow(data, shape) if _invalid(data) else shape, dtype, 0, 1))
+    targets = data.draw(arrays(_grow(data, shape) if invalid(data) else shape, dtype, 0, 1))
     args = {}
     mode = data.draw(st.sampled_from(["default", "log_D_trick", "unjoined_lr_loss"]))
     if mode != "default":
         args[mode] = 1
-    if _invalid(data):
+    if invalid(data):
         args = {"log_D_trick": 1, "unjoined_lr_loss": 1}
     op = create_operator("SigmoidCrossEntropyWithLogits", ["logits", "targets"], ["loss"], **args)
     return op, {"logits": logits, "targets": targets}
@@ -123,7 +119,7 @@ def draw_softmax_with_loss(data: st.DataObject):
             label = label.reshape(shape)
     else:
         label = data.draw(arrays(data.draw(st.sampled_from([n_dims, (*n_dims, 1)])), np.int32, 0, d - 1))
-    if _invalid(data):
+    if invalid(data):
         label = label[:-1] if len(label) else np.zeros((1, *label.shape[1:]), label.dtype)
     inputs = {"X": x, "label": label}
     if data.draw(st.booleans()):
@@ -136,7 +132,7 @@ def draw_softmax_with_loss(data: st.DataObject):
 
 def _labels_pm1(data: st.DataObject, shape):
     """int32 labels of +1 / -1 (an invalid draw: int64)."""
-    dtype = np.int64 if _invalid(data) else np.int32
+    dtype = np.int64 if invalid(data) else np.int32
     return (data.draw(arrays(shape, np.int32, 0, 1)) * 2 - 1).astype(dtype)
 
 
@@ -146,7 +142,7 @@ def draw_weighted_sigmoid_xent(data: st.DataObject):
     shape = (*shape[:-1], max(shape[-1], 1))  # an empty last dim crashes Caffe2 (as the unweighted op)
     logits = data.draw(arrays(shape, dtype, -8, 8))
     targets = data.draw(arrays(shape, dtype, 0, 1))
-    weights = data.draw(arrays(_grow(data, shape) if _invalid(data) else shape, dtype, 0, 2))
+    weights = data.draw(arrays(_grow(data, shape) if invalid(data) else shape, dtype, 0, 2))
     op = create_operator("WeightedSigmoidCrossEntropyWithLogits", ["logits", "targets", "weights"], ["loss"])
     return op, {"logits": logits, "targets": targets, "weights": weights}
 
@@ -159,7 +155,7 @@ def draw_make_two_class(data: st.DataObject):
 def draw_margin_ranking_criterion(data: st.DataObject):
     dtype = _float_dtype(data)
     shape = data.draw(shapes(1, 2, min_side=0))
-    x2_shape = _grow(data, shape) if _invalid(data) else shape
+    x2_shape = _grow(data, shape) if invalid(data) else shape
     args = {"margin": data.draw(st.sampled_from([0.0, 0.5, 1.0]))} if data.draw(st.booleans()) else {}
     inputs = {
         "X1": data.draw(arrays(shape, dtype, -2, 2)),
@@ -172,7 +168,7 @@ def draw_margin_ranking_criterion(data: st.DataObject):
 def draw_cosine_embedding_criterion(data: st.DataObject):
     dtype = _float_dtype(data)
     shape = data.draw(shapes(1, 2, min_side=0))
-    y_shape = _grow(data, shape) if _invalid(data) else shape
+    y_shape = _grow(data, shape) if invalid(data) else shape
     args = {"margin": data.draw(st.sampled_from([0.0, 0.25, -0.5]))} if data.draw(st.booleans()) else {}
     inputs = {"S": data.draw(arrays(shape, dtype, -1, 1)), "Y": _labels_pm1(data, y_shape)}
     return create_operator("CosineEmbeddingCriterion", list(inputs), ["loss"], **args), inputs
@@ -188,7 +184,7 @@ def draw_pair_wise_loss(data: st.DataObject):
     if data.draw(st.booleans()):
         cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=3)))
         lengths = np.diff([0, *cuts, n]).astype(np.int32)
-        if _invalid(data):
+        if invalid(data):
             lengths[-1] += 1  # sums past N
         inputs["lengths"] = lengths
     return create_operator("PairWiseLoss", list(inputs), ["Y"]), inputs
@@ -197,7 +193,7 @@ def draw_pair_wise_loss(data: st.DataObject):
 def draw_bernoulli_jsd(data: st.DataObject):
     dtype = _float_dtype(data)
     shape = data.draw(shapes(1, 3, min_side=0))
-    t_shape = _grow(data, shape) if _invalid(data) else shape
+    t_shape = _grow(data, shape) if invalid(data) else shape
     x = data.draw(arrays(shape, dtype, 0.0625, 0.9375))
     t = data.draw(arrays(t_shape, np.float32, 0.0, 1.0))
     return create_operator("BernoulliJSD", ["X", "T"], ["L"]), {"X": x, "T": t}
@@ -208,7 +204,7 @@ def draw_spatial_softmax_with_loss(data: st.DataObject):
     n, d, h, w = (data.draw(dims(1, 3)) for _ in range(4))
     x = data.draw(arrays((n, d, h, w), _float_dtype(data), -5, 5))
     label = data.draw(arrays((n, h, w), np.int32, -1, d - 1))
-    if _invalid(data):
+    if invalid(data):
         # Caffe2 checks only the labels' rank and first dim: fewer pixels make it read out of bounds (SIGSEGV)
         label = data.draw(st.sampled_from([np.concatenate([label, label]), label.reshape(n, h * w), label + d]))
     inputs = {"X": x, "label": label}
@@ -224,7 +220,7 @@ def _scores_and_labels(data: st.DataObject):
     if data.draw(st.booleans()):
         x = np.round(x)  # ties
     label = data.draw(arrays((n,), np.int32, 0, d - 1))
-    if _invalid(data):
+    if invalid(data):
         label = data.draw(st.sampled_from([label.astype(np.int64), label.reshape(n, 1), np.append(label, 0)]))
     return x, label
 

@@ -23,13 +23,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, check_op, dims, run_case, run_rnn2jax, shapes
+from differential import Case, arrays, cases, check_op, dims, invalid, run_case, run_rnn2jax, shapes
 from rnn2jax.caffe2.core import create_operator
-
-
-def _invalid(data: st.DataObject) -> bool:
-    return data.draw(st.integers(0, 7)) == 0
-
 
 # --------------------------------------------------------------------------------------------------
 # Dropout
@@ -40,7 +35,7 @@ def draw_dropout(data: st.DataObject):
     test_dropout_test_mode_leaves_mask_unwritten); is_test=0 with ratio 0 and (Y, mask). Invalid draws:
     no is_test (Caffe2's schema requires it), a ratio outside [0, 1), training without the mask
     output, a double input."""
-    dtype = np.int32 if _invalid(data) else np.float32  # doubles: see test_layer_norm_double
+    dtype = np.int32 if invalid(data) else np.float32  # doubles: see test_layer_norm_double
     x = data.draw(arrays(shapes(0, 4, min_side=0), dtype))
     is_test = data.draw(st.booleans())
     args: dict = {"is_test": int(is_test)}
@@ -50,7 +45,7 @@ def draw_dropout(data: st.DataObject):
             args["ratio"] = data.draw(st.floats(0, 0.9375, width=32))
     else:
         args["ratio"] = 0.0
-    if _invalid(data):
+    if invalid(data):
         problem = data.draw(st.sampled_from(["no is_test", "ratio", "no mask"]))
         if problem == "no is_test":
             del args["is_test"]
@@ -77,8 +72,8 @@ def test_dropout_test_mode_leaves_mask_unwritten(caffe2):
 
 
 def draw_layer_norm(data: st.DataObject):
-    dtype = np.int32 if _invalid(data) else np.float32  # doubles: see test_layer_norm_double
-    shape = tuple(data.draw(st.lists(dims(0, 4), min_size=2 if not _invalid(data) else 1, max_size=4)))
+    dtype = np.int32 if invalid(data) else np.float32  # doubles: see test_layer_norm_double
+    shape = tuple(data.draw(st.lists(dims(0, 4), min_size=2 if not invalid(data) else 1, max_size=4)))
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     n = math.prod(shape[axis:])
     if n == 2:  # see the module docstring
@@ -99,7 +94,7 @@ def draw_layer_norm(data: st.DataObject):
     inputs = {"X": x}
     if affine:
         param_shape = data.draw(st.sampled_from([shape[axis:], (n,)]))
-        if _invalid(data) and x.size:  # Caffe2 checks gamma/beta only when X is not empty
+        if invalid(data) and x.size:  # Caffe2 checks gamma/beta only when X is not empty
             param_shape = (n + 1,)
         inputs["gamma"] = data.draw(arrays(param_shape, dtype, -2, 2))
         inputs["beta"] = data.draw(arrays(param_shape, dtype, -2, 2))
@@ -147,7 +142,7 @@ def _layout(data: st.DataObject, n: int, c: int, spatial: list[int]):
 
 
 def _bad_dtype(data: st.DataObject):
-    return np.float64 if _invalid(data) else np.float32
+    return np.float64 if invalid(data) else np.float32
 
 
 def draw_spatial_bn(data: st.DataObject):
@@ -168,7 +163,7 @@ def draw_spatial_bn(data: st.DataObject):
         args["momentum"] = data.draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))
     inputs = {
         "X": spread(data, shape, _bad_dtype(data)),
-        "scale": flushed(data.draw(arrays((c + (1 if _invalid(data) else 0),), np.float32, -2, 2))),
+        "scale": flushed(data.draw(arrays((c + (1 if invalid(data) else 0),), np.float32, -2, 2))),
         "bias": flushed(data.draw(arrays((c,), np.float32, -2, 2))),
         "mean": data.draw(arrays((c,), np.float32, -1, 1)),
         "var": data.draw(arrays((c,), np.float32, 0.125, 2)),
@@ -182,7 +177,7 @@ def draw_spatial_bn(data: st.DataObject):
         batch_mean = data.draw(arrays((c,), np.float32, -1, 1))
         inputs["mean_sum"] = (batch_mean * count).astype(np.float32)
         inputs["var_sum"] = ((data.draw(arrays((c,), np.float32, 0.25, 1)) + batch_mean**2) * count).astype(np.float32)
-    if _invalid(data):
+    if invalid(data):
         problem = data.draw(st.sampled_from(["is_test", "epsilon", "momentum", "inplace"]))
         if problem == "is_test":
             del args["is_test"]
@@ -232,7 +227,7 @@ def draw_group_norm(data: st.DataObject):
     n, c, spatial = _group_shape(data, groups, k)
     args, _nchw, shape = _layout(data, n, c, spatial)
     args["group"] = groups
-    if _invalid(data):
+    if invalid(data):
         args["group"] = data.draw(st.sampled_from([c + 1, 32]))
         if args["group"] == 32:
             del args["group"]
@@ -241,11 +236,11 @@ def draw_group_norm(data: st.DataObject):
     outputs = data.draw(st.sampled_from([["Y"], ["Y", "mu", "rsig"]]))
     if data.draw(st.booleans()):
         args["is_test"] = int(len(outputs) == 1 or data.draw(st.booleans()))
-        if _invalid(data):
+        if invalid(data):
             args["is_test"], outputs = 0, ["Y"]
     inputs = {
         "X": spread(data, shape, _bad_dtype(data)),
-        "gamma": flushed(data.draw(arrays((c + (1 if _invalid(data) else 0),), np.float32, -2, 2))),
+        "gamma": flushed(data.draw(arrays((c + (1 if invalid(data) else 0),), np.float32, -2, 2))),
         "beta": flushed(data.draw(arrays((c,), np.float32, -2, 2))),
     }
     return create_operator("GroupNorm", list(inputs), outputs, **args), inputs
@@ -258,12 +253,12 @@ def draw_instance_norm(data: st.DataObject):
     args, _nchw, shape = _layout(data, n, c, spatial)
     if data.draw(st.booleans()):
         args["epsilon"] = data.draw(st.sampled_from([1e-5, 1e-3, 0.25]))
-    if _invalid(data):
+    if invalid(data):
         args["epsilon"] = -1.0
     outputs = ["Y", "mean", "rstd"][: data.draw(st.integers(1, 3))]
     inputs = {
         "X": spread(data, shape, _bad_dtype(data)),
-        "scale": flushed(data.draw(arrays((c + (1 if _invalid(data) else 0),), np.float32, -2, 2))),
+        "scale": flushed(data.draw(arrays((c + (1 if invalid(data) else 0),), np.float32, -2, 2))),
         "bias": flushed(data.draw(arrays((c,), np.float32, -2, 2))),
     }
     return create_operator("InstanceNorm", list(inputs), outputs, **args), inputs
@@ -281,7 +276,7 @@ def draw_affine_channel(data: st.DataObject):
     args, nchw, shape = _layout(data, *_channels_shape(data))
     if data.draw(st.booleans()):
         args["is_learnable"] = int(data.draw(st.booleans()))
-    if _invalid(data):
+    if invalid(data):
         args["order"] = "HWCN"
     c = shape[1] if nchw else shape[-1]
     inputs = {
@@ -304,7 +299,7 @@ def draw_channel_backprop_stats(data: st.DataObject):
     """NCHW X of rank 3 to 5 (rank 2 is an invalid draw), mean and inv_std of C values, dY like X
     (Caffe2 checks none of these sizes and reads past short ones, so they are never drawn wrong)."""
     n, c, spatial = _channels_shape(data, 1, 3)
-    if _invalid(data):
+    if invalid(data):
         spatial = []
     shape = (n, c, *spatial)
     inputs = {
@@ -320,10 +315,10 @@ def draw_lp_norm(data: st.DataObject):
     """p 1 or 2, average or not. Invalid draws: p = 3, a double X, average of an empty X."""
     args = {}
     if data.draw(st.booleans()):
-        args["p"] = 3 if _invalid(data) else data.draw(st.sampled_from([1, 2]))
+        args["p"] = 3 if invalid(data) else data.draw(st.sampled_from([1, 2]))
     if data.draw(st.booleans()):
         args["average"] = int(data.draw(st.booleans()))
-    shape = data.draw(shapes(0, 3, min_side=0 if _invalid(data) else 1, max_side=4))
+    shape = data.draw(shapes(0, 3, min_side=0 if invalid(data) else 1, max_side=4))
     return create_operator("LpNorm", ["X"], ["Y"], **args), {"X": flushed(data.draw(arrays(shape, _bad_dtype(data))))}
 
 
@@ -341,7 +336,7 @@ def draw_normalize(op_type):
             axis = args["axis"] = data.draw(st.integers(-len(shape), len(shape) - 1))
         shape[axis] = max(shape[axis], 2)  # slices of 1 normalise to ±1: dX is 0 up to Caffe2's rounding
         shape = tuple(shape)
-        if _invalid(data):
+        if invalid(data):
             args["axis"] = len(shape)
         x = flushed(data.draw(arrays(shape, _bad_dtype(data))))
         if op_type == "NormalizeL1":
@@ -354,7 +349,7 @@ def draw_normalize(op_type):
 def draw_rms_norm(data: st.DataObject):
     """Rank >= 2, rows of at least 2 nonzero spread values, float or double; `eps` (the argument the
     C++ reads) or `epsilon` (documented, ignored). Invalid draws: rank 1, gamma of the wrong size."""
-    shape = [data.draw(dims(0, 3)) for _ in range(data.draw(st.integers(1 if _invalid(data) else 2, 4)))]
+    shape = [data.draw(dims(0, 3)) for _ in range(data.draw(st.integers(1 if invalid(data) else 2, 4)))]
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     k = axis % len(shape)
     if math.prod(shape[k:]) < 2:
@@ -368,7 +363,7 @@ def draw_rms_norm(data: st.DataObject):
     if data.draw(st.booleans()):
         args[data.draw(st.sampled_from(["eps", "epsilon"]))] = data.draw(st.sampled_from([0.0, 1e-5, 0.25]))
     param_shape = data.draw(st.sampled_from([tuple(shape[k:]), (n,)]))
-    if _invalid(data):
+    if invalid(data):
         param_shape = (n + 1,)
     inputs = {
         "X": spread(data, tuple(shape), dtype),
@@ -394,7 +389,7 @@ def draw_batch_box_cox(data: st.DataObject):
         ),
         "lambda2": lambda2,
     }
-    if _invalid(data):
+    if invalid(data):
         name = data.draw(st.sampled_from(["lambda1", "lambda2"]))
         inputs[name] = data.draw(st.sampled_from([np.append(inputs[name], 1), inputs[name].astype(np.int32)]))
     return create_operator("BatchBoxCox", list(inputs), ["Y"]), inputs

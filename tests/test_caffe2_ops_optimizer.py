@@ -11,23 +11,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, assert_blobs_equal, cases, check_op, run_case, run_rnn2jax, shapes
-from rnn2jax.caffe2 import create_operator
+from differential import (
+    Case,
+    arrays,
+    assert_blobs_equal,
+    cases,
+    check_op,
+    invalid,
+    make_op,
+    run_case,
+    run_rnn2jax,
+    shapes,
+)
 
 
 def f32(low: float, high: float):
     """float32 values in [low, high] (the bounds rounded to float32)."""
     return st.floats(float(np.float32(low)), float(np.float32(high)), width=32)
-
-
-def _invalid(data) -> bool:
-    return data.draw(st.integers(0, 7)) == 0
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
 
 
 def counter(data):
@@ -133,7 +133,7 @@ def draw_learning_rate(data):
             args.update(_policy_args(data, sub, f"sub_policy_{k}_"))
             if data.draw(st.booleans()):
                 args[f"sub_policy_{k}_lr_scale"] = data.draw(f32(0.0, 2.0))
-        if _invalid(data):
+        if invalid(data):
             args[f"sub_policy_{len(subs) - 1}_policy"] = data.draw(st.sampled_from(["composite", "nope", ""]))
     else:
         args.update(_policy_args(data, policy))
@@ -141,7 +141,7 @@ def draw_learning_rate(data):
         del args["max_iter"]  # the default -1: Caffe2 keeps it as uint64, a rate that never decays
     if data.draw(st.booleans()):
         args["lr_scale"] = data.draw(f32(0.0, 2.0))
-    if _invalid(data):
+    if invalid(data):
         args["policy"] = data.draw(st.sampled_from(["nope", "cyclic", ""]))
     it = np.asarray([data.draw(st.integers(0, 10**4) if policy == "exp" else _iters())], np.int64)
     return make_op("LearningRate", ["iter"], ["lr"], **args), {"iter": it}
@@ -220,7 +220,7 @@ def _dense(data, n_moments: int, positive: tuple[int, ...] = ()):
 
 def _maybe_bad_grad(data, shape):
     """The gradient's shape: the parameter's, or (invalid) one element more."""
-    if _invalid(data):
+    if invalid(data):
         return (*shape[:-1], shape[-1] + 1)
     return shape
 
@@ -278,7 +278,7 @@ def draw_adagrad(data):
 
 def draw_momentum_sgd(data):
     _shape, (g, m) = _dense(data, 2)
-    if _invalid(data):
+    if invalid(data):
         m = np.zeros((m.size + 1,), np.float32)
     args = _args(data, momentum=f32(0.0, 0.99), nesterov=st.integers(0, 1))
     inputs = {"g": g, "m": m, "lr": _lr(data)}
@@ -289,7 +289,7 @@ def draw_momentum_sgd_update(data):
     _shape, (g, m, w) = _dense(data, 3)
     args = _args(data, momentum=f32(0.0, 0.99), nesterov=st.integers(0, 1))
     inputs = {"g": g, "m": m, "lr": _lr(data), "w": w}
-    if _invalid(data):
+    if invalid(data):
         inputs["lr"] = np.zeros((2,), np.float32)
     return make_op("MomentumSGDUpdate", list(inputs), ["g", "m", "w"], **args), inputs
 
@@ -298,7 +298,7 @@ def draw_adadelta(data):
     shape, (w, h, d) = _dense(data, 3, positive=(1, 2))
     g = data.draw(arrays(_maybe_bad_grad(data, shape), np.float32))
     args = _args(data, epsilon=f32(1e-6, 1e-2), decay=f32(0.5, 0.99))
-    if _invalid(data):
+    if invalid(data):
         args["decay"] = 1.0
     inputs = {"w": w, "h": h, "d": d, "g": g, "lr": _lr(data)}
     return make_op("Adadelta", list(inputs), ["w", "h", "d"], **args), inputs
@@ -316,7 +316,7 @@ def draw_wngrad(data):
 
 def draw_rms_prop(data):
     _shape, (g, ms, mom) = _dense(data, 3, positive=(1,))
-    if _invalid(data):
+    if invalid(data):
         mom = np.zeros((mom.size + 1,), np.float32)
     args = _args(
         data,
@@ -342,7 +342,7 @@ def draw_ftrl(data):
     inputs = {"w": w, "nz": nz, "g": g}
     if data.draw(st.booleans()):
         inputs["alpha"] = data.draw(arrays((1,), np.float32, 0.015625, 1.0))
-        if _invalid(data):
+        if invalid(data):
             args["alpha"] = 0.5  # both input and argument
     elif data.draw(st.booleans()):
         args["alpha"] = data.draw(f32(0.01, 1.0))
@@ -361,17 +361,17 @@ def draw_lars(data):
         "lr_max": data.draw(arrays((1,), np.float32, 0, 2)),
     }
     args = _args(data, offset=f32(0.0, 1.0), lr_min=f32(0.0, 0.1))
-    if _invalid(data):
+    if invalid(data):
         args["offset"] = -1.0
     return make_op("Lars", list(inputs), ["rescale"], **args), inputs
 
 
 def draw_clip_tensor_by_scaling(data):
-    x = data.draw(arrays(shapes(1, 3, min_side=0 if _invalid(data) else 1), np.float32, -2, 2))
+    x = data.draw(arrays(shapes(1, 3, min_side=0 if invalid(data) else 1), np.float32, -2, 2))
     inputs = {"X": x, "val": data.draw(arrays((1,), np.float32, 0, 4))}
     if data.draw(st.booleans()):
         inputs["extra"] = data.draw(arrays((1,), np.float32, 0.25, 2))
-    threshold = data.draw(f32(0.125, 3.0)) if not _invalid(data) else 0.0
+    threshold = data.draw(f32(0.125, 3.0)) if not invalid(data) else 0.0
     return make_op("ClipTensorByScaling", list(inputs), ["Y"], threshold=threshold), inputs
 
 
@@ -390,7 +390,7 @@ def _sparse(data, n_tables: int, positive: tuple[int, ...] = (), row_wise: tuple
     dtype = data.draw(st.sampled_from([np.int32, np.int64]))
     indices = data.draw(arrays(index_shape, dtype, 0, rows - 1))
     grad_shape = (*index_shape, *block)
-    if checked and _invalid(data):
+    if checked and invalid(data):
         grad_shape = (*index_shape, *block, 2)
     grad = data.draw(arrays(grad_shape, np.float32))
     return tables, indices, grad
@@ -415,7 +415,7 @@ def draw_sparse_adagrad(data, op_type="SparseAdagrad"):
     (w, h), indices, g = _sparse(data, 2, positive=(1,), row_wise=row_wise)
     args = _args(data, epsilon=f32(1e-6, 1e-2), weight_decay=f32(0.0, 0.1))
     inputs = {"w": w, "h": h, "indices": indices, "g": g, "lr": _lr(data)}
-    outputs = ["w", "h"] if not _invalid(data) else ["w_new", "h"]
+    outputs = ["w", "h"] if not invalid(data) else ["w_new", "h"]
     return make_op(op_type, list(inputs), outputs, **args), inputs
 
 

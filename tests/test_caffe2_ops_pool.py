@@ -17,12 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_caffe2_ops_conv import window_args
 
-from differential import Case, arrays, cases, run_case, run_rnn2jax
+from differential import Case, arrays, cases, invalid, run_case, run_rnn2jax
 from rnn2jax.caffe2.core import create_operator
-
-
-def _invalid(data: st.DataObject) -> bool:
-    return data.draw(st.integers(0, 7)) == 0
 
 
 def _values(data: st.DataObject, shape, dtype, ties: bool) -> np.ndarray:
@@ -50,7 +46,7 @@ def _pool(op_type: str, ranks: tuple[int, ...], average: bool = False, lp: bool 
             args["count_include_pad"] = int(data.draw(st.booleans()))
         if lp and data.draw(st.booleans()):
             args["p"] = data.draw(st.sampled_from([1.0, 2.0, 3.0, 2.5]))
-        if _invalid(data):
+        if invalid(data):
             problem = data.draw(st.sampled_from(["dtype", "dilation", "pad", "rank"]))
             if problem == "dtype":
                 dtype, n = np.int32, max(n, 1)  # (an empty batch returns before its type is read)

@@ -10,15 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, dims, run_case, run_rnn2jax, shapes
-from rnn2jax.caffe2 import create_operator
+from differential import Case, arrays, cases, dims, invalid, make_op, run_case, run_rnn2jax, shapes
 from rnn2jax.errors import BadArgumentError
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
 
 
 def draw_front_back(op_type):
@@ -70,10 +63,6 @@ def draw_sum_elements(data):
     return make_op("SumElements", ["x"], ["y"], **args), {"x": data.draw(arrays(shape, np.float32))}
 
 
-def _invalid(data) -> bool:
-    return data.draw(st.integers(0, 7)) == 0
-
-
 def _values(data, shape, dtype, low=-1, high=1):
     """Arrays of `dtype`; integers in [-10, 10], floats whose squares are not subnormal."""
     if np.dtype(dtype).kind in "iu":
@@ -101,12 +90,12 @@ def draw_reduce_extreme(op_type):
         if data.draw(st.booleans()):
             axes = data.draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, max_size=len(shape), unique=True))
             args["axes"] = [a - len(shape) if data.draw(st.booleans()) else a for a in axes]
-            if _invalid(data):
+            if invalid(data):
                 args["axes"][0] = len(shape)
         if data.draw(st.booleans()):
             args["keepdims"] = int(data.draw(st.booleans()))
         dtypes = _AXES_DTYPES[op_type]
-        dtype = data.draw(st.sampled_from([np.float64, np.int32] if _invalid(data) else dtypes))
+        dtype = data.draw(st.sampled_from([np.float64, np.int32] if invalid(data) else dtypes))
         x = _values(data, shape, dtype)
         return make_op(op_type, ["x"], ["y"], **args), {"x": x}
 
@@ -130,15 +119,15 @@ def draw_front_back_max(op_type):
             num = data.draw(st.integers(0, len(shape)))
             if num != 1 or data.draw(st.booleans()):
                 args["num_reduce_dim"] = num
-        dtype = np.int32 if _invalid(data) else np.float32
+        dtype = np.int32 if invalid(data) else np.float32
         inputs = {"x": _values(data, shape, dtype)}
         if with_lengths:
             reduced = math.prod(shape[:num] if front else shape[len(shape) - num :])
             kept = math.prod(shape[num:]) if front else math.prod(shape[: len(shape) - num])
-            if _invalid(data):
+            if invalid(data):
                 kept += 1
             inputs["lengths"] = data.draw(arrays((kept,), np.int32, 0, reduced))
-        if _invalid(data):
+        if invalid(data):
             args["num_reduce_dim"] = data.draw(
                 st.sampled_from([len(shape) + 1, 2] if with_lengths else [len(shape) + 1])
             )
@@ -156,9 +145,9 @@ def draw_row_col_max(op_type):
         shape = [data.draw(st.integers(0, 3)), data.draw(st.integers(0, 4)), data.draw(st.integers(0, 4))]
         if shape[reduced_axis] == 0 and math.prod(s for i, s in enumerate(shape) if i != reduced_axis):
             shape[reduced_axis] = 1
-        if _invalid(data):
+        if invalid(data):
             shape = shape[:2]
-        dtype = np.int32 if _invalid(data) else np.float32
+        dtype = np.int32 if invalid(data) else np.float32
         return make_op(op_type, ["x"], ["y"]), {"x": _values(data, tuple(shape), dtype)}
 
     return draw
@@ -167,13 +156,13 @@ def draw_row_col_max(op_type):
 def draw_sum_sqr_elements(data):
     shape = data.draw(shapes(0, 4, min_side=0, max_side=4))
     args = {"average": int(data.draw(st.booleans()))} if data.draw(st.booleans()) else {}
-    dtype = np.int32 if _invalid(data) else data.draw(st.sampled_from([np.float32, np.float64]))
+    dtype = np.int32 if invalid(data) else data.draw(st.sampled_from([np.float32, np.float64]))
     return make_op("SumSqrElements", ["x"], ["y"], **args), {"x": _values(data, shape, dtype)}
 
 
 def draw_sum_elements_int(data):
     shape = data.draw(shapes(0, 4, min_side=0, max_side=4))
-    dtype = data.draw(st.sampled_from([np.int64, np.float32])) if _invalid(data) else np.int32
+    dtype = data.draw(st.sampled_from([np.int64, np.float32])) if invalid(data) else np.int32
     return make_op("SumElementsInt", ["x"], ["y"]), {"x": _values(data, shape, dtype)}
 
 
@@ -183,11 +172,11 @@ def draw_moments(data):
     args = {}
     if data.draw(st.booleans()):
         args["axes"] = data.draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, max_size=len(shape), unique=True))
-        if _invalid(data):
+        if invalid(data):
             args["axes"][0] = data.draw(st.sampled_from([-1, len(shape)]))
     if data.draw(st.booleans()):
         args["keepdims"] = int(data.draw(st.booleans()))
-    dtype = np.float64 if _invalid(data) else np.float32
+    dtype = np.float64 if invalid(data) else np.float32
     return make_op("Moments", ["x"], ["mean", "var"], **args), {"x": _values(data, shape, dtype)}
 
 
@@ -200,9 +189,9 @@ def draw_batch_moments(data):
         args["order"] = data.draw(st.sampled_from(["NCHW", "NHWC"]))
     if args.get("order") == "NHWC":
         shape = (shape[0], *shape[2:], shape[1])
-    if _invalid(data):
+    if invalid(data):
         args["order"] = "CHWN"
-    dtype = np.float64 if _invalid(data) else np.float32
+    dtype = np.float64 if invalid(data) else np.float32
     return make_op("BatchMoments", ["x"], ["mu", "var"], **args), {"x": _values(data, shape, dtype)}
 
 
@@ -210,9 +199,9 @@ def draw_summarize(data):
     """Y or no output at all; invalid draws: an empty X, a double X. Never to_file=1: Caffe2 writes the
     figures to `<input>.summary` in the worker's folder, a side effect rnn2jax refuses
     (test_summarize_to_file_is_refused)."""
-    shape = data.draw(shapes(0, 3, min_side=0 if _invalid(data) else 1, max_side=4))
+    shape = data.draw(shapes(0, 3, min_side=0 if invalid(data) else 1, max_side=4))
     outputs = [] if data.draw(st.integers(0, 5)) == 0 else ["y"]
-    dtype = np.float64 if _invalid(data) else np.float32
+    dtype = np.float64 if invalid(data) else np.float32
     return make_op("Summarize", ["x"], outputs), {"x": _values(data, shape, dtype)}
 
 

@@ -10,24 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, check_op, run_case, shapes
-from rnn2jax.caffe2 import create_operator
+from differential import Case, arrays, cases, check_op, invalid, make_op, run_case, shapes
 
 RANGE = ("Sum", "Mean", "Max", "LogSumExp", "LogMeanExp")
 REDUCERS = ("Sum", "Mean", "WeightedSum")
 INDEX_TYPES = (np.int32, np.int64)
 LAYOUTS = ("SortedSegment", "UnsortedSegment", "SparseSortedSegment", "SparseUnsortedSegment")
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
-
-
-def invalid(data) -> bool:
-    """About one example in eight is drawn invalid on purpose (Caffe2 must refuse it, and so rnn2jax)."""
-    return data.draw(st.integers(0, 7)) == 0
 
 
 def block(data):

@@ -10,14 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, run_case, shapes
-from rnn2jax.caffe2 import create_operator
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
+from differential import Case, arrays, cases, make_op, run_case, shapes
 
 
 def floats(data, shape):

@@ -14,22 +14,17 @@ from differential import (
     assert_same_ops,
     cases,
     check_op,
+    make_op,
     run_case,
     run_rnn2jax,
     shapes,
 )
-from rnn2jax.caffe2 import GradientError, create_operator, get_gradient_for_op
+from rnn2jax.caffe2 import GradientError, get_gradient_for_op
 from rnn2jax.errors import BadArgumentError, Rnn2JaxError
 from rnn2jax.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb
 
 DT = pb.TensorProto
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
 
 
 def values(data, shape, dtype=np.float32):

@@ -8,18 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, assert_same_ops, cases, run_case, run_rnn2jax, shapes
-from rnn2jax.caffe2 import GradientError, create_operator, get_gradient_for_op
+from differential import Case, arrays, assert_same_ops, cases, invalid, make_op, run_case, run_rnn2jax, shapes
+from rnn2jax.caffe2 import GradientError, get_gradient_for_op
 from rnn2jax.errors import ShapeError
 from rnn2jax.oracle import Caffe2Error
 
 INDEX = [np.int32, np.int64]
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
 
 
 def values(data, shape, dtype=np.float32):
@@ -28,11 +22,6 @@ def values(data, shape, dtype=np.float32):
     if dtype.kind in "iu":
         return data.draw(arrays(shape, dtype, -50, 50))
     return data.draw(arrays(shape, dtype))
-
-
-def invalid(data) -> bool:
-    """About one draw in eight is invalid on purpose."""
-    return data.draw(st.integers(0, 7)) == 0
 
 
 def lengths_of(data, count, high, dtype=np.int32):

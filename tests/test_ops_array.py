@@ -9,14 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import arrays, run_rnn2jax, shapes
-from rnn2jax.caffe2 import create_operator
-
-
-def make_op(op_type, inputs, outputs, **args):
-    op = create_operator(op_type, inputs, outputs, **args)
-    op.ClearField("engine")
-    return op
+from differential import arrays, make_op, run_rnn2jax, shapes
 
 
 def top_k_reference(x: np.ndarray, k: int, axis: int):
