@@ -274,6 +274,20 @@ def sigmoid_cross_entropy_with_logits(op: Op) -> Kernel:
     return kernel
 
 
+def _xent_gradient_factor(op: Op, g: Any, logits: Any) -> Any:
+    """-dY[row] / inner, shaped to broadcast over logits' last dim: the sigmoid cross entropies average
+    over it, so each row's gradient is shared by its elements."""
+    inner = _inner_size(op, logits, 1)
+    outer = size_to_dim(logits.shape, logits.ndim - 1) if logits.ndim else 1
+    if g.size != outer:
+        raise ShapeError(
+            f"{op.where}: dY '{op.inputs[0]}' has {g.size} values for {outer} rows of logits "
+            f"'{op.inputs[1]}' {_shape(logits)}"
+        )
+    rows = (*logits.shape[:-1], 1) if logits.ndim else ()
+    return -g.astype(logits.dtype).reshape(rows) / jnp.asarray(inner, logits.dtype)
+
+
 @register("SigmoidCrossEntropyWithLogitsGradient", inputs=3)
 def sigmoid_cross_entropy_with_logits_gradient(op: Op) -> Kernel:
     """(dY, logits, targets) -> dlogits = -dY[row] / inner · slope(logit, target)."""
@@ -281,15 +295,7 @@ def sigmoid_cross_entropy_with_logits_gradient(op: Op) -> Kernel:
 
     def kernel(g, logits, targets):
         _check_logits_targets(op, logits, targets, 1)
-        inner = _inner_size(op, logits, 1)
-        outer = size_to_dim(logits.shape, logits.ndim - 1) if logits.ndim else 1
-        if g.size != outer:
-            raise ShapeError(
-                f"{op.where}: dY '{op.inputs[0]}' has {g.size} values for {outer} rows of logits "
-                f"'{op.inputs[1]}' {_shape(logits)}"
-            )
-        rows = (*logits.shape[:-1], 1) if logits.ndim else ()
-        factor = -g.astype(logits.dtype).reshape(rows) / jnp.asarray(inner, logits.dtype)
+        factor = _xent_gradient_factor(op, g, logits)
         return factor * _sigmoid_xent_slopes(mode, logits, targets.astype(logits.dtype))
 
     return kernel
@@ -479,15 +485,7 @@ def weighted_sigmoid_cross_entropy_with_logits_gradient(op: Op) -> Kernel:
     def kernel(g, logits, targets, weights):
         _check_logits_targets(op, logits, targets, 1)
         _check_weights(op, weights, logits, 3)
-        inner = _inner_size(op, logits, 1)
-        outer = size_to_dim(logits.shape, logits.ndim - 1) if logits.ndim else 1
-        if g.size != outer:
-            raise ShapeError(
-                f"{op.where}: dY '{op.inputs[0]}' has {g.size} values for {outer} rows of logits "
-                f"'{op.inputs[1]}' {_shape(logits)}"
-            )
-        rows = (*logits.shape[:-1], 1) if logits.ndim else ()
-        factor = -g.astype(logits.dtype).reshape(rows) / jnp.asarray(inner, logits.dtype)
+        factor = _xent_gradient_factor(op, g, logits)
         slopes = _sigmoid_xent_slopes("default", logits, targets.astype(logits.dtype))
         return factor * slopes * weights.astype(logits.dtype)
 
