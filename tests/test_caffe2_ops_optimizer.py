@@ -67,6 +67,7 @@ POLICIES = {
     "linearWarmup": {"start_multiplier": _UNIT, "num_iter": _iters()},
     "constantWarmup": {"multiplier": f32(0.0, 2.0), "num_iter": _iters()},
     "gate": {"multiplier_1": _UNIT, "multiplier_2": f32(0.0, 2.0), "num_iter": _iters()},
+    "slope": {"num_iter_1": _iters(), "multiplier_1": _UNIT, "num_iter_2": _iters(), "multiplier_2": _UNIT},
     "pieceWarmup": {"m1": _UNIT, "n1": _iters(), "m2": _UNIT, "n2": _iters(), "m3": _UNIT},
     "alter": {
         "active_first": st.integers(0, 1),

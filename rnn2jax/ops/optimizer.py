@@ -181,6 +181,20 @@ def _gate(a: _Args) -> Schedule:
     return lambda it: jnp.where(it >= num_iter, m2, m1)
 
 
+def _slope(a: _Args) -> Schedule:
+    """multiplier_1 before num_iter_1, then the line from (num_iter_1, multiplier_1) to (num_iter_2,
+    multiplier_2), never below multiplier_2 (learning_rate_functors.h's SlopeLearningRate; all default 0:
+    0/0 there, and std::max(multiplier_2, NaN) is multiplier_2)."""
+    m1, m2 = np.float32(a.float("multiplier_1", 0.0)), np.float32(a.float("multiplier_2", 0.0))
+    n1, n2 = a.int("num_iter_1", 0), a.int("num_iter_2", 0)
+
+    def schedule(it):
+        line = m1 + (it - n1).astype(jnp.float32) * (m2 - m1) / jnp.float32(n2 - n1)
+        return jnp.where(it < n1, m1, jnp.where(m2 < line, line, m2))
+
+    return schedule
+
+
 def _piece_warmup(a: _Args) -> Schedule:
     """m1 before n1, m2 before n2, then m3 (m's default 0.5, n's 0)."""
     m1, m2, m3 = a.float("m1", 0.5), a.float("m2", 0.5), a.float("m3", 0.5)
@@ -353,6 +367,7 @@ _POLICIES: dict[str, Callable[[_Args], Schedule]] = {
     "linearWarmup": _linear_warmup,
     "constantWarmup": _constant_warmup,
     "gate": _gate,
+    "slope": _slope,
     "pieceWarmup": _piece_warmup,
     "alter": _alter,
     "hill": _hill,
