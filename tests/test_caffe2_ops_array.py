@@ -165,14 +165,14 @@ def draw_diagonal_fill(data):
     args = {}
     kind = data.draw(st.sampled_from(["none", "float", "int", "dtype"]))
     if kind == "float":
-        args["value"] = data.draw(st.floats(-10, 10, width=32))
+        args["value"] = data.draw(st.floats(-10, 10, width=32, allow_subnormal=False))
     elif kind == "int":
         args["value"] = data.draw(st.integers(-100, 100))
     elif kind == "dtype":
         dtype = data.draw(st.sampled_from([DT.FLOAT, DT.DOUBLE, DT.INT32, DT.INT64, DT.BOOL, DT.INT16, DT.UINT8]))
         args["dtype"] = dtype
         if dtype in (DT.FLOAT, DT.DOUBLE):
-            args["value"] = data.draw(st.floats(-10, 10, width=32))
+            args["value"] = data.draw(st.floats(-10, 10, width=32, allow_subnormal=False))
         else:
             args["value"] = data.draw(st.integers(0, 1 if dtype == DT.BOOL else 100))
     how = data.draw(st.sampled_from(["arg", "like", "as_shape"]))
@@ -242,7 +242,10 @@ def draw_range(data):
     n = data.draw(st.integers(1, 3))
     numbers = [data.draw(st.integers(-6, 6)) for _ in range(n)]
     if dtype.kind == "f" and data.draw(st.booleans()):
-        numbers = [data.draw(st.floats(-3, 3, width=32).filter(lambda v: abs(v) > 0.05)) for _ in range(n)]
+        numbers = [
+            data.draw(st.floats(-3, 3, width=32, allow_subnormal=False).filter(lambda v: abs(v) > 0.05))
+            for _ in range(n)
+        ]
     if n == 3 and not invalid(data) and numbers[2] == 0:
         numbers[2] = 1
     names = ["start", "stop", "step"][:n] if n > 1 else ["stop"]
@@ -262,7 +265,7 @@ def draw_scale_blobs(data):
     dtype = np.float64 if invalid(data) else np.float32
     inputs = {name: values(data, data.draw(shapes(0, 3, min_side=0, max_side=3)), dtype) for name in names}
     outputs = [f"y{i}" for i in range(n + (1 if invalid(data) else 0))]
-    args = {"scale": data.draw(st.floats(-2, 2, width=32))} if data.draw(st.booleans()) else {}
+    args = {"scale": data.draw(st.floats(-2, 2, width=32, allow_subnormal=False))} if data.draw(st.booleans()) else {}
     return make_op("ScaleBlobs", names, outputs, **args), inputs
 
 
@@ -275,7 +278,7 @@ def draw_weight_scale(data):
     if data.draw(st.booleans()):
         args["upper_bound_iter"] = data.draw(st.integers(0, 12))
     if data.draw(st.booleans()):
-        args["scale"] = data.draw(st.floats(-2, 2, width=32))
+        args["scale"] = data.draw(st.floats(-2, 2, width=32, allow_subnormal=False))
     return make_op("WeightScale", ["w", "iter"], ["y"], **args), {"w": w, "iter": it}
 
 
@@ -283,7 +286,7 @@ def draw_accumulate(data):
     """Y must exist with X's shape (Caffe2 starts from uninitialised memory otherwise): fed as a blob."""
     shape = data.draw(shapes(0, 3, min_side=0, max_side=3))
     x = values(data, shape, np.float64 if invalid(data) else np.float32)
-    args = {"gamma": data.draw(st.floats(-2, 2, width=32))} if data.draw(st.booleans()) else {}
+    args = {"gamma": data.draw(st.floats(-2, 2, width=32, allow_subnormal=False))} if data.draw(st.booleans()) else {}
     return make_op("Accumulate", ["x"], ["y"], **args), {"x": x, "y": values(data, shape)}
 
 

@@ -141,7 +141,7 @@ def draw_scale(data: st.DataObject):
     dtype = data.draw(st.sampled_from(INTS if invalid(data) else FLOATS))
     args = {}
     if data.draw(st.booleans()):
-        args["scale"] = data.draw(st.floats(-3, 3, width=32))
+        args["scale"] = data.draw(st.floats(-3, 3, width=32, allow_subnormal=False))
     op = create_operator("Scale", ["X"], ["Y"], **args)
     return op, {"X": _values(data, data.draw(shapes(0, 4, min_side=0)), dtype)}
 
@@ -151,7 +151,7 @@ def draw_clip(data: st.DataObject):
     args = {}
     for name in ("min", "max"):
         if data.draw(st.booleans()):
-            args[name] = data.draw(st.floats(-1, 1, width=32))
+            args[name] = data.draw(st.floats(-1, 1, width=32, allow_subnormal=False))
     op = create_operator("Clip", ["X"], ["Y"], **args)
     return op, {"X": _values(data, data.draw(shapes(0, 4, min_side=0)), dtype)}
 

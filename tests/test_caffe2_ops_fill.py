@@ -47,14 +47,14 @@ def draw_constant_fill(data):
     args, inputs, _ = shape_source(data)
     kind = data.draw(st.sampled_from(["none", "float", "int", "dtype"]))
     if kind == "float":
-        args["value"] = data.draw(st.floats(-10, 10, width=32))
+        args["value"] = data.draw(st.floats(-10, 10, width=32, allow_subnormal=False))
     elif kind == "int":
         args["value"] = data.draw(st.integers(-100, 100))
     elif kind == "dtype":
         dtype = data.draw(st.sampled_from([DT.FLOAT, DT.INT32, DT.BOOL, DT.INT64, DT.DOUBLE, DT.UINT8, DT.INT16]))
         args["dtype"] = dtype
         if dtype in (DT.FLOAT, DT.DOUBLE):
-            args["value"] = data.draw(st.floats(-10, 10, width=32))
+            args["value"] = data.draw(st.floats(-10, 10, width=32, allow_subnormal=False))
         elif dtype == DT.BOOL:
             args["value"] = data.draw(st.integers(0, 1))
         elif data.draw(st.booleans()):
@@ -83,7 +83,7 @@ def draw_given(op_type):
             dtype = {DT.FLOAT: np.float32, DT.DOUBLE: np.float64}.get(code, dtype)
         n = math.prod(shape)
         if np.dtype(dtype).kind == "f":
-            values = data.draw(st.lists(st.floats(-1e3, 1e3, width=32), min_size=n, max_size=n))
+            values = data.draw(st.lists(st.floats(-1e3, 1e3, width=32, allow_subnormal=False), min_size=n, max_size=n))
         elif np.dtype(dtype).kind == "b":
             values = data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))
         else:
@@ -116,8 +116,8 @@ def draw_range_fill(data):
 
 def draw_uniform(data):
     args, inputs, _ = shape_source(data)
-    low = data.draw(st.floats(-5, 5, width=32))
-    high = low + data.draw(st.floats(0.5, 5, width=32))
+    low = data.draw(st.floats(-5, 5, width=32, allow_subnormal=False))
+    high = low + data.draw(st.floats(0.5, 5, width=32, allow_subnormal=False))
     if data.draw(st.booleans()):
         args.update({"min": low, "max": high})
     else:
@@ -136,9 +136,9 @@ def draw_uniform_int(data):
 def draw_gaussian(data):
     args, inputs, _ = shape_source(data)
     if data.draw(st.booleans()):
-        args["mean"] = data.draw(st.floats(-5, 5, width=32))
+        args["mean"] = data.draw(st.floats(-5, 5, width=32, allow_subnormal=False))
     if data.draw(st.booleans()):
-        args["std"] = data.draw(st.floats(0.125, 3, width=32))
+        args["std"] = data.draw(st.floats(0.125, 3, width=32, allow_subnormal=False))
     return make_op("GaussianFill", list(inputs), ["y"], **args), inputs
 
 

@@ -91,7 +91,7 @@ def draw_pad_image(data):
     if mode is not None:
         args["mode"] = mode
     if mode in (None, "constant") and data.draw(st.booleans()):
-        args["value"] = data.draw(st.floats(-2, 2, width=32))
+        args["value"] = data.draw(st.floats(-2, 2, width=32, allow_subnormal=False))
     shape = [side(data, 1, 2), side(data, 1, 2), h, w]
     if invalid(data):
         kind = data.draw(st.sampled_from(["mode", "stride", "empty"]))
@@ -166,10 +166,10 @@ def draw_lrn(data):
     shape = [side(data, 1, 2), side(data, 1, 5), side(data, 1, 2), side(data, 1, 2)]
     args = dict(order)
     args["size"] = data.draw(st.sampled_from([1, 3, 5]))
-    args["alpha"] = data.draw(st.floats(0.0625, 1.0, width=32))
-    args["beta"] = data.draw(st.floats(0.125, 1.0, width=32))
+    args["alpha"] = data.draw(st.floats(0.0625, 1.0, width=32, allow_subnormal=False))
+    args["beta"] = data.draw(st.floats(0.125, 1.0, width=32, allow_subnormal=False))
     if data.draw(st.booleans()):
-        args["bias"] = data.draw(st.floats(0.5, 2.0, width=32))
+        args["bias"] = data.draw(st.floats(0.5, 2.0, width=32, allow_subnormal=False))
     outputs = ["y", "scale"] if data.draw(st.booleans()) else ["y"]
     x = image(data, layout(shape, nhwc))
     if invalid(data):

@@ -64,7 +64,9 @@ def draw_logit(data: st.DataObject):
     args = {}
     if data.draw(st.booleans()):
         args["eps"] = data.draw(
-            st.sampled_from([0.0, -0.1, 0.5, 0.7]) if invalid(data) else st.floats(2.0**-20, 0.4375, width=32)
+            st.sampled_from([0.0, -0.1, 0.5, 0.7])
+            if invalid(data)
+            else st.floats(2.0**-20, 0.4375, width=32, allow_subnormal=False)
         )
     x = _values(data, _shape(data, 1, 3, min_side=1), _float_or_refused(data), -0.5, 1.5)
     return create_operator("Logit", ["X"], ["Y"], **args), {"X": x}
@@ -84,7 +86,7 @@ def _with_specials(data: st.DataObject, x: np.ndarray, specials=(np.nan, np.inf,
 def draw_replace_nan(data: st.DataObject):
     x = _values(data, _shape(data), _float_or_refused(data, FLOATS))
     x = _with_specials(data, _with_specials(data, x))
-    args = {"value": data.draw(st.floats(-3, 3, width=32))} if data.draw(st.booleans()) else {}
+    args = {"value": data.draw(st.floats(-3, 3, width=32, allow_subnormal=False))} if data.draw(st.booleans()) else {}
     return create_operator("ReplaceNaN", ["X"], ["Y"], **args), {"X": x}
 
 
@@ -117,7 +119,7 @@ def draw_pow(data: st.DataObject):
     dtype = _float_or_refused(data)
     mode = data.draw(st.sampled_from(["argument", "same", "broadcast"]))
     if mode == "argument":
-        args = {} if invalid(data) else {"exponent": data.draw(st.floats(-2, 3, width=32))}
+        args = {} if invalid(data) else {"exponent": data.draw(st.floats(-2, 3, width=32, allow_subnormal=False))}
         x = _values(data, _shape(data), dtype, 0.25, 2.0)
         return create_operator("Pow", ["X"], ["Y"], **args), {"X": x}
     if mode == "same":
@@ -265,7 +267,7 @@ def draw_dot_product_with_padding(data: st.DataObject):
     if replicate or data.draw(st.booleans()):
         args["replicate"] = replicate
     if data.draw(st.booleans()):
-        args["pad_value"] = data.draw(st.floats(-2, 2, width=32))
+        args["pad_value"] = data.draw(st.floats(-2, 2, width=32, allow_subnormal=False))
     op = create_operator("DotProductWithPadding", ["X", "Y"], ["Z"], **args)
     return op, {"X": _values(data, x_shape, dtype), "Y": _values(data, y_shape, dtype)}
 

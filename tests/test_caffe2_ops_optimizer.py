@@ -27,7 +27,7 @@ from differential import (
 
 def f32(low: float, high: float):
     """float32 values in [low, high] (the bounds rounded to float32)."""
-    return st.floats(float(np.float32(low)), float(np.float32(high)), width=32)
+    return st.floats(float(np.float32(low)), float(np.float32(high)), width=32, allow_subnormal=False)
 
 
 def counter(data):
