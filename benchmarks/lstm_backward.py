@@ -33,7 +33,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import rnn2jax  # noqa: E402
-from rnn2jax.caffe2 import LSTM, ModelHelper, get_backward_pass  # noqa: E402
+from rnn2jax.caffe2.gradients import get_backward_pass  # noqa: E402
+from rnn2jax.caffe2.python.model_helper import ModelHelper  # noqa: E402
+from rnn2jax.caffe2.python.rnn_cell import LSTM  # noqa: E402
 from rnn2jax.proto import caffe2_pb2 as pb  # noqa: E402
 
 WEIGHTS = ("lstm/i2h_w", "lstm/i2h_b", "lstm/gates_t_w", "lstm/gates_t_b")
@@ -44,12 +46,12 @@ def build(dim_in: int, hidden: int):
     hidden_all, *_ = LSTM(model, "x", "seq_lengths", ("h0", "c0"), dim_in, hidden, scope="lstm")
     model.net.SumElements([hidden_all], "loss")
     forward = pb.NetDef()
-    forward.CopyFrom(model.net.proto)
+    forward.CopyFrom(model.net.Proto())
     train = pb.NetDef()
     train.CopyFrom(forward)
     backward, grads = get_backward_pass(list(forward.op), {"loss": None})
     train.op.extend(backward)
-    return forward, train, model.param_init_net.proto, [grads[w] for w in WEIGHTS]
+    return forward, train, model.param_init_net.Proto(), [grads[w] for w in WEIGHTS]
 
 
 def _median_pairs(a, b, repeats: int) -> tuple[float, float, float]:

@@ -1,6 +1,6 @@
 """LSTM forward: the compiled Caffe2 net vs a hand-written `lax.scan` vs PyTorch `nn.LSTM`.
 
-All are timed in one process on the same inputs. The Caffe2 net is built by `rnn2jax.caffe2.rnn_cell.LSTM`
+All are timed in one process on the same inputs. The Caffe2 net is built by `rnn2jax.caffe2.python.rnn_cell.LSTM`
 in the form Caffe2's front end produced: an input-projection FC in the main net, then a
 RecurrentNetwork whose step net is FC -> Sum -> LSTMUnit. The hand-written scan is the idiomatic JAX
 version of the same maths. Times are medians over repeated runs, and the ratio is taken run by run.
@@ -35,14 +35,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import rnn2jax  # noqa: E402
-from rnn2jax.caffe2 import LSTM, ModelHelper  # noqa: E402
+from rnn2jax.caffe2.python.model_helper import ModelHelper  # noqa: E402
+from rnn2jax.caffe2.python.rnn_cell import LSTM  # noqa: E402
 
 
 def caffe2_lstm_net(dim_in: int, hidden: int):
     """The NetDef Caffe2's rnn_cell.LSTM built (forward only, as served)."""
     model = ModelHelper(name="bench")
     LSTM(model, "x", "seq_lengths", ("h0", "c0"), dim_in, hidden, scope="lstm", forward_only=True)
-    return model.net.proto, model.param_init_net.proto
+    return model.net.Proto(), model.param_init_net.Proto()
 
 
 def hand_written_lstm(params, x, h0, c0, lengths):

@@ -28,16 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 import rnn2jax
-from rnn2jax.caffe2 import (
-    LSTM,
-    AttentionType,
-    BlobReference,
-    LSTMWithAttention,
-    ModelHelper,
-    brew,
-    get_backward_pass,
-    name_scope,
-)
+from rnn2jax.caffe2.gradients import get_backward_pass
+from rnn2jax.caffe2.python import brew
+from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.core import BlobReference
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM
+from rnn2jax.caffe2.python.scope import NameScope as name_scope
 from rnn2jax.proto import caffe2_pb2 as pb
 
 PAD, GO, EOS = 0, 1, 2  # seq2seq_util's special token ids; the other ids are "words"
@@ -109,7 +106,7 @@ def build(sizes: Sizes, attention: AttentionType) -> tuple[ModelHelper, str]:
 def predict_net(model: ModelHelper, logits: str) -> tuple[pb.NetDef, str]:
     """A copy of the forward net with a Softmax(axis=2) on the logits; returns it and the softmax blob."""
     net = pb.NetDef()
-    net.CopyFrom(model.net.proto)
+    net.CopyFrom(model.net.Proto())
     net.op.add(type="Softmax", input=[logits], output=["decoder/softmax"]).arg.add(name="axis", i=2)
     return net, "decoder/softmax"
 
@@ -131,8 +128,8 @@ def add_loss(model: ModelHelper, logits: str, sizes: Sizes) -> str:
 def add_gradients(model: ModelHelper, loss: str) -> dict[str, str | tuple[str, str]]:
     """`model.AddGradientOperators([loss])`: appends the gradient ops and returns param -> gradient,
     a blob, or (indices, values) for a GradientSlice (the embeddings' Gather)."""
-    ops, grad_map = get_backward_pass(list(model.net.proto.op), [loss])
-    model.net.proto.op.extend(ops)
+    ops, grad_map = get_backward_pass(list(model.net.Proto().op), [loss])
+    model.net.Proto().op.extend(ops)
     grads = {}
     for param in model.params:  # blob references, as Caffe2's param_to_grad held: name scopes keep them
         grad = grad_map[param]
@@ -173,7 +170,7 @@ def build_training(sizes: Sizes, attention: AttentionType) -> tuple[ModelHelper,
     model, logits = build(sizes, attention)
     predict, _ = predict_net(model, logits)
     loss = add_loss(model, logits, sizes)
-    loss_ops = len(model.net.proto.op)
+    loss_ops = len(model.net.Proto().op)
     grads = add_gradients(model, loss)
     dense = [p for p, g in grads.items() if not isinstance(g, tuple)]
     sparse = [p for p, g in grads.items() if isinstance(g, tuple)]
@@ -217,20 +214,20 @@ def train(sizes: Sizes, attention: AttentionType, steps: int, seed: int = 0) -> 
     (every blob the init net writes) and the forward net."""
     model, predict, grads, loss_ops = build_training(sizes, attention)
     n_forward = len(predict.op) - 1
-    kinds = sorted({op.type for op in model.net.proto.op[loss_ops:] if "Gradient" in op.type})
+    kinds = sorted({op.type for op in model.net.Proto().op[loss_ops:] if "Gradient" in op.type})
     print(
         f"training net: {n_forward} forward ops, {loss_ops - n_forward} loss ops, "
-        f"{len(model.net.proto.op) - loss_ops} gradient and update ops"
+        f"{len(model.net.Proto().op) - loss_ops} gradient and update ops"
     )
     print(f"gradient ops: {', '.join(kinds)}")
     sparse = {p: g for p, g in grads.items() if isinstance(g, tuple)}
     print("sparse gradients (GradientSlice): " + ", ".join(f"{p} <- {tuple(map(str, g))}" for p, g in sparse.items()))
     rng = np.random.default_rng(seed)
     ws = rnn2jax.Workspace(seed=seed)
-    ws.run(model.param_init_net.proto)
+    ws.run(model.param_init_net.Proto())
     for name, value in reverse_batch(sizes, rng).items():
         ws.feed(name, value)
-    net = ws.create_net(model.net.proto)
+    net = ws.create_net(model.net.Proto())
     losses = []
     start = time.perf_counter()
     for i in range(steps):
@@ -243,7 +240,7 @@ def train(sizes: Sizes, attention: AttentionType, steps: int, seed: int = 0) -> 
             if i == 0:
                 print(f"first step (compiles the training net): {time.perf_counter() - start:.1f} s")
     print(f"{steps} steps in {time.perf_counter() - start:.1f} s")
-    params = {out: ws.fetch(out) for op in model.param_init_net.proto.op for out in op.output}
+    params = {out: ws.fetch(out) for op in model.param_init_net.Proto().op for out in op.output}
     return losses, params, predict
 
 

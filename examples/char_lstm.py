@@ -22,7 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import rnn2jax
-from rnn2jax.caffe2 import LSTM, ModelHelper, brew, get_backward_pass
+from rnn2jax.caffe2.gradients import get_backward_pass
+from rnn2jax.caffe2.python import brew
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.proto import caffe2_pb2 as pb
 
 TEXT = """\
@@ -58,7 +61,7 @@ def build_model(vocab: int, hidden: int) -> tuple[ModelHelper, pb.NetDef, dict[s
     logits = brew.fc(model, hidden_all, "logits", dim_in=hidden, dim_out=vocab, axis=2)
     softmax = model.net.Softmax(logits, "softmax", axis=2)
     predict = pb.NetDef()
-    predict.CopyFrom(model.net.proto)
+    predict.CopyFrom(model.net.Proto())
     reshaped, _ = model.net.Reshape(softmax, ["softmax_reshaped", "_"], shape=[-1, vocab])
     xent = model.net.LabelCrossEntropy([reshaped, "target"], "xent")
     model.net.AveragedLoss(xent, "loss")
@@ -68,7 +71,7 @@ def build_model(vocab: int, hidden: int) -> tuple[ModelHelper, pb.NetDef, dict[s
 def training_net(model: ModelHelper) -> tuple[pb.NetDef, dict[str, str]]:
     """The forward net followed by its gradient ops; returns it and the map param -> gradient blob."""
     proto = pb.NetDef()
-    proto.CopyFrom(model.net.proto)
+    proto.CopyFrom(model.net.Proto())
     backward, grad_map = get_backward_pass(list(proto.op), {"loss": None})
     proto.op.extend(backward)
     return proto, {str(p): grad_map[str(p)] for p in model.params}
@@ -92,12 +95,12 @@ def train(sizes: Sizes, text: str, seed: int = 0) -> tuple[list[float], dict, pb
     proto, grads = training_net(model)
     print(f"vocabulary {vocab} characters, text {len(text)} characters")
     print(
-        f"training net: {len(model.net.proto.op)} forward ops + {len(proto.op) - len(model.net.proto.op)} "
+        f"training net: {len(model.net.Proto().op)} forward ops + {len(proto.op) - len(model.net.Proto().op)} "
         f"gradient ops ({', '.join(sorted({op.type for op in proto.op if 'Gradient' in op.type}))})"
     )
     names = list(grads)
     train_fn = rnn2jax.compile(
-        proto, init_net=model.param_init_net.proto, outputs=["loss", *(grads[p] for p in names)], seed=seed
+        proto, init_net=model.param_init_net.Proto(), outputs=["loss", *(grads[p] for p in names)], seed=seed
     )
     eye = jnp.eye(vocab, dtype=jnp.float32)
     zeros = jnp.zeros((1, sizes.batch, sizes.hidden), jnp.float32)

@@ -14,7 +14,10 @@ import argparse
 import sys
 
 import rnn2jax
-from rnn2jax.caffe2 import GRU, LSTM, MILSTM, ModelHelper, get_backward_pass
+from rnn2jax.caffe2.gradients import get_backward_pass
+from rnn2jax.caffe2.python.gru_cell import GRU
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM
 from rnn2jax.proto import caffe2_pb2 as pb
 
 CELLS = {"lstm": LSTM, "milstm": MILSTM, "gru": GRU}
@@ -29,10 +32,10 @@ def training_net(cell: str, dim_in: int, hidden: int) -> tuple[pb.NetDef, pb.Net
     squared = model.net.Mul([outputs[0], outputs[0]], "squared")
     model.net.SumElements(squared, "loss")
     net = pb.NetDef()
-    net.CopyFrom(model.net.proto)
+    net.CopyFrom(model.net.Proto())
     backward, _ = get_backward_pass(list(net.op), {"loss": None})
     net.op.extend(backward)
-    return net, model.param_init_net.proto
+    return net, model.param_init_net.Proto()
 
 
 def main(argv: list[str] | None = None) -> int:

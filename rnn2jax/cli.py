@@ -166,6 +166,19 @@ def _positive(text: str) -> int:
     return value
 
 
+def _run_limit(text: str) -> tuple[str, int]:
+    net, _, count = text.rpartition("=")
+    if not net:
+        raise argparse.ArgumentTypeError(f"expected NET=N, got {text!r}")
+    return net, _positive(count)
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from .caffe2.run_script import run_script
+
+    return run_script(args.script, args.script_args, max_runs=dict(args.max_runs or ()), source=args.caffe2_source)
+
+
 _EXPORT_DB_TYPE_HELP = (
     "read NET as a predictor export (what Caffe2's predictor_exporter.save_to_db wrote) in a DB of this type "
     "(minidb, lmdb, leveldb, rocksdb); without it an export is recognised by its content"
@@ -292,6 +305,28 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--iters", type=_positive, metavar="N", help="run every execution step at most N iterations")
     plan.add_argument("--log", action="append", metavar="BLOB", help="show this blob while running and at the end")
     plan.set_defaults(handler=_run_plan)
+    script = commands.add_parser(
+        "exec",
+        help="run a Caffe2 Python script unchanged, with `import caffe2` resolving to rnn2jax",
+        description="Run SCRIPT as `python SCRIPT ARGS` would, with `import caffe2` on rnn2jax.",
+    )
+    script.add_argument("script", metavar="SCRIPT", help="the Caffe2 Python script")
+    script.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
+    script.add_argument(
+        "--max-runs",
+        action="append",
+        metavar="NET=N",
+        type=_run_limit,
+        help="stop the script (exit status 0) when it would run net NET (workspace.RunNet) more than N times; "
+        "for scripts that train until killed (repeatable)",
+    )
+    script.add_argument(
+        "--caffe2-source",
+        metavar="DIR",
+        help="a caffe2 package directory of Caffe2's Python sources: modules rnn2jax does not provide "
+        "(Caffe2's test utilities) are loaded from it",
+    )
+    script.set_defaults(handler=_exec)
     demo = commands.add_parser("demo", help="compile and run the bundled example")
     demo.set_defaults(handler=_demo)
     return parser

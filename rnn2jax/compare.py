@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from .budget import check_array
-from .caffe2 import create_operator
+from .caffe2.opdef import create_operator
 from .compile import CompiledNet, compile, run_init_net
 from .errors import BadArgumentError, MissingBlobError
 from .load import load

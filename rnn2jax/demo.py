@@ -53,7 +53,10 @@ def run_mlp_demo() -> bool:
 
 def _char_lm(vocab: int, hidden: int):
     """The language model's nets: (predict net, training net, init net, param -> gradient blob)."""
-    from .caffe2 import LSTM, ModelHelper, brew, get_backward_pass
+    from .caffe2.gradients import get_backward_pass
+    from .caffe2.python import brew
+    from .caffe2.python.model_helper import ModelHelper
+    from .caffe2.python.rnn_cell import LSTM
     from .proto import caffe2_pb2 as pb
 
     model = ModelHelper(name="char_rnn")
@@ -63,16 +66,16 @@ def _char_lm(vocab: int, hidden: int):
     logits = brew.fc(model, hidden_all, "logits", dim_in=hidden, dim_out=vocab, axis=2)
     model.net.Softmax(logits, "softmax", axis=2)
     predict = pb.NetDef()
-    predict.CopyFrom(model.net.proto)
+    predict.CopyFrom(model.net.Proto())
     predict.external_output.extend(["softmax", hidden_last, cell_last])
     model.net.Reshape("softmax", ["softmax_reshaped", "_"], shape=[-1, vocab])
     model.net.LabelCrossEntropy(["softmax_reshaped", "target"], "xent")
     model.net.AveragedLoss("xent", "loss")
     train = pb.NetDef()
-    train.CopyFrom(model.net.proto)
+    train.CopyFrom(model.net.Proto())
     backward, grad_map = get_backward_pass(list(train.op), {"loss": None})
     train.op.extend(backward)
-    return predict, train, model.param_init_net.proto, {str(p): grad_map[str(p)] for p in model.params}
+    return predict, train, model.param_init_net.Proto(), {str(p): grad_map[str(p)] for p in model.params}
 
 
 def run_lm_demo() -> bool:

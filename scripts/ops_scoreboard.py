@@ -105,7 +105,7 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
     lines += [
         "",
         "Columns: **lowered**: rnn2jax compiles it; **Caffe2 gradient**: what Caffe2's gradient registry "
-        "says; **builder maker**: `rnn2jax.caffe2.get_gradient_for_op` knows it; **differential test**: "
+        "says; **builder maker**: `rnn2jax.caffe2.grad_makers.get_gradient_for_op` knows it; **differential test**: "
         "`fwd` (outputs compared with real Caffe2), `grad` (its gradient ops too), `via X` (checked as the "
         "gradient op of X).",
         "",

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import rnn2jax
-from rnn2jax.caffe2 import create_net, create_operator, get_gradient_for_op
-from rnn2jax.caffe2.grad_makers import GradientError, has_gradient_maker
+from rnn2jax.caffe2.grad_makers import GradientError, get_gradient_for_op, has_gradient_maker
+from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import Rnn2JaxError
 from rnn2jax.load import load
 from rnn2jax.lower import lower

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rnn2jax.caffe2 import create_net, create_operator
+from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.load import load
 from rnn2jax.lower import lower
 

@@ -20,21 +20,13 @@ from google.protobuf import text_format
 
 import rnn2jax
 from helpers import REALNETS
-from rnn2jax.caffe2 import (
-    GRU,
-    LSTM,
-    MILSTM,
-    AttentionType,
-    BasicRNN,
-    BlobReference,
-    LayerNormLSTM,
-    LayerNormMILSTM,
-    LSTMWithAttention,
-    ModelHelper,
-    name_scope,
-    reset_net_names,
-    version_checks,
-)
+from rnn2jax.caffe2.gradients import version_checks
+from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.core import BlobReference, reset_net_names
+from rnn2jax.caffe2.python.gru_cell import GRU
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM, BasicRNN, LayerNormLSTM, LayerNormMILSTM
+from rnn2jax.caffe2.python.scope import NameScope as name_scope
 from rnn2jax.proto import caffe2_pb2 as pb
 
 SEMANTICS = Path(__file__).resolve().parents[2] / "shared" / "caffe2" / "SEMANTICS.md"
@@ -204,7 +196,7 @@ def _build(title: str) -> ModelHelper:
 
 
 def _rnn_op(model: ModelHelper) -> pb.OperatorDef:
-    ops = [op for op in model.net.proto.op if op.type == "RecurrentNetwork"]
+    ops = [op for op in model.net.Proto().op if op.type == "RecurrentNetwork"]
     assert len(ops) == 1
     return ops[0]
 
@@ -413,8 +405,8 @@ def test_built_nets_load_into_the_ir(title):
             _build(title)
         return
     model = _build(title)
-    net = rnn2jax.load(model.net.proto)
-    init = rnn2jax.load(model.param_init_net.proto)
+    net = rnn2jax.load(model.net.Proto())
+    init = rnn2jax.load(model.param_init_net.Proto())
     assert any(op.type == "RecurrentNetwork" for op in net.ops)
     assert {"XavierFill", "ConstantFill"} >= {op.type for op in init.ops}
     nested = {name for op in net.ops for name, _ in op.nested_nets()}
@@ -477,7 +469,7 @@ def test_lstm_matches_the_dper_net(repeat):
             outputs_with_grads=(1,),
         )
     assert list(outputs) == list(real_rnn.output)[:-1]
-    i2h, rnn = model.net.proto.op
+    i2h, rnn = model.net.Proto().op
     assert _unordered_op(i2h) == _unordered_op(real_i2h)
     assert (list(rnn.input), list(rnn.output)) == (list(real_rnn.input), list(real_rnn.output))
     built_args, real_args = _args(rnn), _args(real_rnn)
@@ -491,7 +483,7 @@ def test_lstm_matches_the_dper_net(repeat):
     for op in built_backward.op:
         op.ClearField("device_option")
     _assert_same_net(built_backward, real_backward)
-    init_ops = [(o.type, list(o.output)) for o in model.param_init_net.proto.op]
+    init_ops = [(o.type, list(o.output)) for o in model.param_init_net.Proto().op]
     assert init_ops == [
         ("ConstantFill", [f"{prefix}/lstm/initial_hidden_state"]),
         ("ConstantFill", [f"{prefix}/lstm/initial_cell_state"]),
@@ -547,7 +539,7 @@ def test_backward_pass_matches_the_breadbread_training_net():
     types = [op.type for op in train.op]
     forward = train.op[types.index("FC") : types.index("AveragedLoss") + 1]
     real = train.op[types.index("AveragedLossGradient") : types.index("AtomicIter")]
-    grad_ops, mapping = rnn2jax.caffe2.get_backward_pass(forward, {"loss": "loss_grad"})
+    grad_ops, mapping = rnn2jax.caffe2.gradients.get_backward_pass(forward, {"loss": "loss_grad"})
     key = lambda op: (*_op_key(op), op.is_gradient_op)  # noqa: E731
     assert [key(op) for op in grad_ops] == [key(op) for op in real]
     assert mapping["hidden_init"] == "hidden_init_grad" and mapping["LSTM/i2h_w"] == "LSTM/i2h_w_grad"

@@ -36,8 +36,8 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from rnn2jax import caffe2 as r2
-from rnn2jax.caffe2 import gru_cell as r2_gru_cell
-from rnn2jax.caffe2 import rnn_cell as r2_rnn_cell
+from rnn2jax.caffe2.python import gru_cell as r2_gru_cell
+from rnn2jax.caffe2.python import rnn_cell as r2_rnn_cell
 from rnn2jax.oracle import Caffe2Error, Caffe2Oracle
 from rnn2jax.proto import caffe2_pb2 as pb
 
@@ -77,8 +77,8 @@ def _add_gradient_operators(model: r2.ModelHelper) -> Callable[..., dict[str, st
     """`ModelHelper.AddGradientOperators(ys)` as rnn2jax does it: get_backward_pass over the main net."""
 
     def add(ys, skip: int = 0):
-        ops, grad_map = r2.get_backward_pass(list(model.net.proto.op)[skip:], ys)
-        model.net.proto.op.extend(ops)
+        ops, grad_map = r2.get_backward_pass(list(model.net.Proto().op)[skip:], ys)
+        model.net.Proto().op.extend(ops)
         return grad_map
 
     return add
@@ -177,7 +177,7 @@ def build_ours(calls: Recipe, models: Mapping[str, Mapping[str, Any]]):
         recipe.models[name] = r2.ModelHelper(**kwargs)
     for spec in calls:
         recipe.results.append(recipe.call(spec))
-    nets = {name: (m.net.proto, m.param_init_net.proto) for name, m in recipe.models.items()}
+    nets = {name: (m.net.Proto(), m.param_init_net.Proto()) for name, m in recipe.models.items()}
     return nets, [_describe(r) for r in recipe.results]
 
 

@@ -29,22 +29,21 @@ from hypothesis import strategies as st
 
 import rnn2jax
 from differential import Case, assert_blobs_equal, assert_same_ops, cases, check_op, run_rnn2jax
-from rnn2jax.caffe2 import (
-    GRU,
+from rnn2jax.caffe2.grad_makers import get_gradient_for_op
+from rnn2jax.caffe2.gradients import get_backward_pass
+from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.core import reset_net_names
+from rnn2jax.caffe2.python.gru_cell import GRU
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import (
     LSTM,
     MILSTM,
-    AttentionType,
     BasicRNN,
     DropoutCell,
     LayerNormLSTM,
     LayerNormMILSTM,
     LSTMCell,
-    LSTMWithAttention,
-    ModelHelper,
     MultiRNNCell,
-    get_backward_pass,
-    get_gradient_for_op,
-    reset_net_names,
 )
 from rnn2jax.errors import ShapeError
 from rnn2jax.oracle import Caffe2Error, Caffe2Oracle
@@ -201,7 +200,7 @@ def dropout_stack(ratio: float, is_test: int) -> Callable:
         output, states = stack.apply_over_sequence(
             model, "x", "seq_lengths" if lengths else None, initial, outputs_with_grads=[4]
         )
-        types = [op.type for op in rnn2jax.load(model.net.proto).walk()]
+        types = [op.type for op in rnn2jax.load(model.net.Proto()).walk()]
         assert types.count("Dropout") == (2 if ratio else 0)
         inputs = _sequence_inputs(s, rng, initial, (hidden,) * 4, lengths)
         outputs = list(dict.fromkeys([*map(str, states), str(output)]))
@@ -226,7 +225,7 @@ def attention(kind: AttentionType, same_size: bool = False, masked: bool = False
             forward_only=coverage, attention_memory_optimization=masked,
         )  # fmt: skip
         (combination,) = [
-            op.output[0] for op in model.net.proto.op if op.type == "Concat" and "combination" in op.output[0]
+            op.output[0] for op in model.net.Proto().op if op.type == "Concat" and "combination" in op.output[0]
         ]
         forms = s["forms"]
         inputs = {
@@ -281,7 +280,7 @@ CELLS: dict[str, Callable[[dict, np.random.Generator], Built]] = {
 def random_params(model: ModelHelper, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A random value for every blob the init net fills (in its shape): N(0, 0.5^2)."""
     params = {}
-    for op in model.param_init_net.proto.op:
+    for op in model.param_init_net.Proto().op:
         (shape,) = [list(a.ints) for a in op.arg if a.name == "shape"]
         params[op.output[0]] = _randn(rng, *shape, scale=0.5)
     return params
@@ -342,7 +341,7 @@ def check_cell(caffe2: Caffe2Oracle, name: str, s: dict[str, Any]) -> None:
     reset_net_names()
     rng = np.random.default_rng(s["seed"])
     built = CELLS[name](s, rng)
-    init, net = built.model.param_init_net.proto, built.model.net.proto
+    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
     params = random_params(built.model, rng)
 
     want = run_caffe2(caffe2, init, net, {**built.inputs, **params}, built.outputs)
@@ -391,7 +390,7 @@ def draw_recurrent_network(data: st.DataObject) -> tuple[pb.OperatorDef, dict[st
     # BasicRNN with lengths is built forward-only (Caffe2 cannot build its backward): no gradient to ask for.
     assume(built.trainable)
     feeds = {**built.inputs, **random_params(built.model, rng)}
-    ops = list(built.model.net.proto.op)
+    ops = list(built.model.net.Proto().op)
     index = next(i for i, op in enumerate(ops) if op.type == "RecurrentNetwork")
     op = ops[index]
     computed = [name for name in op.input if name not in feeds]
@@ -453,7 +452,7 @@ def _lstm_run(caffe2, s, h0, c0, all_grads: bool, train: bool):
     grads = (0, 1, 2, 3) if all_grads else (0,)
     built = lstm_family(LSTM, "lstm", outputs_with_grads=grads)(s, rng)
     built.inputs.update(h0=h0, c0=c0)
-    init, net = built.model.param_init_net.proto, built.model.net.proto
+    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
     params = random_params(built.model, rng)
     fetch = list(built.outputs)
     feeds = dict(built.inputs)
@@ -538,7 +537,7 @@ def test_empty_batch(caffe2, cell, steps):
     reset_net_names()
     rng = np.random.default_rng(0)
     built = CELLS[cell](s, rng)
-    init, net = built.model.param_init_net.proto, built.model.net.proto
+    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
     params = random_params(built.model, rng)
     with pytest.raises(Caffe2Error):
         run_caffe2(caffe2, init, net, {**built.inputs, **params}, built.outputs)
@@ -555,7 +554,7 @@ def test_fully_masked_encoder(caffe2):
     rng = np.random.default_rng(0)
     built = CELLS["attention-regular-masked"](s, rng)
     built.inputs["enc_len"] = np.array([0, 2], np.int32)
-    init, net = built.model.param_init_net.proto, built.model.net.proto
+    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
     params = random_params(built.model, rng)
     want = run_caffe2(caffe2, init, net, {**built.inputs, **params}, built.outputs)
     assert np.isnan(want["att/attention_weighted_encoder_context_all"][:, 0]).all()

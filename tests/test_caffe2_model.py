@@ -5,21 +5,13 @@ from __future__ import annotations
 import pytest
 
 import rnn2jax
-from rnn2jax.caffe2 import (
-    GRU,
-    LSTM,
-    BasicRNN,
-    BlobReference,
-    DropoutCell,
-    LSTMCell,
-    ModelHelper,
-    MultiRNNCell,
-    Net,
-    current_name_scope,
-    name_scope,
-    recurrent_net,
-    reset_net_names,
-)
+from rnn2jax.caffe2.python.core import BlobReference, Net, reset_net_names
+from rnn2jax.caffe2.python.gru_cell import GRU
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.recurrent import recurrent_net
+from rnn2jax.caffe2.python.rnn_cell import LSTM, BasicRNN, DropoutCell, LSTMCell, MultiRNNCell
+from rnn2jax.caffe2.python.scope import CurrentNameScope as current_name_scope
+from rnn2jax.caffe2.python.scope import NameScope as name_scope
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +20,7 @@ def _fresh_net_names():
 
 
 def rnn_op(model):
-    (op,) = [o for o in model.net.proto.op if o.type == "RecurrentNetwork"]
+    (op,) = [o for o in model.net.Proto().op if o.type == "RecurrentNetwork"]
     return op
 
 
@@ -49,8 +41,8 @@ def test_name_scopes_prefix_plain_names_but_not_blob_references():
             assert current_name_scope() == "r/"
     assert current_name_scope() == ""
     assert out == "a/b/z" and isinstance(out, BlobReference)
-    assert list(net.proto.op[0].input) == ["a/b/x", "y"]
-    assert list(net.proto.external_input) == ["a/b/x", "y"]  # undefined inputs become external inputs
+    assert list(net.Proto().op[0].input) == ["a/b/x", "y"]
+    assert list(net.Proto().external_input) == ["a/b/x", "y"]  # undefined inputs become external inputs
     assert (out + "_w", "p/" + out) == ("a/b/z_w", "p/a/b/z") and isinstance(out + "_w", BlobReference)
 
 
@@ -58,7 +50,7 @@ def test_ops_get_caffe2_fields_and_arguments_in_keyword_order():
     net = Net("n")
     net.Softmax("x", "y", order="NCHW", axis=1, engine="CUDNN")
     net.Tanh("y", "z")
-    softmax, tanh = net.proto.op
+    softmax, tanh = net.Proto().op
     assert softmax.engine == "CUDNN" and not tanh.HasField("engine") and tanh.HasField("name")
     assert [a.name for a in softmax.arg] == ["order", "axis"]
     assert net.Relu("z") == "n/Relu" and net.Relu("z") == "n/Relu_2"  # auto-named outputs
@@ -77,7 +69,7 @@ def test_create_param_fills_once_in_the_init_net():
         assert model.create_param("w", [2, 3], ("XavierFill", {})) == w == "s/w"
         with pytest.raises(ValueError, match="shape"):
             model.create_param("w", [3, 3], ("XavierFill", {}))
-    (fill,) = model.param_init_net.proto.op
+    (fill,) = model.param_init_net.Proto().op
     assert (fill.type, list(fill.output), [a.name for a in fill.arg]) == ("XavierFill", ["s/w"], ["shape"])
     assert model.params == ["s/w"]
 
@@ -101,7 +93,7 @@ def test_lstm_without_initial_states_uses_parameters_and_default_names():
         "model/recurrent/cell_t_prev_states",
     ]
     assert args(op)["step_net"].n.name == "model_1"  # the step ModelHelper is named "model" too
-    fills = [(o.type, o.output[0], list(o.arg[0].ints)) for o in model.param_init_net.proto.op]
+    fills = [(o.type, o.output[0], list(o.arg[0].ints)) for o in model.param_init_net.Proto().op]
     assert fills[:3] == [
         ("ConstantFill", "initial_hidden_state", [4]),
         ("ConstantFill", "initial_cell_state", [4]),
@@ -113,7 +105,7 @@ def test_forward_only_lstm_has_no_backward_arguments_and_unique_step_net_names()
     model = ModelHelper("model")
     LSTM(model, "x", "len", ["h0", "c0"], 2, 4, scope="lstm", forward_only=True)
     LSTM(model, "x", "len", ["h0", "c0"], 2, 4, scope="lstm")
-    first, second = [o for o in model.net.proto.op if o.type == "RecurrentNetwork"]
+    first, second = [o for o in model.net.Proto().op if o.type == "RecurrentNetwork"]
     assert "backward_step_net" not in args(first) and "param" not in args(first)
     assert args(first)["step_net"].n.name == "lstm" and args(second)["step_net"].n.name == "lstm_1"
     assert args(second)["backward_step_net"].n.name == "RecurrentBackwardStep"
@@ -176,7 +168,7 @@ def test_residual_layers_sum_outputs_in_the_main_net():
     output, _ = MultiRNNCell(cells, residual_output_layers=[1], name="lstm").apply_over_sequence(
         model, "x", "len", list("abcd")
     )
-    summed = model.net.proto.op[-1]
+    summed = model.net.Proto().op[-1]
     assert output == "lstm/residual_output_sequence"
     assert (summed.type, list(summed.input)) == (
         "Sum",
@@ -215,9 +207,9 @@ def test_recurrent_net_on_a_hand_built_cell_whose_state_only_feeds_a_sum():
     and with no gradient ops the backward_step_net argument is left out."""
     main = Net("main")
     cell = Net("cell")
-    cell.add_external_inputs("input_t", "timestep", "h_prev")
+    cell.AddExternalInputs("input_t", "timestep", "h_prev")
     cell.Sum(["h_prev", "input_t"], "h")
-    cell.add_external_outputs("h")
+    cell.AddExternalOutputs("h")
     outputs = recurrent_net(
         main,
         cell,
@@ -227,7 +219,7 @@ def test_recurrent_net_on_a_hand_built_cell_whose_state_only_feeds_a_sum():
         timestep="timestep",
         scope="acc",
     )
-    op = main.proto.op[0]
+    op = main.Proto().op[0]
     assert outputs == ["h_all", "h_last"] and list(op.input) == ["seq", "h0"]
     assert strings(args(op)["backward_link_internal"]) == ["h_grad", "h_grad", "h_grad"]
     assert strings(args(op)["backward_link_external"]) == [
@@ -236,6 +228,6 @@ def test_recurrent_net_on_a_hand_built_cell_whose_state_only_feeds_a_sum():
         "seq_grad",
     ]
     assert "backward_step_net" not in args(op) and list(args(op)["param"].ints) == []
-    assert isinstance(rnn2jax.load(main.proto), rnn2jax.Net)
+    assert isinstance(rnn2jax.load(main.Proto()), rnn2jax.Net)
     with pytest.raises(ValueError, match="Only one input"):
         recurrent_net(main, cell, [("a", "b"), ("c", "d")], [], {})

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from differential import Case, arrays, cases, invalid, run_case
-from rnn2jax.caffe2.core import create_operator
+from rnn2jax.caffe2.opdef import create_operator
 
 NOTSET, VALID, SAME, CAFFE_LEGACY_POOLING = 0, 1, 2, 3
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from differential import Case, arrays, cases, check_gradient, check_op, dims, invalid, run_case, shapes
-from rnn2jax.caffe2.core import create_operator
+from rnn2jax.caffe2.opdef import create_operator
 
 NUMERIC = (np.int32, np.int64, np.float32, np.float64)
 FLOATS = (np.float32, np.float64)

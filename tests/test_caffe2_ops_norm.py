@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from differential import Case, arrays, cases, check_op, dims, invalid, run_case, run_rnn2jax, shapes
-from rnn2jax.caffe2.core import create_operator
+from rnn2jax.caffe2.opdef import create_operator
 
 # --------------------------------------------------------------------------------------------------
 # Dropout

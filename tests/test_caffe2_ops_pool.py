@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from test_caffe2_ops_conv import window_args
 
 from differential import Case, arrays, cases, invalid, run_case, run_rnn2jax
-from rnn2jax.caffe2.core import create_operator
+from rnn2jax.caffe2.opdef import create_operator
 
 
 def _values(data: st.DataObject, shape, dtype, ties: bool) -> np.ndarray:

@@ -19,7 +19,7 @@ from differential import (
     run_rnn2jax,
     shapes,
 )
-from rnn2jax.caffe2 import GradientError, get_gradient_for_op
+from rnn2jax.caffe2.grad_makers import GradientError, get_gradient_for_op
 from rnn2jax.errors import BadArgumentError, Rnn2JaxError
 from rnn2jax.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb

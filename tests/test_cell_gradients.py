@@ -8,17 +8,10 @@ import numpy as np
 import pytest
 
 import rnn2jax
-from rnn2jax.caffe2 import (
-    GRU,
-    LSTM,
-    MILSTM,
-    AttentionType,
-    BasicRNN,
-    LayerNormLSTM,
-    LayerNormMILSTM,
-    LSTMWithAttention,
-    ModelHelper,
-)
+from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.gru_cell import GRU
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM, BasicRNN, LayerNormLSTM, LayerNormMILSTM
 
 T, N, D, H = 4, 3, 3, 4
 
@@ -31,7 +24,7 @@ def _model(build):
 
 def _random_params(model, seed):
     """Every parameter of the init net drawn at random (biases and scales included)."""
-    shapes = {op.outputs[0]: op.ints("shape") for op in rnn2jax.load(model.param_init_net.proto).ops}
+    shapes = {op.outputs[0]: op.ints("shape") for op in rnn2jax.load(model.param_init_net.Proto()).ops}
     rng = np.random.default_rng(seed)
     return {name: (rng.standard_normal(shape) * 0.5).astype(np.float32) for name, shape in shapes.items()}
 
@@ -128,7 +121,7 @@ def test_backward_step_net_equals_jax_grad(cell, lengths, form):
     build, shapes = CELLS[cell](lengths, form)
     model = _model(build)
     params = _random_params(model, seed=len(cell))
-    report = rnn2jax.verify(model.net.proto, shapes=shapes, params=params, seed=1, rtol=1e-5, atol=1e-6)
+    report = rnn2jax.verify(model.net.Proto(), shapes=shapes, params=params, seed=1, rtol=1e-5, atol=1e-6)
     assert report.ok, str(report)  # every gradient blob within 1e-6 + 1e-5 * max|jax.grad|
     assert len(report.checks) >= 3
 
@@ -139,7 +132,7 @@ def test_backward_step_net_in_float64_with_finite_differences(cell):
     model = _model(build)
     params = _random_params(model, seed=len(cell))
     report = rnn2jax.verify(
-        model.net.proto, shapes=shapes, params=params, dtype="float64", finite_differences=True
+        model.net.Proto(), shapes=shapes, params=params, dtype="float64", finite_differences=True
     )
     assert report.rtol == 1e-9 and report.ok, str(report)  # within 1e-11 + 1e-9 * max|jax.grad|
     assert all(c.fd_rel is not None and c.fd_rel <= 1e-5 for c in report.checks), str(report)

@@ -17,18 +17,17 @@ from hypothesis import strategies as st
 
 import reference as ref
 import rnn2jax
-from rnn2jax.caffe2 import (
-    GRU,
+from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.gru_cell import GRU
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import (
     LSTM,
     MILSTM,
-    AttentionType,
     BasicRNN,
     DropoutCell,
     LayerNormLSTM,
     LayerNormMILSTM,
     LSTMCell,
-    LSTMWithAttention,
-    ModelHelper,
     MultiRNNCell,
 )
 
@@ -55,8 +54,8 @@ def real(a):
 
 def compile_model(model: ModelHelper, outputs, rng):
     """Compile the model's main net; parameters drawn from N(0, 0.5^2) in the init net's shapes."""
-    init = model.param_init_net.proto
-    fn = rnn2jax.compile(model.net.proto, init_net=init, outputs=[str(o) for o in outputs])
+    init = model.param_init_net.Proto()
+    fn = rnn2jax.compile(model.net.Proto(), init_net=init, outputs=[str(o) for o in outputs])
     params = {k: real(rng.standard_normal(v.shape) * 0.5) for k, v in fn.params.items()}
     return fn, params
 
@@ -275,7 +274,7 @@ def test_dropout_cell_in_test_mode_is_the_plain_stack():
     ]
     stack = MultiRNNCell(cells, name="lstm")
     output, _ = stack.apply_over_sequence(model, "x", "seq_lengths", ["h0_0", "c0_0", "h0_1", "c0_1"])
-    step_ops = [op.type for op in rnn2jax.load(model.net.proto).walk()]
+    step_ops = [op.type for op in rnn2jax.load(model.net.Proto()).walk()]
     assert "Dropout" in step_ops
     fn, p = compile_model(model, [output], rng)
     x = real(rng.standard_normal((5, 2, 3)))

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from helpers import REALNETS
-from rnn2jax.caffe2 import LSTM, ModelHelper, brew, get_backward_pass
+from rnn2jax.caffe2.gradients import get_backward_pass
+from rnn2jax.caffe2.python import brew
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.cli import main
 from rnn2jax.ops.registry import REGISTRY, lookup
 from rnn2jax.proto import caffe2_pb2 as pb
@@ -93,12 +96,12 @@ def _training_net(tmp_path):
     flat, _ = model.net.Reshape([logits], ["logits_flat", "logits_old_shape"], shape=[-1, 7])
     model.net.SoftmaxWithLoss([flat, "labels"], ["probs", "loss"])
     proto = pb.NetDef()
-    proto.CopyFrom(model.net.proto)
+    proto.CopyFrom(model.net.Proto())
     backward, grad_map = get_backward_pass(list(proto.op), {"loss": None})
     proto.op.extend(backward)
     net, init = tmp_path / "train_net.pb", tmp_path / "init_net.pbtxt"
     net.write_bytes(proto.SerializeToString())
-    init.write_text(str(model.param_init_net.proto))
+    init.write_text(str(model.param_init_net.Proto()))
     labels = tmp_path / "labels.npy"
     np.save(labels, np.random.default_rng(3).integers(0, 7, size=4 * 3).astype(np.int32))
     return net, init, labels, grad_map

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rnn2jax
-from rnn2jax.caffe2 import create_net, create_operator
+from rnn2jax.caffe2.opdef import create_net, create_operator
 
 
 def _mlp_nets():

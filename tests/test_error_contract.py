@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 import rnn2jax
-from rnn2jax.caffe2 import LSTM, ModelHelper, get_backward_pass, reset_net_names
+from rnn2jax.caffe2.gradients import get_backward_pass
+from rnn2jax.caffe2.python.core import reset_net_names
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.errors import (
     BadArgumentError,
     InputTypeError,
@@ -48,9 +51,9 @@ def arg_of(op: pb.OperatorDef, name: str) -> pb.Argument:
 
 def training_net(model: ModelHelper) -> pb.NetDef:
     """The net plus its gradient ops for a gradient of `hidden_state_all` (fed as `hall_grad`)."""
-    grad_ops, _ = get_backward_pass(model.net.proto.op, {"lstm/hidden_state_all": "hall_grad"})
+    grad_ops, _ = get_backward_pass(model.net.Proto().op, {"lstm/hidden_state_all": "hall_grad"})
     train = pb.NetDef()
-    train.CopyFrom(model.net.proto)
+    train.CopyFrom(model.net.Proto())
     train.external_input.append("hall_grad")
     train.op.extend(grad_ops)
     return train
@@ -60,7 +63,7 @@ def params(model: ModelHelper) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     return {
         op.output[0]: (rng.standard_normal(list(arg_of(op, "shape").ints)) * 0.5).astype(np.float32)
-        for op in model.param_init_net.proto.op
+        for op in model.param_init_net.Proto().op
     }
 
 
@@ -78,12 +81,12 @@ def inputs(steps: int = T, batch: int = N, train: bool = False) -> dict[str, np.
 
 
 def in_caffe2(caffe2, model: ModelHelper, net: pb.NetDef, feeds, fetch) -> dict[str, np.ndarray]:
-    caffe2.run([("net", model.param_init_net.proto)], fetch=[])
+    caffe2.run([("net", model.param_init_net.Proto())], fetch=[])
     return caffe2.run([("net", net)], {**feeds, **params(model)}, fetch=list(fetch), reset=False)
 
 
 def in_rnn2jax(model: ModelHelper, net: pb.NetDef, feeds, fetch) -> dict[str, np.ndarray]:
-    fn = rnn2jax.compile(net, init_net=model.param_init_net.proto, params=params(model), outputs=list(fetch))
+    fn = rnn2jax.compile(net, init_net=model.param_init_net.Proto(), params=params(model), outputs=list(fetch))
     return {name: np.asarray(value) for name, value in fn(feeds).items()}
 
 
@@ -103,12 +106,12 @@ def test_empty_batch(caffe2, steps):
     feeds = inputs(steps=steps, batch=0)
     if steps:
         with pytest.raises(Caffe2Error):
-            in_caffe2(caffe2, model, model.net.proto, feeds, OUTPUTS)
+            in_caffe2(caffe2, model, model.net.Proto(), feeds, OUTPUTS)
         with pytest.raises(ShapeError, match=r"op #1 \(RecurrentNetwork\).*empty batch"):
-            in_rnn2jax(model, model.net.proto, feeds, OUTPUTS)
+            in_rnn2jax(model, model.net.Proto(), feeds, OUTPUTS)
     else:
-        want = in_caffe2(caffe2, model, model.net.proto, feeds, OUTPUTS)
-        assert_close(in_rnn2jax(model, model.net.proto, feeds, OUTPUTS), want, OUTPUTS)
+        want = in_caffe2(caffe2, model, model.net.Proto(), feeds, OUTPUTS)
+        assert_close(in_rnn2jax(model, model.net.Proto(), feeds, OUTPUTS), want, OUTPUTS)
 
 
 # 2. verify: param / outputs_with_grads past the op's inputs / outputs --------------------------------
@@ -117,9 +120,9 @@ def test_empty_batch(caffe2, steps):
 @pytest.mark.parametrize(("name", "values"), [("param", [3, 40]), ("outputs_with_grads", [7]), ("param", [-1])])
 def test_verify_refuses_indices_out_of_range(name, values):
     model = lstm_model()
-    arg_of(op_of(model.net.proto), name).ints[:] = values
+    arg_of(op_of(model.net.Proto()), name).ints[:] = values
     with pytest.raises(BadArgumentError, match=rf"op #1 \(RecurrentNetwork\): argument '{name}' names #"):
-        rnn2jax.verify(model.net.proto, init_net=model.param_init_net.proto, shapes=SHAPES)
+        rnn2jax.verify(model.net.Proto(), init_net=model.param_init_net.Proto(), shapes=SHAPES)
 
 
 # 3. RecurrentNetworkGradient links naming missing blobs -------------------------------------------
@@ -179,7 +182,7 @@ def test_step_nets_nested_65_deep_as_messages_are_refused():
 def _broken_names(field: str) -> bytes:
     """An LSTM net whose `field` holds bytes that are not UTF-8 (proto2 lets them through; a few flipped
     bytes in a real file give exactly this)."""
-    net = lstm_model().net.proto
+    net = lstm_model().net.Proto()
     target = {"input": net.op[0].input, "output": net.op[0].output, "external_input": net.external_input}
     target[field][0] = "broken__me"  # as long as its broken form, so lengths hold
     return net.SerializeToString().replace(b"broken__me", b"broken\xff\xfeme")
@@ -199,12 +202,12 @@ def test_names_that_are_not_utf8_are_refused_at_load(field):
 def test_outputs_must_be_a_list_of_str(outputs):
     model = lstm_model()
     with pytest.raises(InputTypeError, match=r"net 'contract': outputs= must be"):
-        rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto, outputs=outputs)
+        rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=outputs)
 
 
 def test_calling_with_a_str_or_a_dict_array():
     model = lstm_model()
-    fn = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto)
+    fn = rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto())
     with pytest.raises(InputTypeError, match=r"inputs must be a mapping of blob name -> array.*got a str"):
         fn("input")
     with pytest.raises(InputTypeError, match="input 'x' must be an array"):
@@ -218,7 +221,7 @@ def test_calling_with_a_str_or_a_dict_array():
 def test_apply_with_values_of_the_wrong_type():
     """`apply` is the pure function under jax.grad: it checks its arguments at trace time, and tracers pass."""
     model = lstm_model()
-    fn = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto)
+    fn = rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto())
     with pytest.raises(InputTypeError, match=r"net 'contract': apply's params must be a mapping.*got a str"):
         fn.apply("params", inputs())
     with pytest.raises(InputTypeError, match=r"apply's inputs must be a mapping.*got a list"):
@@ -244,15 +247,15 @@ def test_verify_params_of_the_wrong_type():
         ([1, 2], "params= must be a mapping of blob name -> array, got a list"),
     ):
         with pytest.raises(InputTypeError, match=match):
-            rnn2jax.verify(model.net.proto, init_net=model.param_init_net.proto, shapes=SHAPES, params=params)
+            rnn2jax.verify(model.net.Proto(), init_net=model.param_init_net.Proto(), shapes=SHAPES, params=params)
 
 
 def test_params_of_the_wrong_type():
     model = lstm_model()
     with pytest.raises(InputTypeError, match=r"params= must be a mapping .* got a int"):
-        rnn2jax.compile(model.net.proto, params=12345)
+        rnn2jax.compile(model.net.Proto(), params=12345)
     with pytest.raises(InputTypeError, match="parameter 'h0' must be an array"):
-        rnn2jax.compile(model.net.proto, params={"h0": {"a": 1}})
+        rnn2jax.compile(model.net.Proto(), params={"h0": {"a": 1}})
 
 
 def test_input_type_error_is_a_type_error_and_an_rnn2jax_error():
@@ -266,7 +269,7 @@ def test_input_type_error_is_a_type_error_and_an_rnn2jax_error():
 def test_verify_refuses_a_bad_shape(shape):
     model = lstm_model()
     with pytest.raises(BadArgumentError, match=r"op #1 \(RecurrentNetwork\): input 'lstm/i2h'"):
-        rnn2jax.verify(model.net.proto, init_net=model.param_init_net.proto, shapes={**SHAPES, "lstm/i2h": shape})
+        rnn2jax.verify(model.net.Proto(), init_net=model.param_init_net.Proto(), shapes={**SHAPES, "lstm/i2h": shape})
 
 
 # 8. an offset that does not fit in 32 bits --------------------------------------------------------
@@ -277,11 +280,11 @@ def test_link_offset_beyond_int32(caffe2, link):
     """Caffe2 refuses: "Value 1099511627776 of argument link_offset cannot be represented correctly in a
     target type"."""
     model = lstm_model()
-    arg_of(op_of(model.net.proto), "link_offset").ints[link] = 2**40
+    arg_of(op_of(model.net.Proto()), "link_offset").ints[link] = 2**40
     with pytest.raises(Caffe2Error, match="link_offset"):
-        in_caffe2(caffe2, model, model.net.proto, inputs(), OUTPUTS)
+        in_caffe2(caffe2, model, model.net.Proto(), inputs(), OUTPUTS)
     with pytest.raises(BadArgumentError, match=r"argument 'link_offset' holds 1099511627776"):
-        in_rnn2jax(model, model.net.proto, inputs(), OUTPUTS)
+        in_rnn2jax(model, model.net.Proto(), inputs(), OUTPUTS)
 
 
 # 9. silent answers, each checked against Caffe2 ------------------------------------------------------
@@ -292,9 +295,9 @@ def test_link_internal_the_step_net_never_writes(caffe2):
     past the initial one are never written (uninitialised memory in Caffe2, e.g. 5.6e-45; zeros in
     rnn2jax). What does not read them (step 0 of the hidden state) agrees."""
     model = lstm_model()
-    arg_of(op_of(model.net.proto), "link_internal").strings[3] = b"unused_blob"
-    want = in_caffe2(caffe2, model, model.net.proto, inputs(), OUTPUTS)
-    got = in_rnn2jax(model, model.net.proto, inputs(), OUTPUTS)
+    arg_of(op_of(model.net.Proto()), "link_internal").strings[3] = b"unused_blob"
+    want = in_caffe2(caffe2, model, model.net.Proto(), inputs(), OUTPUTS)
+    got = in_rnn2jax(model, model.net.Proto(), inputs(), OUTPUTS)
     assert {n: v.shape for n, v in got.items()} == {n: v.shape for n, v in want.items()}
     assert not got["lstm/cell_state_all"].any() and not got["lstm/cell_state_last"].any()
     np.testing.assert_allclose(got["lstm/hidden_state_all"][0], want["lstm/hidden_state_all"][0], rtol=1e-5)
@@ -304,9 +307,9 @@ def test_empty_step_net(caffe2):
     """A step net with no ops: Caffe2 accepts and writes no state row (uninitialised memory there;
     zeros in rnn2jax)."""
     model = lstm_model()
-    del arg_of(op_of(model.net.proto), "step_net").n.op[:]
-    want = in_caffe2(caffe2, model, model.net.proto, inputs(), OUTPUTS)
-    got = in_rnn2jax(model, model.net.proto, inputs(), OUTPUTS)
+    del arg_of(op_of(model.net.Proto()), "step_net").n.op[:]
+    want = in_caffe2(caffe2, model, model.net.Proto(), inputs(), OUTPUTS)
+    got = in_rnn2jax(model, model.net.Proto(), inputs(), OUTPUTS)
     assert {n: v.shape for n, v in got.items()} == {n: v.shape for n, v in want.items()}
     assert not any(v.any() for v in got.values())
 

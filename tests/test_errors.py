@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import rnn2jax
 from helpers import REALNETS
-from rnn2jax.caffe2 import create_net, create_operator
+from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.netdef import Net, Plan
 from rnn2jax.proto import caffe2_pb2 as pb
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import rnn2jax
-from rnn2jax.caffe2 import AttentionType
+from rnn2jax.caffe2.python.attention import AttentionType
 from rnn2jax.lower import LoweredNet
 from rnn2jax.proto import caffe2_pb2 as pb
 
@@ -59,10 +59,10 @@ def seq2seq_step():
     ex = _attention_seq2seq()
     model, _, grads, loss_ops = ex.build_training(ex.SIZES["small"], AttentionType.Regular)
     forward = pb.NetDef()  # the forward net and the loss
-    forward.op.extend(model.net.proto.op[:loss_ops])
+    forward.op.extend(model.net.Proto().op[:loss_ops])
     ws = rnn2jax.Workspace(seed=0)
-    ws.run(model.param_init_net.proto)
-    params = {name: ws.fetch(name) for op in model.param_init_net.proto.op for name in op.output}
+    ws.run(model.param_init_net.Proto())
+    params = {name: ws.fetch(name) for op in model.param_init_net.Proto().op for name in op.output}
     batch = ex.reverse_batch(ex.SIZES["small"], np.random.default_rng(3))
     return SimpleNamespace(model=model, loss=ex.LOSS, grads=grads, forward=forward, params=params, batch=batch)
 
@@ -89,7 +89,7 @@ def test_attention_seq2seq_trains():
     step = _attention_seq2seq()
     model, _, _, _ = step.build_training(step.SIZES["small"], AttentionType.Regular)
     # nothing in a training net decides a shape by its values: one executable serves every step
-    assert LoweredNet(rnn2jax.load(model.net.proto)).static_inputs() == {}
+    assert LoweredNet(rnn2jax.load(model.net.Proto())).static_inputs() == {}
     out = run_example("attention_seq2seq.py")
     assert "RecurrentNetworkGradient" in out and "SoftmaxWithLossGradient" in out
     assert "encoder_embeddings <- ('encoder_inputs', 'encoder/embedded_grad')" in out  # a GradientSlice
@@ -109,7 +109,7 @@ def test_attention_seq2seq_gradients_match_jax_grad(seq2seq_step):
     s = seq2seq_step
     names = list(s.grads)
     fetch = [b for p in names for b in (s.grads[p] if isinstance(s.grads[p], tuple) else (s.grads[p],))]
-    train = rnn2jax.compile(s.model.net.proto, params=s.params, outputs=[s.loss, *dict.fromkeys(fetch)])
+    train = rnn2jax.compile(s.model.net.Proto(), params=s.params, outputs=[s.loss, *dict.fromkeys(fetch)])
     inputs = {k: v for k, v in s.batch.items() if k in train.input_names}
     blobs = train(inputs)
     loss_fn = rnn2jax.compile(s.forward, params=s.params, outputs=[s.loss])
@@ -131,11 +131,11 @@ def test_attention_seq2seq_training_step_matches_caffe2(seq2seq_step, caffe2):
     grads = [b for g in s.grads.values() for b in (g if isinstance(g, tuple) else (g,))]
     fetch = list(dict.fromkeys([s.loss, *grads, *s.grads]))
     feeds = {**s.params, **s.batch}
-    expected = caffe2.run([("net", s.model.net.proto)], feeds, fetch)
+    expected = caffe2.run([("net", s.model.net.Proto())], feeds, fetch)
     ws = rnn2jax.Workspace(seed=0)
     for name, value in feeds.items():
         ws.feed(name, value)
-    ws.run(s.model.net.proto)
+    ws.run(s.model.net.Proto())
     for name in fetch:
         actual = ws.fetch(name)
         assert actual.shape == expected[name].shape, name

@@ -6,17 +6,11 @@ from __future__ import annotations
 import pytest
 
 import rnn2jax
-from rnn2jax.caffe2 import (
-    GRU,
-    LSTM,
-    MILSTM,
-    AttentionType,
-    BasicRNN,
-    LayerNormLSTM,
-    LayerNormMILSTM,
-    ModelHelper,
-)
-from rnn2jax.caffe2 import LSTMWithAttention as Attention
+from rnn2jax.caffe2.python.attention import AttentionType
+from rnn2jax.caffe2.python.attention import LSTMWithAttention as Attention
+from rnn2jax.caffe2.python.gru_cell import GRU
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM, BasicRNN, LayerNormLSTM, LayerNormMILSTM
 from rnn2jax.ops import supported
 
 BUILDERS = {
@@ -44,7 +38,7 @@ BUILDERS = {
 def test_backward_step_net_ops_are_all_supported(cell):
     model = ModelHelper(name="coverage")
     BUILDERS[cell](model)
-    net = rnn2jax.load(model.net.proto)
+    net = rnn2jax.load(model.net.Proto())
     (rnn,) = [op for op in net.ops if op.type == "RecurrentNetwork"]
     backward = rnn.net("backward_step_net")
     types = {op.type for op in backward.walk()} | {op.type for op in rnn.net("step_net").walk()}

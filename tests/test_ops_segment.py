@@ -111,7 +111,7 @@ def test_traced_segment_ids_are_refused(op_type):
 def test_traced_lengths_are_checked_when_the_net_runs():
     """LENGTHS only decide values: under jit the lengths' total is checked by the compiled net."""
     import rnn2jax
-    from rnn2jax.caffe2 import create_net, create_operator
+    from rnn2jax.caffe2.opdef import create_net, create_operator
 
     net = create_net("n", [create_operator("LengthsMax", ["x", "lengths"], ["y"])])
     fn = rnn2jax.compile(net, outputs=["y"])

@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 import rnn2jax
 from helpers import run_op
-from rnn2jax.caffe2 import create_net, create_operator
+from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import BadArgumentError, ShapeError
 from rnn2jax.load import load
 from rnn2jax.lower import lower

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from differential import run_rnn2jax
-from rnn2jax.caffe2 import create_operator
+from rnn2jax.caffe2.opdef import create_operator
 
 
 def index_hash_reference(ids: np.ndarray, seed: int, modulo: int) -> np.ndarray:

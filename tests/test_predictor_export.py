@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rnn2jax
-from rnn2jax.caffe2 import create_operator
+from rnn2jax.caffe2.opdef import create_operator
 from rnn2jax.cli import main
 from rnn2jax.proto import caffe2_pb2 as pb
 from rnn2jax.proto import metanet_pb2

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import rnn2jax
 from reference import lstm
-from rnn2jax.caffe2 import create_net, create_operator
+from rnn2jax.caffe2.opdef import create_net, create_operator
 
 F32 = np.float32
 

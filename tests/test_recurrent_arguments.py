@@ -29,7 +29,10 @@ import numpy as np
 import pytest
 
 from differential import assert_blobs_equal, run_rnn2jax
-from rnn2jax.caffe2 import LSTM, ModelHelper, get_gradient_for_op, reset_net_names
+from rnn2jax.caffe2.grad_makers import get_gradient_for_op
+from rnn2jax.caffe2.python.core import reset_net_names
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.errors import BadArgumentError, MissingBlobError, ParseError, Rnn2JaxError, ShapeError
 from rnn2jax.oracle import Caffe2Error, OracleCrashedError
 from rnn2jax.proto import caffe2_pb2 as pb
@@ -52,7 +55,7 @@ def forward_op() -> pb.OperatorDef:
     reset_net_names()
     model = ModelHelper(name="arguments")
     LSTM(model, "x", "seq_lengths", ("h0", "c0"), dim_in=D, dim_out=H, scope="lstm")
-    (op,) = [o for o in model.net.proto.op if o.type == "RecurrentNetwork"]
+    (op,) = [o for o in model.net.Proto().op if o.type == "RecurrentNetwork"]
     return op
 
 

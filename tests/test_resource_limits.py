@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 
 import rnn2jax
 from rnn2jax import budget
-from rnn2jax.caffe2 import LSTM, ModelHelper, create_net, create_operator, reset_net_names
+from rnn2jax.caffe2.opdef import create_net, create_operator
+from rnn2jax.caffe2.python.core import reset_net_names
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.compare import draw_inputs
 from rnn2jax.compile import run_init_net
 from rnn2jax.errors import BadArgumentError, ResourceError, Rnn2JaxError
@@ -212,7 +215,9 @@ def lstm_model() -> ModelHelper:
 def test_verify_with_a_huge_shape_is_refused_in_milliseconds():
     model = lstm_model()
     shapes = {**SHAPES, "lstm/i2h": (2**40, N, 4 * H)}
-    error = refused_quickly(lambda: rnn2jax.verify(model.net.proto, init_net=model.param_init_net.proto, shapes=shapes))
+    error = refused_quickly(
+        lambda: rnn2jax.verify(model.net.Proto(), init_net=model.param_init_net.Proto(), shapes=shapes)
+    )
     message = str(error)
     assert "(RecurrentNetwork): blob 'lstm/i2h' of shape [1099511627776, 2, 12] float32 needs 96.0 TiB" in message
     assert f"over the memory budget of {budget.format_bytes(rnn2jax.memory_budget())}" in message
@@ -220,12 +225,12 @@ def test_verify_with_a_huge_shape_is_refused_in_milliseconds():
 
 def test_verify_with_a_low_budget_is_refused_and_passes_when_set_back():
     model = lstm_model()
-    params = run_init_net(model.param_init_net.proto)
+    params = run_init_net(model.param_init_net.Proto())
     rnn2jax.set_memory_budget(100)
     with pytest.raises(ResourceError, match=r"blob 'lstm/i2h' of shape \[2, 2, 12\] float32 needs 192 B"):
-        rnn2jax.verify(model.net.proto, params=params, shapes=SHAPES)
+        rnn2jax.verify(model.net.Proto(), params=params, shapes=SHAPES)
     rnn2jax.set_memory_budget(None)
-    assert rnn2jax.verify(model.net.proto, params=params, shapes=SHAPES).ok
+    assert rnn2jax.verify(model.net.Proto(), params=params, shapes=SHAPES).ok
 
 
 def test_compare_draw_inputs_refuses_a_huge_shape():

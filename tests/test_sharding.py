@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import rnn2jax
-from rnn2jax.caffe2 import LSTM, ModelHelper
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM
 
 SCRIPT = textwrap.dedent(
     """
@@ -22,15 +23,16 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     from jax.sharding import Mesh
     import rnn2jax
-    from rnn2jax.caffe2 import LSTM, ModelHelper
+    from rnn2jax.caffe2.python.rnn_cell import LSTM
+    from rnn2jax.caffe2.python.model_helper import ModelHelper
 
     assert len(jax.devices()) == 4, jax.devices()
     model = ModelHelper(name="sharded")
     outs = LSTM(model, "x", "seq_lengths", ("h0", "c0"), 3, 5, scope="lstm")
     names = [str(o) for o in outs]
-    single = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto, outputs=names, seed=3)
+    single = rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=names, seed=3)
     mesh = Mesh(np.array(jax.devices()), ("batch",))
-    sharded = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto, outputs=names, seed=3, mesh=mesh)
+    sharded = rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=names, seed=3, mesh=mesh)
     rng = np.random.default_rng(0)
     inputs = {
         "x": rng.standard_normal((6, 8, 3)).astype(np.float32),
@@ -69,8 +71,8 @@ def test_one_device_mesh_is_the_plain_net():
     outs = LSTM(model, "x", None, ("h0", "c0"), 2, 3, scope="lstm")
     names = [str(o) for o in outs]
     mesh = Mesh(np.array(jax.devices()[:1]), ("batch",))
-    plain = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto, outputs=names)
-    meshed = rnn2jax.compile(model.net.proto, init_net=model.param_init_net.proto, outputs=names, mesh=mesh)
+    plain = rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=names)
+    meshed = rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=names, mesh=mesh)
     x = np.ones((4, 2, 2), np.float32)
     h = np.zeros((2, 3), np.float32)
     a, b = plain(x=x, h0=h, c0=h), meshed(x=x, h0=h, c0=h)

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rnn2jax
-from rnn2jax.caffe2 import create_net, create_operator
+from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import ShapeError
 from rnn2jax.runtime.workspace import Workspace
 

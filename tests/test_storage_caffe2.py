@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import rnn2jax
-from rnn2jax.caffe2 import create_operator
+from rnn2jax.caffe2.opdef import create_operator
 from rnn2jax.proto import caffe2_pb2 as pb
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.int8, np.int16, np.uint8, np.uint16, np.bool_, np.float16]

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rnn2jax
-from rnn2jax.caffe2 import create_net, create_operator
+from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import BadArgumentError, MissingBlobError, Rnn2JaxError, StorageError
 from rnn2jax.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb
@@ -429,19 +429,21 @@ def test_bad_arguments_are_named_before_anything_runs(tmp_path):
 def _lstm_net_and_weights_db(folder):
     """The builder's LSTM as files: the net, and an init net that Loads its parameters from a minidb in
     `folder` (written from the builder's own init net's values)."""
-    from rnn2jax.caffe2 import LSTM, ModelHelper, reset_net_names
+    from rnn2jax.caffe2.python.core import reset_net_names
+    from rnn2jax.caffe2.python.model_helper import ModelHelper
+    from rnn2jax.caffe2.python.rnn_cell import LSTM
     from rnn2jax.compile import run_init_net
 
     reset_net_names()
     model = ModelHelper(name="lstm_db")
     LSTM(model, "x", "seq_lengths", ("h0", "c0"), dim_in=2, dim_out=3, scope="lstm")
-    params = {k: np.asarray(v) for k, v in run_init_net(model.param_init_net.proto, seed=3).items()}
+    params = {k: np.asarray(v) for k, v in run_init_net(model.param_init_net.Proto(), seed=3).items()}
     rnn2jax.write_blobs(folder / "weights.minidb", params)
     init = pb.NetDef(name="load_init")
     op = init.op.add(type="Load", output=list(params))
     op.arg.add(name="db", s=b"weights.minidb")
     op.arg.add(name="db_type", s=b"minidb")
-    (folder / "net.pb").write_bytes(model.net.proto.SerializeToString())
+    (folder / "net.pb").write_bytes(model.net.Proto().SerializeToString())
     (folder / "init.pb").write_bytes(init.SerializeToString())
     return model, params
 
@@ -461,7 +463,7 @@ def test_verify_and_export_read_the_init_nets_databases_under_db_root(tmp_path, 
     net, init = str(root / "net.pb"), str(root / "init.pb")
     assert main(["verify", net, "--init", init, "--db-root", str(root), "--json", *shape_args]) == 0
     got = json.loads(capsys.readouterr().out)
-    want = rnn2jax.verify(model.net.proto, shapes=shapes, params=params)
+    want = rnn2jax.verify(model.net.Proto(), shapes=shapes, params=params)
     assert [c["max_abs"] for c in got["checks"]] == [c.max_abs for c in want.checks] and want.ok
 
     out = tmp_path / "lstm.bin"
@@ -478,7 +480,7 @@ def test_verify_and_export_read_the_init_nets_databases_under_db_root(tmp_path, 
         "seq_lengths": np.array([2, 1], np.int32),
     }
     served = load_exported(out)(inputs)
-    direct = rnn2jax.compile(model.net.proto, params=params)(inputs)
+    direct = rnn2jax.compile(model.net.Proto(), params=params)(inputs)
     assert "lstm/hidden_state_all" in served and set(served) == set(direct)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6), served, direct)
 

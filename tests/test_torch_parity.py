@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rnn2jax
-from rnn2jax.caffe2 import GRU, LSTM, BasicRNN, ModelHelper
+from rnn2jax.caffe2.python.gru_cell import GRU
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM, BasicRNN
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install -e '.[torch]')")
 
@@ -32,7 +34,7 @@ def _blocks(array: np.ndarray, order: list[int]) -> np.ndarray:
 
 def _compile(model: ModelHelper, outputs):
     return rnn2jax.compile(
-        model.net.proto, init_net=model.param_init_net.proto, outputs=[str(o) for o in outputs]
+        model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=[str(o) for o in outputs]
     )
 
 

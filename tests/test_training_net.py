@@ -12,7 +12,9 @@ import pytest
 
 import rnn2jax
 from helpers import REALNETS
-from rnn2jax.caffe2 import LSTM, ModelHelper, get_backward_pass
+from rnn2jax.caffe2.gradients import get_backward_pass
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.netdef import Net
 from rnn2jax.proto import caffe2_pb2 as pb
 
@@ -89,11 +91,11 @@ def test_builder_training_net_gradients_match_jax():
     hidden_all, *_ = LSTM(model, "x", "seq_lengths", ("h0", "c0"), 3, 4, scope="lstm")
     model.net.SumElements([hidden_all], "loss")
     proto = pb.NetDef()
-    proto.CopyFrom(model.net.proto)
+    proto.CopyFrom(model.net.Proto())
     backward, grad_map = get_backward_pass(list(proto.op), {"loss": None})
     proto.op.extend(backward)
     weights = ("lstm/i2h_w", "lstm/i2h_b", "lstm/gates_t_w", "lstm/gates_t_b")
-    train = rnn2jax.compile(proto, init_net=model.param_init_net.proto, outputs=[grad_map[w] for w in weights])
+    train = rnn2jax.compile(proto, init_net=model.param_init_net.Proto(), outputs=[grad_map[w] for w in weights])
     rng = np.random.default_rng(1)
     params = {k: (rng.standard_normal(np.shape(v)) * 0.5).astype(np.float32) for k, v in train.params.items()}
     inputs = {
@@ -103,7 +105,7 @@ def test_builder_training_net_gradients_match_jax():
         "seq_lengths": np.array([5, 2], np.int32),
     }
     out = train.apply(params, inputs)
-    forward = rnn2jax.compile(model.net.proto, outputs=["loss"])
+    forward = rnn2jax.compile(model.net.Proto(), outputs=["loss"])
     grads = jax.grad(lambda p: forward.apply({}, {**inputs, **p})["loss"])({w: params[w] for w in weights})
     for w in weights:
         np.testing.assert_allclose(np.asarray(out[grad_map[w]]), np.asarray(grads[w]), rtol=1e-5, atol=1e-6)

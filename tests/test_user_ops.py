@@ -20,8 +20,8 @@ from hypothesis.extra import numpy as hnp
 
 import rnn2jax
 from rnn2jax import cli
-from rnn2jax.caffe2 import create_net, create_operator, get_gradient_for_op
-from rnn2jax.caffe2.grad_makers import _MAKERS
+from rnn2jax.caffe2.grad_makers import _MAKERS, get_gradient_for_op
+from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import RegistrationError, ShapeError, UnsupportedOpError
 from rnn2jax.ops.registry import REGISTRY, supported
 from rnn2jax.proto import caffe2_pb2 as pb

@@ -9,7 +9,7 @@ from google.protobuf import text_format
 
 import rnn2jax
 from helpers import REALNETS
-from rnn2jax.caffe2 import create_operator
+from rnn2jax.caffe2.opdef import create_operator
 from rnn2jax.cli import main
 from rnn2jax.proto import caffe2_pb2 as pb
 

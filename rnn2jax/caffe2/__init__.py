@@ -1,76 +1,81 @@
-"""Building Caffe2 nets in Python the way Caffe2's own front end did, for users with no Caffe2 left.
+"""Caffe2's Python API on JAX: `rnn2jax.caffe2` is a `caffe2` package.
 
-The functions here emit rnn2jax's wire-compatible protobuf messages (`rnn2jax.proto.caffe2_pb2`):
-`create_operator`/`create_net` for single ops, and the recurrent builders of Caffe2's `rnn_cell`,
-`gru_cell`, `attention` and `recurrent` modules (with the backward step nets core.py's gradient
-machinery produced) on top of a small `ModelHelper`.
+`rnn2jax.caffe2.python.core`, `.workspace`, `.model_helper`, `.brew`, `.rnn_cell`, ... and
+`rnn2jax.caffe2.proto.caffe2_pb2` have Caffe2's names and signatures. `install()` makes
+`import caffe2` resolve to this package for the current process, so old Caffe2 scripts run unchanged
+(`rnn2jax exec script.py` does that for a script).
 """
 
-from . import makers  # noqa: F401  (registers every family's gradient makers)
-from .attention import AttentionCell, AttentionType, LSTMWithAttention, LSTMWithAttentionCell
-from .core import create_net, create_operator, make_argument, make_tensor
-from .gradients import (
-    GradientError,
-    get_backward_pass,
-    get_gradient_for_op,
-    register_gradient,
-    version_checks,
-)
-from .gru_cell import GRU, GRUCell
-from .model import BlobReference, ModelHelper, Net, current_name_scope, name_scope, reset_net_names
-from .recurrent import recurrent_net
-from .rnn_cell import (
-    LSTM,
-    MILSTM,
-    BasicRNN,
-    BasicRNNCell,
-    DropoutCell,
-    LayerNormLSTM,
-    LayerNormLSTMCell,
-    LayerNormMILSTM,
-    LayerNormMILSTMCell,
-    LSTMCell,
-    LSTMInitializer,
-    MILSTMCell,
-    MultiRNNCell,
-    RNNCell,
-)
+from __future__ import annotations
 
-__all__ = [
-    "GRU",
-    "LSTM",
-    "MILSTM",
-    "AttentionCell",
-    "AttentionType",
-    "BasicRNN",
-    "BasicRNNCell",
-    "BlobReference",
-    "DropoutCell",
-    "GRUCell",
-    "GradientError",
-    "LSTMCell",
-    "LSTMInitializer",
-    "LSTMWithAttention",
-    "LSTMWithAttentionCell",
-    "LayerNormLSTM",
-    "LayerNormLSTMCell",
-    "LayerNormMILSTM",
-    "LayerNormMILSTMCell",
-    "MILSTMCell",
-    "ModelHelper",
-    "MultiRNNCell",
-    "Net",
-    "RNNCell",
-    "create_net",
-    "create_operator",
-    "current_name_scope",
-    "get_backward_pass",
-    "get_gradient_for_op",
-    "make_argument",
-    "make_tensor",
-    "name_scope",
-    "recurrent_net",
-    "register_gradient",
-    "reset_net_names",
-    "version_checks",
-]
+import warnings
+from typing import Any
+
+from . import makers  # noqa: F401  (registers every family's gradient makers)
+from .install import install, installed, uninstall
+
+__all__ = ["install", "installed", "uninstall"]
+
+# The snake_case builder of rnn2jax <= 0.11, kept one release as deprecated aliases: name -> (module, attribute).
+_DEPRECATED = {
+    "create_operator": ("opdef", "create_operator"),
+    "create_net": ("opdef", "create_net"),
+    "make_argument": ("opdef", "make_argument"),
+    "make_tensor": ("opdef", "make_tensor"),
+    "get_backward_pass": ("gradients", "get_backward_pass"),
+    "get_gradient_for_op": ("grad_makers", "get_gradient_for_op"),
+    "register_gradient": ("grad_makers", "register_gradient"),
+    "GradientError": ("grad_makers", "GradientError"),
+    "version_checks": ("gradients", "version_checks"),
+    "reset_net_names": ("python.core", "reset_net_names"),
+    "BlobReference": ("python.core", "BlobReference"),
+    "Net": ("python.core", "Net"),
+    "ModelHelper": ("python.model_helper", "ModelHelper"),
+    "name_scope": ("python.scope", "NameScope"),
+    "current_name_scope": ("python.scope", "CurrentNameScope"),
+    "recurrent_net": ("python.recurrent", "recurrent_net"),
+    "brew": ("python", "brew"),
+    "rnn_cell": ("python", "rnn_cell"),
+    "gru_cell": ("python", "gru_cell"),
+    "attention": ("python", "attention"),
+    "AttentionCell": ("python.attention", "AttentionCell"),
+    "AttentionType": ("python.attention", "AttentionType"),
+    "LSTMWithAttention": ("python.attention", "LSTMWithAttention"),
+    "LSTMWithAttentionCell": ("python.attention", "LSTMWithAttentionCell"),
+    "GRU": ("python.gru_cell", "GRU"),
+    "GRUCell": ("python.gru_cell", "GRUCell"),
+    **{
+        name: ("python.rnn_cell", name)
+        for name in (
+            "LSTM",
+            "MILSTM",
+            "BasicRNN",
+            "BasicRNNCell",
+            "DropoutCell",
+            "LayerNormLSTM",
+            "LayerNormLSTMCell",
+            "LayerNormMILSTM",
+            "LayerNormMILSTMCell",
+            "LSTMCell",
+            "LSTMInitializer",
+            "MILSTMCell",
+            "MultiRNNCell",
+            "RNNCell",
+        )
+    },
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _DEPRECATED:
+        raise AttributeError(f"module 'rnn2jax.caffe2' has no attribute '{name}'")
+    import importlib
+
+    module, attribute = _DEPRECATED[name]
+    warnings.warn(
+        f"rnn2jax.caffe2.{name} is deprecated: use rnn2jax.caffe2.{module}.{attribute} "
+        f"(Caffe2's caffe2.{module}.{attribute})",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..proto import caffe2_pb2 as pb
-from .core import make_argument
+from .opdef import make_argument
 
 
 class GradientError(RuntimeError):
@@ -90,8 +90,7 @@ def get_gradient_for_op(
     maker = _MAKERS.get(op.type)
     if maker is None:
         raise GradientError(
-            f"Exception when creating gradient for [{op.type}]: "
-            f"Gradient maker for operator {op.type} not implemented."
+            f"Exception when creating gradient for [{op.type}]: Gradient maker for operator {op.type} not implemented."
         )
     ctx = GradientContext(op, g_output)
     try:
@@ -284,9 +283,7 @@ def _cast(g: GradientContext) -> list:
     g.copy_args = False
     to, from_type = g.arg("to"), g.arg("from_type")
     if from_type is None:
-        raise GradientError(
-            "Argument 'from_type' of type int or string is required to get the gradient of CastOp"
-        )
+        raise GradientError("Argument 'from_type' of type int or string is required to get the gradient of CastOp")
     args = [make_argument("to", _data_type(from_type)), make_argument("from_type", _data_type(to))]
     return _single("Cast", [g.GO(0)], [g.GI(0)], args)
 
@@ -312,9 +309,7 @@ def _recurrent_network(g: GradientContext) -> list:
     if not with_grads:
         raise GradientError("RecurrentNetwork needs a non-empty outputs_with_grads")
     inputs = [g.GO(k) for k in with_grads] + list(g.op.input) + list(g.op.output)
-    outputs = (
-        [g.GI(0)] + [g.GI(i) for i in ints("param")] + [g.GI(i) for i in ints("initial_recurrent_state_ids")]
-    )
+    outputs = [g.GI(0)] + [g.GI(i) for i in ints("param")] + [g.GI(i) for i in ints("initial_recurrent_state_ids")]
     return _single("RecurrentNetworkGradient", inputs, outputs)
 
 

@@ -29,11 +29,21 @@ from .executor import Executor, check_inputs_exist
 _SHOWN_BLOBS = 30
 
 
+class CompileCache:
+    """Decoded nets (by content) and their executors, whose jit caches hold the compiled code. Workspaces
+    that share one (Caffe2's named workspaces do) compile a net once between them."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[bytes, Net] = {}
+        self.executors: dict[tuple[int, ...], tuple[tuple[Net, ...], Executor]] = {}
+
+
 class Workspace:
     """Blobs by name, nets by name; `run(net)`, `run_net(name)`, `run_plan(plan)` as in Caffe2.
 
     `db_root` is where host ops that read and write databases resolve relative paths; `seed` seeds the
-    random ops of every net run here (each run draws fresh keys).
+    random ops of every net run here (each run draws fresh keys); `cache` shares compiled nets with
+    other workspaces.
     """
 
     def __init__(
@@ -42,6 +52,7 @@ class Workspace:
         db_root: str | os.PathLike[str] | None = None,
         seed: int = 0,
         parent: Workspace | None = None,
+        cache: CompileCache | None = None,
     ):
         if db_root is not None and not isinstance(db_root, str | os.PathLike):
             raise InputTypeError(f"Workspace: db_root must be a str or os.PathLike, got a {type(db_root).__name__}")
@@ -53,8 +64,7 @@ class Workspace:
         self.db_root: str | None = os.fspath(db_root) if db_root is not None else (parent.db_root if parent else None)
         self.seed = seed
         self._counter = 0
-        self._executors: dict[tuple[int, ...], tuple[tuple[Net, ...], Executor]] = {}
-        self._loaded: dict[bytes, Net] = {}
+        self._cache = parent._cache if parent is not None else (cache or CompileCache())
 
     # -- blobs ---------------------------------------------------------------------------------------
 
@@ -175,7 +185,7 @@ class Workspace:
         key = serialize(deterministic=True) if serialize is not None else source
         if not isinstance(key, bytes):
             return _as_net(source)
-        cache = self._root._loaded
+        cache = self._cache.loaded
         if key not in cache:
             cache[key] = _as_net(source)
         return cache[key]
@@ -183,7 +193,7 @@ class Workspace:
     def _executor(self, nets: tuple[Net, ...]) -> Executor:
         """The executor of these nets, built once per workspace tree (the jit caches live in it); each
         call gets fresh host-op state, as a newly created Caffe2 net has."""
-        cache = self._root._executors
+        cache = self._cache.executors
         key = tuple(id(net) for net in nets)
         entry = cache.get(key)
         if entry is None:

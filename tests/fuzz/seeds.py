@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE.parent))  # the tests' own modules, when run as a sc
 import rnn2jax  # noqa: E402
 from fuzz.contract import Hint, container  # noqa: E402
 from helpers import REALNETS  # noqa: E402
-from rnn2jax.caffe2 import reset_net_names  # noqa: E402
+from rnn2jax.caffe2.python.core import reset_net_names  # noqa: E402
 from rnn2jax.proto import caffe2_pb2 as pb  # noqa: E402
 from rnn2jax.wire import parse_message  # noqa: E402
 from test_caffe2_cells import CELLS, random_params, training_net  # noqa: E402
@@ -54,7 +54,7 @@ def cell_seeds() -> Iterator[tuple[str, pb.PlanDef]]:
         rng = np.random.default_rng(index)
         built = build(dict(SIZES, seed=index), rng)
         params = random_params(built.model, rng)
-        init, net = fill_net(params), built.model.net.proto
+        init, net = fill_net(params), built.model.net.Proto()
         yield name, container(init, net, _hints(built.inputs))
         if not built.trainable:
             continue

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import make_argument
 from ..grad_makers import GradientContext, GradientError, gradient_op, register_gradient
+from ..opdef import make_argument
 
 
 def _single(op_type: str, inputs: list[str], outputs: list[str], args: list = ()) -> list:

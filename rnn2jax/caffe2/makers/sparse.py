@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..core import make_argument
 from ..grad_makers import GradientContext, GradientError, gradient_op, register_gradient
+from ..opdef import make_argument
 
 
 @register_gradient("PackSegments")

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..proto import caffe2_pb2 as pb
-from .gradients import get_backward_pass, get_ssa, get_undefined_blobs
-from .model import BlobReference, Net, make_op
+from ...proto import caffe2_pb2 as pb
+from ..gradients import get_backward_pass, get_ssa, get_undefined_blobs
+from .core import BlobReference, CreateOperator, Net
 
 
 def recurrent_net(
@@ -41,12 +41,12 @@ def recurrent_net(
     """
     if len(inputs) != 1:
         raise ValueError("Only one input blob is supported so far")
-    op_name = net.next_name("recurrent")
+    op_name = net.NextName("recurrent")
 
     def s(name: str) -> str:
         return f"{op_name if scope is None else scope}/{name}"
 
-    cell = cell_net.proto if isinstance(cell_net, Net) else cell_net
+    cell = cell_net.Proto() if isinstance(cell_net, Net) else cell_net
     known = [str(i[0]) for i in inputs] + [str(x[1]) for x in initial_cell_inputs]
     known += [str(x[0]) for x in initial_cell_inputs]
     if timestep is not None:
@@ -59,16 +59,14 @@ def recurrent_net(
         backward_ops, backward_mapping = get_backward_pass(cell.op, ys)
         recompute = list(dict.fromkeys(str(b) for b in recompute_blobs_on_backward or ()))
         backward = Net("RecurrentBackwardStep")
-        backward.proto.op.extend(_recompute_ops(cell.op, recompute))
-        backward.proto.op.extend(backward_ops)
-        backward_ssa, backward_versions = get_ssa(backward.proto)
+        backward.Proto().op.extend(_recompute_ops(cell.op, recompute))
+        backward.Proto().op.extend(backward_ops)
+        backward_ssa, backward_versions = get_ssa(backward.Proto())
         undefined = get_undefined_blobs(backward_ssa)
         _, versions = get_ssa(cell)
-        scratches = [
-            b for b, v in versions.items() if v > 0 and b in undefined and b not in cell.external_output
-        ]
-        backward.proto.external_input.extend(scratches)
-        backward.proto.type = "simple"
+        scratches = [b for b, v in versions.items() if v > 0 and b in undefined and b not in cell.external_output]
+        backward.Proto().external_input.extend(scratches)
+        backward.Proto().type = "simple"
 
     all_inputs = [i[1] for i in inputs] + [x[1] for x in initial_cell_inputs] + references
     all_outputs: list[str] = []
@@ -84,7 +82,7 @@ def recurrent_net(
         states.append(state)
         if backward is not None:
             backward_links.append((cell_output + "_grad", state + "_grad", 1))
-            backward.proto.external_input.append(str(cell_output) + "_grad")
+            backward.Proto().external_input.append(str(cell_output) + "_grad")
             # nobody writes the prev-state gradient (e.g. it only feeds a Sum): link its pass-through
             prev_grad = cell_input + "_grad"
             source = prev_grad if backward_versions.get(prev_grad, 0) else backward_mapping[cell_input]
@@ -96,9 +94,9 @@ def recurrent_net(
     if backward is not None:
         for input_t, input_blob in inputs:
             backward_links.append((backward_mapping[str(input_t)], str(input_blob) + "_grad", 0))
-        backward.proto.external_input.extend(cell.external_input)
-        backward.proto.external_input.extend(cell.external_output)
-        _accumulate_external_gradients(backward.proto)
+        backward.Proto().external_input.extend(cell.external_input)
+        backward.Proto().external_input.extend(cell.external_output)
+        _accumulate_external_gradients(backward.Proto())
         params = [p for p in references if p in backward_mapping]
         backward_args = {
             "param": [all_inputs.index(p) for p in params],
@@ -109,10 +107,10 @@ def recurrent_net(
             "recompute_blobs_on_backward": recompute,
             "param_grads": [str(backward_mapping[p]) for p in params],
         }
-        if backward.proto.op:
-            backward_args["backward_step_net"] = backward.proto
+        if backward.Proto().op:
+            backward_args["backward_step_net"] = backward.Proto()
 
-    results = net.add_op(
+    results = net._CreateAndAddToSelf(
         "RecurrentNetwork",
         all_inputs,
         [*all_outputs, s("step_workspaces")],
@@ -139,9 +137,7 @@ def _recompute_ops(ops: Iterable[pb.OperatorDef], recompute: list[str]) -> list[
         if set(recompute).isdisjoint(op.output):
             continue
         if not set(op.output) <= set(recompute):
-            raise ValueError(
-                f"op {op.type} writes blobs besides recompute_blobs_on_backward: {list(op.output)}"
-            )
+            raise ValueError(f"op {op.type} writes blobs besides recompute_blobs_on_backward: {list(op.output)}")
         selected.append(op)
     return selected
 
@@ -171,5 +167,5 @@ def _accumulate_external_gradients(proto: pb.NetDef) -> None:
                 if blob not in defined:
                     proto.external_input.append(blob)
                     defined.add(blob)
-            proto.op.append(make_op("Sum", [output, accum], [output]))
+            proto.op.append(CreateOperator("Sum", [output, accum], [output]))
             defined.add(output)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .model import BIAS, COMPUTED_PARAM, WEIGHT, BlobReference, ModelHelper
+from .core import BlobReference
+from .model_helper import BIAS, COMPUTED_PARAM, WEIGHT, ModelHelper
 
 
 def _merged(model: ModelHelper, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -38,9 +39,7 @@ def fc(
     if kwargs.pop("float16_compute", False):
         kwargs["float16_compute"] = True
     bias_tags = [BIAS, COMPUTED_PARAM] if "freeze_bias" in kwargs else [BIAS]
-    weight = model.create_param(
-        blob_out + "_w", [dim_out, dim_in], weight_init or ("XavierFill", {}), [WEIGHT]
-    )
+    weight = model.create_param(blob_out + "_w", [dim_out, dim_in], weight_init or ("XavierFill", {}), [WEIGHT])
     bias = model.create_param(blob_out + "_b", [dim_out], bias_init or ("ConstantFill", {}), bias_tags)
     return model.net.FC([blob_in, weight, bias], blob_out, **kwargs)
 

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import brew
-from .model import BlobReference, ModelHelper, name_scope, scoped
+from .core import BlobReference, ScopedBlobReference
+from .model_helper import ModelHelper
 from .recurrent import recurrent_net
+from .scope import NameScope
 
 ExtraInputs = Sequence[tuple[str, int]] | None
 
@@ -23,7 +25,7 @@ def _rectify(blob: str | None) -> BlobReference | None:
     """`rnn_cell._RectifyName`: resolve a plain name in the current scope before entering another."""
     if blob is None or isinstance(blob, BlobReference):
         return blob
-    return scoped(blob)
+    return ScopedBlobReference(blob)
 
 
 class RNNCell:
@@ -48,23 +50,21 @@ class RNNCell:
     ) -> tuple[BlobReference, list[BlobReference]]:
         """Run the cell over a `T x N x D` sequence: (primary output sequence, all state outputs)."""
         if initial_states is None:
-            with name_scope(self.name):
+            with NameScope(self.name):
                 if self.initializer is None:
                     raise ValueError("Either initial states or initializer have to be set")
                 initial_states = self.initializer.create_states(model)
         preprocessed = self.prepare_input(model, inputs)
         step_model = ModelHelper(name=self.name, param_model=model)
-        input_t, timestep = step_model.net.add_scoped_external_inputs("input_t", "timestep")
+        input_t, timestep = step_model.net.AddScopedExternalInputs("input_t", "timestep")
         if len(initial_states) != len(self.get_state_names()):
             raise ValueError("Number of initial state values provided doesn't match the number of states")
-        states_prev = step_model.net.add_scoped_external_inputs(
-            *[s + "_prev" for s in self.get_state_names()]
-        )
+        states_prev = step_model.net.AddScopedExternalInputs(*[s + "_prev" for s in self.get_state_names()])
         states = self._apply(step_model, input_t, seq_lengths, states_prev, timestep)
-        external_outputs = set(step_model.net.proto.external_output)
+        external_outputs = set(step_model.net.Proto().external_output)
         for state in states:
             if state not in external_outputs:
-                step_model.net.add_external_outputs(state)
+                step_model.net.AddExternalOutputs(state)
         if outputs_with_grads is None:
             outputs_with_grads = [self.get_output_state_index() * 2]
         states_for_all_steps = recurrent_net(
@@ -93,7 +93,7 @@ class RNNCell:
         """Inputs resolved in the caller's scope, then `apply_override` under `NameScope(name)`."""
         input_t, seq_lengths, timestep = _rectify(input_t), _rectify(seq_lengths), _rectify(timestep)
         states = [_rectify(s) for s in states]
-        with name_scope(self.name):
+        with NameScope(self.name):
             return self.apply_override(model, input_t, seq_lengths, states, timestep, extra_inputs)
 
     def apply_override(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
@@ -156,9 +156,7 @@ class BasicRNNCell(RNNCell):
 
     def apply_override(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
         hidden_t_prev = states[0]
-        gates_t = brew.fc(
-            model, hidden_t_prev, "gates_t", dim_in=self.hidden_size, dim_out=self.hidden_size, axis=2
-        )
+        gates_t = brew.fc(model, hidden_t_prev, "gates_t", dim_in=self.hidden_size, dim_out=self.hidden_size, axis=2)
         brew.sum(model, [gates_t, input_t], gates_t)
         activation = model.net.Tanh if self.activation == "tanh" else model.net.Relu
         hidden_t = activation(gates_t, "hidden_t")
@@ -172,16 +170,12 @@ class BasicRNNCell(RNNCell):
             if self.drop_states:
                 hidden_t = hidden_valid
             else:
-                hidden_invalid = model.net.Mul(
-                    [hidden_t_prev, invalid], "hidden_invalid", broadcast=1, axis=1
-                )
+                hidden_invalid = model.net.Mul([hidden_t_prev, invalid], "hidden_invalid", broadcast=1, axis=1)
                 hidden_t = model.net.Add([hidden_valid, hidden_invalid], hidden_t)
         return (hidden_t,)
 
     def prepare_input(self, model, input_blob):
-        return brew.fc(
-            model, input_blob, self.scope("i2h"), dim_in=self.input_size, dim_out=self.hidden_size, axis=2
-        )
+        return brew.fc(model, input_blob, self.scope("i2h"), dim_in=self.input_size, dim_out=self.hidden_size, axis=2)
 
     def get_state_names(self):
         return (self.scope("hidden_t"),)
@@ -222,9 +216,7 @@ class LSTMCell(RNNCell):
 
     def apply_override(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
         hidden_t_prev, cell_t_prev = states
-        fc_input, fc_input_dim = self._gates_input(
-            model, hidden_t_prev, extra_inputs, "gates_concatenated_input_t"
-        )
+        fc_input, fc_input_dim = self._gates_input(model, hidden_t_prev, extra_inputs, "gates_concatenated_input_t")
         gates_t = brew.fc(model, fc_input, "gates_t", dim_in=fc_input_dim, dim_out=self.gates_size, axis=2)
         brew.sum(model, [gates_t, input_t], gates_t)
         if seq_lengths is not None:
@@ -238,7 +230,7 @@ class LSTMCell(RNNCell):
             drop_states=self.drop_states,
             sequence_lengths=seq_lengths is not None,
         )
-        model.net.add_external_outputs(hidden_t, cell_t)
+        model.net.AddExternalOutputs(hidden_t, cell_t)
         if self.memory_optimization:
             self.recompute_blobs = [gates_t]
         return hidden_t, cell_t
@@ -250,9 +242,7 @@ class LSTMCell(RNNCell):
         return {"weights": self.scope("gates_t") + "_w", "biases": self.scope("gates_t") + "_b"}
 
     def prepare_input(self, model, input_blob):
-        return brew.fc(
-            model, input_blob, self.scope("i2h"), dim_in=self.input_size, dim_out=self.gates_size, axis=2
-        )
+        return brew.fc(model, input_blob, self.scope("i2h"), dim_in=self.input_size, dim_out=self.gates_size, axis=2)
 
     def get_state_names_override(self):
         return ["hidden_t", "cell_t"]
@@ -276,9 +266,7 @@ class LayerNormLSTMCell(LSTMCell):
         fc_input, fc_input_dim = self._gates_input(
             model, hidden_t_prev, extra_inputs, self.scope("gates_concatenated_input_t")
         )
-        gates_t = brew.fc(
-            model, fc_input, self.scope("gates_t"), dim_in=fc_input_dim, dim_out=self.gates_size, axis=2
-        )
+        gates_t = brew.fc(model, fc_input, self.scope("gates_t"), dim_in=fc_input_dim, dim_out=self.gates_size, axis=2)
         brew.sum(model, [gates_t, input_t], gates_t)
         gates_t, _, _ = brew.layer_norm(
             model, self.scope("gates_t"), self.scope("gates_t_norm"), dim_in=self.gates_size, axis=-1
@@ -289,7 +277,7 @@ class LayerNormLSTMCell(LSTMCell):
             forget_bias=self.forget_bias,
             drop_states=self.drop_states,
         )
-        model.net.add_external_outputs(hidden_t, cell_t)
+        model.net.AddExternalOutputs(hidden_t, cell_t)
         if self.memory_optimization:
             self.recompute_blobs = [gates_t]
         return hidden_t, cell_t
@@ -308,9 +296,7 @@ class MILSTMCell(LSTMCell):
         fc_input, fc_input_dim = self._gates_input(
             model, hidden_t_prev, extra_inputs, self.scope("gates_concatenated_input_t")
         )
-        prev_t = brew.fc(
-            model, fc_input, self.scope("prev_t"), dim_in=fc_input_dim, dim_out=self.gates_size, axis=2
-        )
+        prev_t = brew.fc(model, fc_input, self.scope("prev_t"), dim_in=fc_input_dim, dim_out=self.gates_size, axis=2)
         size = [self.gates_size]
         alpha = model.create_param(self.scope("alpha"), size, ("ConstantFill", {"value": 1.0}))
         beta_h = model.create_param(self.scope("beta1"), size, ("ConstantFill", {"value": 1.0}))
@@ -320,9 +306,7 @@ class MILSTMCell(LSTMCell):
             [input_t, alpha, beta_h], self.scope("alpha_by_input_t_plus_beta_h"), axis=2
         )
         alpha_x_prev = model.net.Mul([alpha_x, prev_t], self.scope("alpha_by_input_t_plus_beta_h_by_prev_t"))
-        beta_x = model.net.ElementwiseLinear(
-            [input_t, beta_i, b], self.scope("beta_i_by_input_t_plus_b"), axis=2
-        )
+        beta_x = model.net.ElementwiseLinear([input_t, beta_i, b], self.scope("beta_i_by_input_t_plus_b"), axis=2)
         gates_t = brew.sum(model, [alpha_x_prev, beta_x], self.scope("gates_t"))
         if self.layer_norm:
             gates_t, _, _ = brew.layer_norm(
@@ -334,7 +318,7 @@ class MILSTMCell(LSTMCell):
             forget_bias=self.forget_bias,
             drop_states=self.drop_states,
         )
-        model.net.add_external_outputs(cell_t, hidden_t)
+        model.net.AddExternalOutputs(cell_t, hidden_t)
         if self.memory_optimization:
             self.recompute_blobs = [gates_t]
         return hidden_t, cell_t
@@ -350,9 +334,7 @@ class DropoutCell(RNNCell):
     """Wraps a cell; Dropout on its output (not on the recurrent state). No op when the ratio is
     0/None or the cell is forward-only."""
 
-    def __init__(
-        self, internal_cell: RNNCell, dropout_ratio: float | None = None, use_cudnn: bool = False, **kwargs
-    ):
+    def __init__(self, internal_cell: RNNCell, dropout_ratio: float | None = None, use_cudnn: bool = False, **kwargs):
         self.internal_cell = internal_cell
         self.dropout_ratio = dropout_ratio
         if "is_test" not in kwargs:
@@ -379,7 +361,7 @@ class DropoutCell(RNNCell):
 
     def _apply_dropout(self, model, output):
         if self.dropout_ratio and not self.forward_only:
-            with name_scope(self.name or ""):
+            with NameScope(self.name or ""):
                 output = brew.dropout(
                     model,
                     output,
@@ -401,7 +383,7 @@ class MultiRNNCellInitializer:
         for i, cell in enumerate(self.cells):
             if cell.initializer is None:
                 raise ValueError("Either initial states or initializer have to be set")
-            with name_scope(f"layer_{i}"), name_scope(cell.name):
+            with NameScope(f"layer_{i}"), NameScope(cell.name):
                 states.extend(cell.initializer.create_states(model))
         return states
 
@@ -412,9 +394,7 @@ class MultiRNNCell(RNNCell):
     `residual_output_layers`: layers (>0) whose input is added to their output.
     """
 
-    def __init__(
-        self, cells: Sequence[RNNCell], residual_output_layers: Sequence[int] | None = None, **kwargs
-    ):
+    def __init__(self, cells: Sequence[RNNCell], residual_output_layers: Sequence[int] | None = None, **kwargs):
         super().__init__(**kwargs)
         self.cells = list(cells)
         self.residual_output_layers = list(residual_output_layers or [])
@@ -434,15 +414,13 @@ class MultiRNNCell(RNNCell):
         self.output_connected_layers.append(len(self.cells) - 1)
         self.output_indices.append(output_index_per_layer[-1])
         self.state_names = [
-            f"{self.name}/layer_{i}/{name}"
-            for i, cell in enumerate(self.cells)
-            for name in cell.get_state_names()
+            f"{self.name}/layer_{i}/{name}" for i, cell in enumerate(self.cells) for name in cell.get_state_names()
         ]
         self.initializer = MultiRNNCellInitializer(self.cells)
 
     def prepare_input(self, model, input_blob):
         input_blob = _rectify(input_blob)
-        with name_scope(self.name or ""):
+        with NameScope(self.name or ""):
             return self.cells[0].prepare_input(model, input_blob)
 
     def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
@@ -455,7 +433,7 @@ class MultiRNNCell(RNNCell):
         index = 0
         layer_input = input_t
         for i, cell in enumerate(self.cells):
-            with name_scope(self.name), name_scope(f"layer_{i}"):
+            with NameScope(self.name), NameScope(f"layer_{i}"):
                 layer_states = states[index : index + states_per_layer[i]]
                 index += states_per_layer[i]
                 prepared = cell.prepare_input(model, layer_input) if i > 0 else layer_input
@@ -465,9 +443,7 @@ class MultiRNNCell(RNNCell):
                 if i != len(self.cells) - 1:
                     layer_output = cell._prepare_output(model, layer_next)
                     if i > 0 and i in self.residual_output_layers:
-                        layer_input = brew.sum(
-                            model, [layer_output, layer_input], self.scope(f"residual_output_{i}")
-                        )
+                        layer_input = brew.sum(model, [layer_output, layer_input], self.scope(f"residual_output_{i}"))
                     else:
                         layer_input = layer_output
                 next_states.extend(layer_next)
@@ -477,9 +453,7 @@ class MultiRNNCell(RNNCell):
         return self.state_names
 
     def get_output_state_index(self):
-        return (
-            sum(len(c.get_state_names()) for c in self.cells[:-1]) + self.cells[-1].get_output_state_index()
-        )
+        return sum(len(c.get_state_names()) for c in self.cells[:-1]) + self.cells[-1].get_output_state_index()
 
     def _connected_outputs(self, model, states, per_state, prepare, name):
         outputs = []
@@ -495,9 +469,7 @@ class MultiRNNCell(RNNCell):
         return self._connected_outputs(model, states, 1, "_prepare_output", "residual_output")
 
     def _prepare_output_sequence(self, model, states):
-        return self._connected_outputs(
-            model, states, 2, "_prepare_output_sequence", "residual_output_sequence"
-        )
+        return self._connected_outputs(model, states, 2, "_prepare_output_sequence", "residual_output_sequence")
 
 
 def _LSTM(
@@ -558,16 +530,12 @@ def _LSTM(
     return tuple(result)
 
 
-def LSTM(
-    model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, **kwargs
-):
+def LSTM(model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, **kwargs):
     """`rnn_cell.LSTM` (see `_LSTM`): `<scope>/hidden_state_all`, `_last`, `cell_state_all`, `_last`."""
     return _LSTM(LSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
 
 
-def BasicRNN(
-    model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, **kwargs
-):
+def BasicRNN(model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, **kwargs):
     """`rnn_cell.BasicRNN`; `activation='tanh'|'relu'` is required. Returns (hidden_t_all, hidden_t_last)."""
     return _LSTM(BasicRNNCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
 
@@ -577,17 +545,20 @@ def MILSTM(model: ModelHelper, input_blob: str, seq_lengths: str, initial_states
     return _LSTM(MILSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
 
 
-def LayerNormLSTM(
-    model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, **kwargs
-):
+def LayerNormLSTM(model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, **kwargs):
     """`rnn_cell.LayerNormLSTM` (seq_lengths required)."""
     return _LSTM(LayerNormLSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
 
 
-def LayerNormMILSTM(
-    model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, **kwargs
-):
+def LayerNormMILSTM(model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, **kwargs):
     """`rnn_cell.LayerNormMILSTM` (seq_lengths required)."""
-    return _LSTM(
-        LayerNormMILSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs
-    )
+    return _LSTM(LayerNormMILSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    """Caffe2 kept the attention cells in rnn_cell; they live in attention.py here (it imports this)."""
+    if name in ("AttentionCell", "LSTMWithAttentionCell", "MILSTMWithAttentionCell", "LSTMWithAttention"):
+        from . import attention
+
+        return getattr(attention, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from enum import IntEnum
 
 from . import brew
-from .model import BlobReference, ModelHelper, name_scope
+from .core import BlobReference
+from .model_helper import ModelHelper
 from .rnn_cell import LSTMCell, RNNCell
+from .scope import NameScope
 
 
 class AttentionType(IntEnum):
@@ -27,9 +29,7 @@ def s(scope: str, name: str) -> str:
     return f"{scope}/{name}"
 
 
-def _calc_weighted_context(
-    model, encoder_outputs_transposed, encoder_output_dim, attention_weights_3d, scope
-):
+def _calc_weighted_context(model, encoder_outputs_transposed, encoder_output_dim, attention_weights_3d, scope):
     context = brew.batch_mat_mul(
         model,
         [encoder_outputs_transposed, attention_weights_3d],
@@ -48,14 +48,10 @@ def _calc_attention_weights(model, attention_logits_transposed, scope, encoder_l
         attention_logits_transposed = model.net.SequenceMask(
             [attention_logits_transposed, encoder_lengths], ["masked_attention_logits"], mode="sequence"
         )
-    return brew.softmax(
-        model, attention_logits_transposed, s(scope, "attention_weights_3d"), engine="CUDNN", axis=1
-    )
+    return brew.softmax(model, attention_logits_transposed, s(scope, "attention_weights_3d"), engine="CUDNN", axis=1)
 
 
-def _calc_attention_logits_from_sum_match(
-    model, decoder_hidden_encoder_outputs_sum, encoder_output_dim, scope
-):
+def _calc_attention_logits_from_sum_match(model, decoder_hidden_encoder_outputs_sum, encoder_output_dim, scope):
     summed = model.net.Tanh(decoder_hidden_encoder_outputs_sum, decoder_hidden_encoder_outputs_sum)
     logits = brew.fc(
         model,
@@ -102,9 +98,7 @@ def apply_recurrent_attention(
         scope,
         "weighted_decoder_hidden_state",
     )
-    summed_tmp = model.net.Add(
-        [weighted_prev, weighted_decoder], s(scope, "decoder_hidden_encoder_outputs_sum_tmp")
-    )
+    summed_tmp = model.net.Add([weighted_prev, weighted_decoder], s(scope, "decoder_hidden_encoder_outputs_sum_tmp"))
     summed = model.net.Add(
         [weighted_encoder_outputs, summed_tmp], s(scope, "decoder_hidden_encoder_outputs_sum"), broadcast=1
     )
@@ -166,13 +160,9 @@ def apply_dot_attention(
         )
     else:
         weighted_decoder = decoder_hidden_state_t
-    squeezed = model.net.Squeeze(
-        weighted_decoder, s(scope, "squeezed_weighted_decoder_hidden_state"), dims=[0]
-    )
+    squeezed = model.net.Squeeze(weighted_decoder, s(scope, "squeezed_weighted_decoder_hidden_state"), dims=[0])
     expanded = model.net.ExpandDims(squeezed, squeezed, dims=[2])
-    logits = model.net.BatchMatMul(
-        [encoder_outputs_transposed, expanded], s(scope, "attention_logits"), trans_a=1
-    )
+    logits = model.net.BatchMatMul([encoder_outputs_transposed, expanded], s(scope, "attention_logits"), trans_a=1)
     weights = _calc_attention_weights(model, logits, scope, encoder_lengths)
     context = _calc_weighted_context(model, encoder_outputs_transposed, encoder_output_dim, weights, scope)
     return context, weights, []
@@ -295,7 +285,7 @@ class AttentionCell(RNNCell):
             output.append(result[3])
         index = self.decoder_cell.get_output_state_index()
         output[index] = model.Copy(output[index], self.scope("hidden_t_external"))
-        model.net.add_external_outputs(*output)
+        model.net.AddExternalOutputs(*output)
         return output
 
     def get_attention_weights(self) -> BlobReference:
@@ -329,9 +319,7 @@ class AttentionCell(RNNCell):
             axis=2,
         )
         encoder_length = model.net.Slice(model.net.Shape(self.encoder_outputs), starts=[0], ends=[1])
-        return model.net.ConstantFill(
-            encoder_length, self.scope("initial_coverage"), value=0.0, input_as_shape=1
-        )
+        return model.net.ConstantFill(encoder_length, self.scope("initial_coverage"), value=0.0, input_as_shape=1)
 
     def get_state_names(self):
         names = list(self.decoder_cell.get_state_names())
@@ -349,10 +337,8 @@ class AttentionCell(RNNCell):
 
     def _prepare_output(self, model, states):
         context = states[-2] if self.attention_type == AttentionType.SoftCoverage else states[-1]
-        with name_scope(self.name or ""):
-            return brew.concat(
-                model, [self.hidden_t_intermediate, context], "states_and_context_combination", axis=2
-            )
+        with NameScope(self.name or ""):
+            return brew.concat(model, [self.hidden_t_intermediate, context], "states_and_context_combination", axis=2)
 
     def _prepare_output_sequence(self, model, state_outputs):
         coverage = self.attention_type == AttentionType.SoftCoverage
@@ -360,7 +346,7 @@ class AttentionCell(RNNCell):
             model, state_outputs[:-4] if coverage else state_outputs[:-2]
         )
         context_index = 2 * (len(self.get_state_names()) - (2 if coverage else 1))
-        with name_scope(self.name or ""):
+        with NameScope(self.name or ""):
             return brew.concat(
                 model,
                 [decoder_output, state_outputs[context_index]],

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import brew
-from .model import ModelHelper
+from .model_helper import ModelHelper
 from .rnn_cell import _LSTM, RNNCell
 
 
@@ -34,9 +34,7 @@ class GRUCell(RNNCell):
         self.linear_before_reset = linear_before_reset
 
     def _fc(self, model, blob_in, name):
-        return brew.fc(
-            model, blob_in, self.scope(name), dim_in=self.hidden_size, dim_out=self.hidden_size, axis=2
-        )
+        return brew.fc(model, blob_in, self.scope(name), dim_in=self.hidden_size, dim_out=self.hidden_size, axis=2)
 
     def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
         hidden_t_prev = states[0]
@@ -51,9 +49,7 @@ class GRUCell(RNNCell):
         reset_gate_t_sigmoid = model.net.Sigmoid(reset_gate_t, self.scope("reset_gate_t_sigmoid"))
         if self.linear_before_reset:
             output_gate_fc = self._fc(model, hidden_t_prev, "output_gate_t")
-            output_gate_t = model.net.Mul(
-                [reset_gate_t_sigmoid, output_gate_fc], self.scope("output_gate_t_mul")
-            )
+            output_gate_t = model.net.Mul([reset_gate_t_sigmoid, output_gate_fc], self.scope("output_gate_t_mul"))
         else:
             modified_hidden_t_prev = model.net.Mul(
                 [reset_gate_t_sigmoid, hidden_t_prev], self.scope("modified_hidden_t_prev")
@@ -77,7 +73,7 @@ class GRUCell(RNNCell):
             drop_states=self.drop_states,
             sequence_lengths=seq_lengths is not None,
         )
-        model.net.add_external_outputs(hidden_t)
+        model.net.AddExternalOutputs(hidden_t)
         return (hidden_t,)
 
     def prepare_input(self, model, input_blob):
@@ -92,9 +88,7 @@ class GRUCell(RNNCell):
         return self.hidden_size
 
 
-def GRU(
-    model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, **kwargs
-):
+def GRU(model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, **kwargs):
     """`gru_cell.GRU` (`rnn_cell._LSTM` with GRUCell; `linear_before_reset=` passes to the cell).
     Returns `(<scope>/hidden_t_all, <scope>/hidden_t_last)`."""
     return _LSTM(GRUCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)

@@ -1,0 +1,53 @@
+"""A pytest plugin that runs Caffe2-style tests (Caffe2's own, or a user's) on rnn2jax, unchanged.
+
+`pytest -p rnn2jax.caffe2.pytest_plugin --caffe2-source DIR tests...` installs rnn2jax as `caffe2`
+(`rnn2jax.caffe2.install`) before collection. DIR (or $RNN2JAX_CAFFE2_SOURCE) is a `caffe2` package
+directory of Caffe2's Python sources, from which the test utilities rnn2jax does not provide
+(`hypothesis_test_util`, `gradient_checker`, `serialized_test.serialized_test_util`, ...) are loaded.
+
+Caffe2's hypothesis profiles set no deadline, and compiling a new shape takes longer than hypothesis'
+default 200 ms, so this plugin registers a profile `rnn2jax` (Caffe2's `dev` profile without a
+deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set already.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+PROFILE = "rnn2jax"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--caffe2-source",
+        metavar="DIR",
+        default=os.environ.get("RNN2JAX_CAFFE2_SOURCE"),
+        help="a caffe2 package directory of Caffe2's Python sources (its test utilities are loaded from it)",
+    )
+    parser.addoption(
+        "--caffe2-examples",
+        type=int,
+        default=int(os.environ.get("RNN2JAX_CAFFE2_EXAMPLES", "10")),
+        help="hypothesis examples per test in the rnn2jax profile (Caffe2's dev profile ran 10)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from hypothesis import HealthCheck, Verbosity, settings
+
+    from .install import install
+
+    settings.register_profile(
+        PROFILE,
+        max_examples=config.getoption("--caffe2-examples"),
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        verbosity=Verbosity.normal,
+        # rnn2jax's CI profile draws the same examples on every run
+        derandomize=os.environ.get("RNN2JAX_HYPOTHESIS_PROFILE") == "ci",
+    )
+    os.environ.setdefault("CAFFE2_HYPOTHESIS_PROFILE", PROFILE)
+    install(config.getoption("--caffe2-source"))

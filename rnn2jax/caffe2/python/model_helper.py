@@ -1,0 +1,208 @@
+"""Caffe2's `model_helper.ModelHelper`: a `net`, a `param_init_net`, and what is known of the parameters.
+
+A step model is created with `param_model=<main model>`: it then shares the main model's
+`param_init_net` and parameter records, so step-net parameters are filled by the main init net.
+`arg_scope` holds the arguments every brew helper with `**kwargs` passes on (order, use_cudnn,
+cudnn_exhaustive_search), which is why they appear on FC/Sum/Concat ops of Caffe2 RNN nets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from . import core, scope
+
+WEIGHT, BIAS, COMPUTED_PARAM = "WEIGHT", "BIAS", "COMPUTED_PARAM"
+
+
+class ParameterTags:
+    """Caffe2's `modeling.parameter_info.ParameterTags`."""
+
+    BIAS = BIAS
+    WEIGHT = WEIGHT
+    COMPUTED_PARAM = COMPUTED_PARAM
+
+
+@dataclasses.dataclass
+class ParameterInfo:
+    """What the model knows of one parameter: its blob, shape and (after AddGradientOperators) gradient."""
+
+    param_id: int | None
+    param: core.BlobReference
+    key: str | None = None
+    shape: list[int] | None = None
+    length: int | None = None
+    grad: Any = None
+    optimizer: Any = None
+    blob_copy: dict | None = None
+
+    @property
+    def blob(self) -> core.BlobReference:
+        return self.param
+
+    @property
+    def name(self) -> str:
+        return str(self.param)
+
+    def cloned_init_net(self) -> Any:  # Caffe2 API; nothing here needs it
+        raise NotImplementedError("ParameterInfo.cloned_init_net is not part of rnn2jax's Caffe2 API")
+
+    def __str__(self) -> str:
+        return str(self.param)
+
+
+def _initializer(initializer: Any) -> tuple[str, Mapping[str, Any]]:
+    """`(op type, kwargs)`, from a tuple or from a Caffe2 `Initializer` object."""
+    if isinstance(initializer, tuple):
+        return initializer[0], dict(initializer[1]) if len(initializer) > 1 and initializer[1] else {}
+    name = getattr(initializer, "operator_name", None)
+    if name is None:
+        raise TypeError(f"unsupported initializer {initializer!r}: give (op_type, kwargs) or an Initializer")
+    return name, dict(getattr(initializer, "operator_kwargs", {}) or {})
+
+
+class ModelHelper:
+    """A model: `net`, `param_init_net`, `params`; ops called on it go to `net` (`model.Softmax(...)`)."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        init_params: bool = True,
+        allow_not_known_ops: bool = True,
+        skip_sparse_optim: bool = False,
+        param_model: ModelHelper | None = None,
+        arg_scope: Mapping[str, Any] | None = None,
+    ):
+        self.name = name or "model"
+        self.net = core.Net(self.name)
+        if param_model is not None:
+            self.param_init_net = param_model.param_init_net
+            self.param_to_grad = param_model.param_to_grad
+            self.params = param_model.params
+            self._parameters_info = param_model._parameters_info
+            self._computed_params = param_model._computed_params
+        else:
+            self.param_init_net = core.Net(self.name + "_init")
+            self.param_to_grad: dict = {}
+            self.params: list[core.BlobReference] = []
+            self._parameters_info: dict[str, ParameterInfo] = {}
+            self._computed_params: list[core.BlobReference] = []
+        self.gradient_ops_added = False
+        self.grad_map: dict = {}
+        self.init_params = init_params
+        self.allow_not_known_ops = allow_not_known_ops
+        self.skip_sparse_optim = skip_sparse_optim
+        self.weights: list[core.BlobReference] = []
+        self.biases: list[core.BlobReference] = []
+        self._arg_scope: dict[str, Any] = {"order": "NCHW", "use_cudnn": True, "cudnn_exhaustive_search": False}
+        self._arg_scope.update(arg_scope or {})
+
+    @property
+    def arg_scope(self) -> dict[str, Any]:
+        return self._arg_scope
+
+    def Proto(self) -> Any:
+        return self.net.Proto()
+
+    def InitProto(self) -> Any:
+        return self.param_init_net.Proto()
+
+    # -- parameters ------------------------------------------------------------------------------
+
+    def create_param(
+        self, param_name: str, shape: Sequence[int], initializer: Any, tags: Iterable[str] | str | None = None
+    ) -> core.BlobReference:
+        """A parameter filled by `initializer` in `param_init_net`, once per name: a plain-string name is
+        put in the current name scope, a `BlobReference` is used as is; asking again returns the blob."""
+        if isinstance(param_name, core.BlobReference):
+            name = str(param_name)
+        elif isinstance(param_name, str):
+            name = scope.CurrentNameScope() + param_name
+        else:
+            raise TypeError("Unsupported type for param_name")
+        if name in self._parameters_info:
+            if self._parameters_info[name].shape != list(shape):
+                raise AssertionError(f"parameter {name} exists with shape {self._parameters_info[name].shape}")
+            return self._parameters_info[name].blob
+        blob = core.BlobReference(name)
+        if self.init_params:
+            op_type, args = _initializer(initializer)
+            self.param_init_net._CreateAndAddToSelf(op_type, [], blob, shape=list(shape), **args)
+        self._parameters_info[name] = ParameterInfo(param_id=None, param=blob, shape=list(shape))
+        self.AddParameter(blob, tags)
+        return blob
+
+    def AddParameter(self, param: core.BlobReference, tags: Iterable[str] | str | None = None) -> None:
+        tags = self._normalize_tags(tags)
+        (self._computed_params if COMPUTED_PARAM in tags else self.params).append(param)
+        if WEIGHT in tags:
+            self.weights.append(param)
+        if BIAS in tags:
+            self.biases.append(param)
+
+    @staticmethod
+    def _normalize_tags(tags: Iterable[str] | str | None) -> set[str]:
+        if tags is None:
+            return set()
+        return {tags} if isinstance(tags, str) else set(tags)
+
+    def get_param_info(self, param: str) -> ParameterInfo | None:
+        return self._parameters_info.get(str(param))
+
+    def GetParams(self, namescope: str | None = None, top_scope: bool = False) -> list[core.BlobReference]:
+        """The parameters under `namescope` (the current name scope by default)."""
+        if namescope is None:
+            namescope = scope.CurrentNameScope()
+        elif not namescope.endswith(scope._NAMESCOPE_SEPARATOR):
+            namescope += scope._NAMESCOPE_SEPARATOR
+        if namescope == "":
+            return self.params[:]
+        return [p for p in self.params if p.GetNameScope().startswith(namescope)]
+
+    def GetComputedParams(self, namescope: str | None = None) -> list[core.BlobReference]:
+        prefix = scope.CurrentNameScope() if namescope is None else namescope
+        return [p for p in self._computed_params if p.startswith(prefix)]
+
+    def GetAllParams(self, namescope: str | None = None) -> list[core.BlobReference]:
+        return self.GetParams(namescope) + self.GetComputedParams(namescope)
+
+    # -- gradients -------------------------------------------------------------------------------
+
+    def AddGradientOperators(self, *args: Any, **kwargs: Any) -> dict:
+        if self.gradient_ops_added:
+            raise RuntimeError("You cannot run AddGradientOperators twice.")
+        self.gradient_ops_added = True
+        self.grad_map = self.net.AddGradientOperators(*args, **kwargs)
+        self.param_to_grad = self.get_param_to_grad(self.params)
+        for param, grad in self.param_to_grad.items():
+            info = self.get_param_info(param)
+            if info is not None:
+                info.grad = grad
+            else:
+                self._parameters_info[str(param)] = ParameterInfo(param_id=None, param=param, grad=grad)
+        return self.grad_map
+
+    def get_param_to_grad(self, params: Iterable[str]) -> dict:
+        return {p: self.grad_map[p] for p in params if p in self.grad_map}
+
+    def GetOptimizationParamInfo(self, params: list | None = None) -> list[ParameterInfo]:
+        """The parameters an optimizer updates: those with a gradient (not sparse ones with
+        `skip_sparse_optim`)."""
+        param_to_grad = self.param_to_grad if params is None else self.get_param_to_grad(params)
+        return [
+            self.get_param_info(param)
+            for param, grad in param_to_grad.items()
+            if not self.skip_sparse_optim or not isinstance(grad, core.GradientSlice)
+        ]
+
+    def Validate(self) -> None:
+        """Caffe2 checked that no blob is written by two ops in different ways; nets here are checked
+        when they are created in a workspace."""
+
+    def __getattr__(self, op_type: str) -> Any:
+        """`model.Copy(...)` etc.: ops called on the model go to `net`."""
+        if op_type.startswith("__") or not op_type[:1].isupper():
+            raise AttributeError(op_type)
+        return getattr(self.net, op_type)

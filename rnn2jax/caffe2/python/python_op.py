@@ -1,0 +1,116 @@
+"""Caffe2's Python op (`net.Python(f)`): a Python function run on the host between jitted segments.
+
+`f(inputs, outputs)` gets the input blobs and the outputs as Caffe2's TensorCPU-like objects: `.data`
+(a NumPy array; writable for outputs), `.shape`, `.reshape(shape)`, `.feed(array)`. Functions are kept
+in this process by token, as Caffe2 kept them; a net holding a token from another process cannot run.
+`PythonGradient` runs `grad_f` with the forward inputs, outputs and output gradients as inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ...errors import BadArgumentError
+from ...runtime.host_ops import HOST_OPS, register_host_op
+from ..grad_makers import GradientContext, gradient_op, register_gradient
+
+_FUNCTIONS: dict[str, tuple[Callable, Callable | None, bool]] = {}
+_tokens = itertools.count()
+
+
+def register_python_function(f: Callable, grad_f: Callable | None, python_func_type: Any, pass_workspace: bool) -> str:
+    """Keep `f` (and `grad_f`) under a new token, as Caffe2's `_RegisterPythonImpl` did."""
+    if python_func_type is not None:
+        func = python_func_type(f)
+        f, grad_f = func.forward, func.backward
+    else:
+        if isinstance(f, tuple):
+            f = f[0](*f[1], **f[2])
+        if isinstance(grad_f, tuple):
+            grad_f = grad_f[0](*grad_f[1], **grad_f[2])
+    token = f"python_op:{next(_tokens)}"
+    _FUNCTIONS[token] = (f, grad_f, pass_workspace)
+    return token
+
+
+class TensorCPU:
+    """A blob as a Python op sees it."""
+
+    def __init__(self, value: Any):
+        self.data = np.array(value, copy=True) if value is not None else np.zeros((0,), np.float32)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    def reshape(self, shape: Any) -> None:
+        shape = tuple(int(d) for d in shape)
+        if self.data.shape != shape:
+            self.data = np.zeros(shape, dtype=self.data.dtype if self.data.size else np.float32)
+
+    def feed(self, array: Any) -> bool:
+        self.data = np.array(array, copy=True)
+        return True
+
+    def fetch(self) -> np.ndarray:
+        return self.data
+
+    def _reshape(self, shape: Any) -> None:
+        self.reshape(shape)
+
+
+def _function(op: Any, gradient: bool) -> tuple[Callable, bool]:
+    token = op.string("token", "")
+    entry = _FUNCTIONS.get(token)
+    if entry is None:
+        raise BadArgumentError(
+            f"{op.where}: Python op token '{token}' was not registered in this process "
+            "(Python ops run functions defined by the script that built the net)"
+        )
+    f, grad_f, pass_workspace = entry
+    if gradient:
+        if grad_f is None:
+            raise BadArgumentError(f"{op.where}: the Python op was registered without a gradient function")
+        return grad_f, pass_workspace
+    return f, pass_workspace
+
+
+def _run(gradient: bool) -> Callable:
+    def run(workspace: Any, op: Any, state: dict[str, Any]) -> None:
+        f, pass_workspace = _function(op, gradient)
+        inputs = [TensorCPU(np.asarray(workspace.get(name, op))) for name in op.inputs]
+        outputs = []
+        for name in op.outputs:
+            value = workspace.get(name, op) if workspace._has_value(name) else None
+            outputs.append(TensorCPU(np.asarray(value) if isinstance(value, jax.Array | np.ndarray) else None))
+        if pass_workspace:
+            from . import workspace as compat_workspace
+
+            f(inputs, outputs, compat_workspace._CWorkspace(workspace))
+        else:
+            f(inputs, outputs)
+        for name, tensor in zip(op.outputs, outputs, strict=True):
+            workspace.feed(name, tensor.data)
+
+    return run
+
+
+if "Python" not in HOST_OPS:
+    register_host_op("Python", _run(gradient=False))
+    register_host_op("PythonGradient", _run(gradient=True))
+
+
+@register_gradient("Python")
+def _python_gradient(g: GradientContext) -> list:
+    """Caffe2's GetPythonGradient: inputs, outputs and (selected) output gradients in; input gradients out."""
+    outputs_arg = g.arg("grad_output_indices")
+    inputs_arg = g.arg("grad_input_indices")
+    grad_outputs = list(outputs_arg.ints) if outputs_arg is not None and outputs_arg.ints else range(len(g.op.output))
+    grad_inputs = list(inputs_arg.ints) if inputs_arg is not None and inputs_arg.ints else range(len(g.op.input))
+    inputs = [*g.op.input, *g.op.output, *(g.GO(i) for i in grad_outputs)]
+    return [gradient_op("PythonGradient", inputs, [g.GI(i) for i in grad_inputs])]

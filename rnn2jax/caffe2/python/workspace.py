@@ -1,0 +1,511 @@
+"""Caffe2's `workspace` module: named workspaces, the current one, and functions that run in it.
+
+Each workspace is an `rnn2jax.runtime.Workspace`; all of them share one compile cache, so an op or net
+is compiled once per (definition, input shapes and dtypes) however many times it is run, in whichever
+workspace: Caffe2's gradient checker runs the same op thousands of times.
+
+As in Caffe2, `FeedBlob` copies what it is given and `FetchBlob` returns a writable NumPy copy; string
+tensors are object arrays of `bytes`. Errors are rnn2jax errors that are also `RuntimeError`s, the
+type Caffe2's C++ errors had in Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ...errors import InputTypeError, Rnn2JaxError, WorkspaceError
+from ...netdef import DATA_TYPES
+from ...runtime.workspace import CompileCache
+from ...runtime.workspace import Workspace as _RuntimeWorkspace
+from ..proto import caffe2_pb2
+from . import python_op  # noqa: F401  (registers the Python op as a host op)
+
+_cache = CompileCache()
+_workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
+_current = "default"
+_global_flags: list[str] = []
+_run_limits: dict[str, int] = {}
+_run_counts: dict[str, int] = {}
+
+
+def _gpu_count() -> int:
+    try:
+        return len(jax.devices("gpu"))
+    except RuntimeError:
+        return 0
+
+
+has_cuda_support = _gpu_count() > 0
+has_hip_support = False
+has_gpu_support = has_cuda_support
+has_fbgemm = False
+is_asan = False
+GpuDeviceType = caffe2_pb2.CUDA
+
+
+def NumCudaDevices() -> int:
+    return _gpu_count()
+
+
+NumGpuDevices = NumCudaDevices
+
+
+def NumHipDevices() -> int:
+    return 0
+
+
+def IsImmediate() -> bool:
+    return False
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors
+
+
+_RUNTIME_FLAVOURS: dict[type, type] = {}
+
+
+def _as_runtime_error(error: Rnn2JaxError) -> Rnn2JaxError:
+    """The same error as a subclass that is also a RuntimeError (Caffe2 scripts catch that)."""
+    cls = type(error)
+    if isinstance(error, RuntimeError):
+        return error
+    flavour = _RUNTIME_FLAVOURS.get(cls)
+    if flavour is None:
+        flavour = _RUNTIME_FLAVOURS[cls] = type(cls.__name__, (cls, RuntimeError), {"__module__": cls.__module__})
+    new = flavour.__new__(flavour)
+    new.__dict__.update(error.__dict__)
+    new.args = error.args
+    return new
+
+
+@contextlib.contextmanager
+def _caffe2_errors() -> Iterator[None]:
+    try:
+        yield
+    except Rnn2JaxError as error:
+        raise _as_runtime_error(error) from error.__cause__
+
+
+# ------------------------------------------------------------------------------------------------
+# Names and protos
+
+
+def StringifyBlobName(name: Any) -> str:
+    if isinstance(name, bytes):
+        return name.decode("utf-8")
+    if isinstance(name, str):
+        return str(name)
+    raise InputTypeError(f"a blob name must be a str or bytes, got a {type(name).__name__}")
+
+
+def StringifyNetName(name: Any) -> str:
+    return GetNetName(name)
+
+
+def GetNetName(net: Any) -> str:
+    if isinstance(net, bytes):
+        return net.decode("utf-8")
+    if isinstance(net, str):
+        return str(net)
+    if isinstance(net, caffe2_pb2.NetDef):
+        return net.name
+    if hasattr(net, "Name"):
+        return net.Name()
+    raise InputTypeError(f"not a net or a net name: {type(net).__name__}")
+
+
+def StringifyProto(obj: Any) -> bytes:
+    """A proto (or anything with `.Proto()`) as bytes; bytes and text pass through."""
+    if isinstance(obj, bytes):
+        return obj
+    if isinstance(obj, str):
+        return obj.encode("utf-8")
+    if hasattr(obj, "Proto"):
+        obj = obj.Proto()
+    return obj.SerializeToString()
+
+
+def _proto(obj: Any) -> Any:
+    """A NetDef/PlanDef message from a core.Net, a message or bytes (what the runtime loads)."""
+    if hasattr(obj, "Proto"):
+        return obj.Proto()
+    return obj
+
+
+# ------------------------------------------------------------------------------------------------
+# Workspaces
+
+
+def _ws() -> _RuntimeWorkspace:
+    return _workspaces[_current]
+
+
+def CurrentWorkspace() -> str:
+    return _current
+
+
+def Workspaces() -> list[str]:
+    return list(_workspaces)
+
+
+def SwitchWorkspace(name: str | bytes, create_if_missing: bool = False) -> bool:
+    """Make workspace `name` current (creating it with `create_if_missing`)."""
+    global _current
+    name = name.decode("utf-8") if isinstance(name, bytes) else str(name)
+    if name not in _workspaces:
+        if not create_if_missing:
+            raise _as_runtime_error(WorkspaceError(f"Workspace {name} does not exist"))
+        _workspaces[name] = _RuntimeWorkspace(cache=_cache)
+    _current = name
+    return True
+
+
+def ResetWorkspace(root_folder: str | None = None) -> bool:
+    """Empty the current workspace: its blobs and nets go; compiled code stays cached."""
+    _workspaces[_current] = _RuntimeWorkspace(cache=_cache, db_root=root_folder)
+    return True
+
+
+def GlobalInit(args: Sequence[str]) -> bool:
+    """Caffe2's command-line flags are accepted and kept; none of them changes what XLA runs."""
+    _global_flags[:] = list(args)
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# Blobs
+
+
+def FeedBlob(name: Any, arr: Any, device_option: caffe2_pb2.DeviceOption | None = None) -> bool:
+    """Put a copy of `arr` in blob `name` (a TensorProto is decoded; strings become bytes)."""
+    name = StringifyBlobName(name)
+    if isinstance(arr, caffe2_pb2.TensorProto):
+        from ...netdef import decode_tensor
+
+        with _caffe2_errors():
+            arr = decode_tensor(arr, f"FeedBlob('{name}')").array
+    elif isinstance(arr, str | bytes):
+        _ws().put(name, arr.encode("utf-8") if isinstance(arr, str) else bytes(arr))
+        return True
+    elif not isinstance(arr, jax.Array):
+        arr = np.array(arr, copy=True)
+    with _caffe2_errors():
+        _ws().feed(name, arr)
+    return True
+
+
+def FetchBlob(name: Any) -> Any:
+    """A writable NumPy copy of blob `name` (bytes for a string blob)."""
+    with _caffe2_errors():
+        value = _ws().fetch(StringifyBlobName(name))
+    if isinstance(value, np.ndarray):
+        return np.array(value, copy=True)
+    return value
+
+
+def FetchBlobs(names: Iterable[Any]) -> list[Any]:
+    return [FetchBlob(name) for name in names]
+
+
+def FeedBlobs(blobs: Mapping[Any, Any]) -> bool:
+    for name, value in blobs.items():
+        FeedBlob(name, value)
+    return True
+
+
+def CreateBlob(name: Any) -> bool:
+    """An empty blob: it exists (a net reading it can be created) but holds nothing yet."""
+    _ws()._declare([StringifyBlobName(name)])
+    return True
+
+
+def Blobs() -> list[str]:
+    return _ws().blobs()
+
+
+def HasBlob(name: Any) -> bool:
+    return _ws().has_blob(StringifyBlobName(name))
+
+
+def ResetBlob(name: Any) -> bool:
+    ws = _ws()
+    name = StringifyBlobName(name)
+    ws._values.pop(name, None)
+    ws._declare([name])
+    return True
+
+
+class _BlobDict:
+    """`workspace.blobs`: the current workspace's blobs as a mapping."""
+
+    def __getitem__(self, key: Any) -> Any:
+        return FetchBlob(key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        FeedBlob(key, value)
+
+    def __len__(self) -> int:
+        return len(Blobs())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(Blobs())
+
+    def __contains__(self, item: Any) -> bool:
+        return HasBlob(item)
+
+    def keys(self) -> list[str]:
+        return Blobs()
+
+
+blobs = _BlobDict()
+
+
+# ------------------------------------------------------------------------------------------------
+# Running ops, nets and plans
+
+
+def _op_net(operators: Sequence[caffe2_pb2.OperatorDef]) -> caffe2_pb2.NetDef:
+    net = caffe2_pb2.NetDef(name=operators[0].type if len(operators) == 1 else "operators")
+    net.op.extend(operators)
+    return net
+
+
+def _operator(op: Any) -> caffe2_pb2.OperatorDef:
+    if isinstance(op, bytes):
+        parsed = caffe2_pb2.OperatorDef()
+        parsed.ParseFromString(op)
+        return parsed
+    if not isinstance(op, caffe2_pb2.OperatorDef):
+        raise InputTypeError(f"not an OperatorDef: {type(op).__name__}")
+    return op
+
+
+def RunOperatorOnce(operator: Any) -> bool:
+    """Run one op in the current workspace (compiled once per op and input signature)."""
+    with _caffe2_errors():
+        _ws().run(_op_net([_operator(operator)]))
+    return True
+
+
+def RunOperatorsOnce(operators: Iterable[Any]) -> bool:
+    """Run ops one after the other (as one compiled net)."""
+    ops = [_operator(op) for op in operators]
+    if ops:
+        with _caffe2_errors():
+            _ws().run(_op_net(ops))
+    return True
+
+
+def RunOperatorMultiple(operator: Any, num_runs: int) -> bool:
+    for _ in range(num_runs):
+        RunOperatorOnce(operator)
+    return True
+
+
+def RunNetOnce(net: Any) -> bool:
+    with _caffe2_errors():
+        _ws().run(_proto(net))
+    return True
+
+
+def CreateNet(net: Any, overwrite: bool = False, input_blobs: Iterable[Any] | None = None) -> bool:
+    """Create a net in the current workspace; the blobs it reads must exist (or be in `input_blobs`)."""
+    for name in input_blobs or ():
+        CreateBlob(name)
+    with _caffe2_errors():
+        _ws().create_net(_proto(net), overwrite=overwrite)
+    return True
+
+
+def RunNet(name: Any, num_iter: int = 1, allow_fail: bool = False) -> bool:
+    """Run a created net `num_iter` times; its inputs may change shape between runs."""
+    name = GetNetName(name)
+    if name in _run_limits:
+        done = _run_counts.get(name, 0)
+        if done + num_iter > _run_limits[name]:
+            raise RunLimitReached(name, _run_limits[name])
+        _run_counts[name] = done + num_iter
+    try:
+        with _caffe2_errors():
+            _ws().run_net(name, num_iter)
+    except RuntimeError:
+        if allow_fail:
+            return False
+        raise
+    return True
+
+
+def RunPlan(plan_or_step: Any) -> bool:
+    from .core import ExecutionStep, Plan
+
+    if isinstance(plan_or_step, ExecutionStep):
+        plan_or_step = Plan(plan_or_step)
+    with _caffe2_errors():
+        _ws().run_plan(_proto(plan_or_step))
+    return True
+
+
+def Nets() -> list[str]:
+    return _ws().nets()
+
+
+def BenchmarkNet(name: Any, warmup_runs: int, main_runs: int, run_individual: bool) -> list[float]:
+    """Milliseconds per run of a created net (the whole net: XLA fuses ops, so there is no per-op time)."""
+    name = GetNetName(name)
+    RunNet(name, warmup_runs) if warmup_runs else None
+    start = time.perf_counter()
+    for _ in range(main_runs):
+        RunNet(name)
+    jax.effects_barrier()
+    return [(time.perf_counter() - start) * 1000.0 / max(main_runs, 1)]
+
+
+class RunLimitReached(BaseException):
+    """`rnn2jax exec --max-runs NET=N`: the script asked for run N+1 of net NET. A BaseException so a
+    script's own `except Exception` does not swallow it."""
+
+    def __init__(self, net: str, limit: int):
+        super().__init__(f"net '{net}' ran {limit} times (--max-runs {net}={limit}); stopping the script")
+        self.net = net
+        self.limit = limit
+
+
+def set_run_limits(limits: Mapping[str, int]) -> None:
+    """Stop the process's script (RunLimitReached) when a net would run more often than its limit."""
+    _run_limits.clear()
+    _run_limits.update(limits)
+    _run_counts.clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# Shape inference
+
+
+_ENUM_OF_DTYPE = {np.dtype(v): k for k, v in DATA_TYPES.items() if k != caffe2_pb2.TensorProto.BYTE}
+
+
+def InferShapesAndTypes(
+    nets: Iterable[Any],
+    blob_dimensions: Mapping[str, Sequence[int]] | None = None,
+    nets_proto: bool = False,
+    blob_types: Mapping[str, int] | None = None,
+) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Shapes and TensorProto types of every blob the nets read and write, from the blobs in the
+    current workspace (or `blob_dimensions`/`blob_types`), traced without running anything.
+    Raises RuntimeError when a net cannot be traced (host ops, missing blobs), as Caffe2 did."""
+    from ._shape_inference import infer_shapes_and_types
+
+    try:
+        return infer_shapes_and_types(
+            _ws(), [_proto(n) for n in nets], dict(blob_dimensions or {}), dict(blob_types or {}), _ENUM_OF_DTYPE
+        )
+    except Rnn2JaxError as error:
+        raise _as_runtime_error(error) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# C.Workspace objects
+
+
+class _Blob:
+    def __init__(self, ws: _RuntimeWorkspace, name: str):
+        self._ws = ws
+        self.name = name
+
+    def fetch(self) -> Any:
+        value = self._ws.fetch(self.name)
+        return np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+
+    def feed(self, arr: Any, device_option: Any = None) -> bool:
+        self._ws.feed(self.name, np.array(arr, copy=True) if not isinstance(arr, str | bytes) else arr)
+        return True
+
+    def is_tensor(self) -> bool:
+        return isinstance(self._ws.get(self.name), jax.Array | np.ndarray)
+
+
+class _NetHandle:
+    def __init__(self, ws: _RuntimeWorkspace, name: str):
+        self._ws = ws
+        self.name = name
+
+    def run(self) -> None:
+        with _caffe2_errors():
+            self._ws.run_net(self.name)
+
+
+class _CWorkspace:
+    """Caffe2's `workspace.C.Workspace`: a workspace object used directly, apart from the current one."""
+
+    def __init__(self, ws: _RuntimeWorkspace | None = None):
+        self._ws = ws if ws is not None else _RuntimeWorkspace(cache=_cache)
+
+    @staticmethod
+    def current() -> _CWorkspace:
+        return _CWorkspace(_ws())
+
+    @property
+    def blobs(self) -> dict[str, _Blob]:
+        return {name: _Blob(self._ws, name) for name in self._ws.blobs()}
+
+    @property
+    def nets(self) -> dict[str, _NetHandle]:
+        return {name: _NetHandle(self._ws, name) for name in self._ws.nets()}
+
+    def create_blob(self, name: str) -> _Blob:
+        self._ws._declare([name])
+        return _Blob(self._ws, name)
+
+    def fetch_blob(self, name: str) -> Any:
+        return _Blob(self._ws, StringifyBlobName(name)).fetch()
+
+    def feed_blob(self, name: str, arr: Any, device_option: Any = None) -> bool:
+        return _Blob(self._ws, StringifyBlobName(name)).feed(arr)
+
+    def create_net(self, net: Any, overwrite: bool = False) -> _NetHandle:
+        with _caffe2_errors():
+            name = self._ws.create_net(_proto(net), overwrite=overwrite)
+        return _NetHandle(self._ws, name)
+
+    def run(self, obj: Any) -> None:
+        """Run an op, a net, a plan or an execution step once."""
+        from .core import ExecutionStep, Plan
+
+        with _caffe2_errors():
+            if isinstance(obj, caffe2_pb2.OperatorDef):
+                self._ws.run(_op_net([obj]))
+            elif isinstance(obj, ExecutionStep | Plan | caffe2_pb2.PlanDef | caffe2_pb2.ExecutionStep):
+                plan = Plan(obj) if isinstance(obj, ExecutionStep) else obj
+                self._ws.run_plan(_proto(plan))
+            else:
+                self._ws.run(_proto(obj))
+
+    def _run_net(self, net: bytes) -> None:
+        self.run(caffe2_pb2.NetDef.FromString(net))
+
+    def _run_operator(self, op: bytes) -> None:
+        self.run(caffe2_pb2.OperatorDef.FromString(op))
+
+
+class C:
+    """The parts of Caffe2's pybind module `caffe2_pybind11_state` that scripts and tests touch."""
+
+    Workspace = _CWorkspace
+
+    @staticmethod
+    def op_registry_key(op_type: str, engine: str) -> str:
+        return op_type if engine in ("", "DEFAULT") else f"{op_type}_ENGINE_{engine}"
+
+
+def RegisteredOperators() -> list[str]:
+    from ...ops.registry import REGISTRY
+    from ...runtime.host_ops import HOST_OPS
+
+    return sorted(set(REGISTRY) | set(HOST_OPS))

@@ -1,0 +1,21 @@
+"""Which of Caffe2's own RNN tests do not pass on rnn2jax, and why (a pytest plugin: `-p tests.caffe2_upstream`).
+
+`make test` runs Caffe2's RNN test files, as the torch 1.10.2 wheel in the real-Caffe2 venv ships them,
+unmodified under `rnn2jax.caffe2.pytest_plugin`. Every test not listed here must pass; each one listed
+is marked xfail(strict=True) with its reason, so it fails the run the day it starts passing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# "file.py::Class::test" -> why it cannot pass here
+EXPECTED_FAILURES: dict[str, str] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        key = item.nodeid.rpartition("operator_test/")[2].split("[")[0]
+        reason = EXPECTED_FAILURES.get(key)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
