@@ -10,8 +10,11 @@ CAFFE2_VENV := .venv-caffe2
 CAFFE2_STAMP := $(CAFFE2_VENV)/.installed
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 600
+# Caffe2's own RNN test files (caffe2/python/operator_test/<name>.py in the real-Caffe2 venv) run on rnn2jax's caffe2.
+CAFFE2_UPSTREAM_TESTS := rnn_cell_test recurrent_network_test gru_test basic_rnn_test pack_rnn_sequence_op_test \
+	layer_norm_op_test
 
-.PHONY: demo test lint fuzz clean
+.PHONY: demo test test-caffe2-api lint fuzz clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +33,18 @@ demo: $(STAMP)
 test: $(STAMP) $(CAFFE2_STAMP)
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-caffe2-api
+
+# Caffe2-style tests on rnn2jax's `caffe2` (pytest plugin rnn2jax.caffe2.pytest_plugin, which loads Caffe2's test
+# utilities from the real-Caffe2 venv): the project's own (tests/caffe2_api), and Caffe2's own RNN test files,
+# unmodified, run from a temporary copy (in place pytest would import the real caffe2 package beside them).
+test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
+	@src=$$(ls -d $(CAFFE2_VENV)/lib/python3.9/site-packages/caffe2 2>/dev/null); \
+	if [ -z "$$src" ]; then echo "make: real Caffe2 is unavailable, so the Caffe2-style tests are not run"; exit 0; fi; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	for name in $(CAFFE2_UPSTREAM_TESTS); do cp "$$src/python/operator_test/$$name.py" "$$tmp/"; done; \
+	$(BIN)/python -m pytest -q -n 2 --rootdir=. -c pyproject.toml -p rnn2jax.caffe2.pytest_plugin \
+		-p tests.caffe2_upstream --caffe2-source "$$src" tests/caffe2_api "$$tmp"
 
 # Both fuzzers side by side for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=1800`): atheris over the corpus in
 # tests/fuzz/corpus (grown in place), and the hypothesis mutation fuzzer. Escapes land in tests/fuzz/crashes,

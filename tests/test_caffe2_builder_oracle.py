@@ -1,8 +1,8 @@
 """rnn2jax's Caffe2 front end (rnn2jax.caffe2) against the real one: the same recipe built in both.
 
 Every configuration is one JSON recipe in the oracle's language (`Caffe2Oracle.build`): real Caffe2 runs
-it in its worker, and `Ours` below runs it on rnn2jax's builders (`rnn_cell.LSTM` -> `rnn2jax.caffe2.LSTM`
-and so on; `model.AddGradientOperators(ys)` -> `get_backward_pass` over the main net, its ops appended).
+it in its worker, and `Ours` below runs it on rnn2jax's Caffe2 API (`rnn_cell.LSTM` is
+`rnn2jax.caffe2.python.rnn_cell.LSTM`, `model.AddGradientOperators` is ModelHelper's, and so on).
 Both main nets and param-init nets must then be equal: same ops, names, inputs, outputs, engines,
 device options, arguments (compared sorted by name), nested step nets and backward step nets compared
 the same way, recursively (a step net in `arg.s` text would be parsed first; neither front end writes
@@ -25,7 +25,8 @@ must raise instead; an unlisted refusal fails the test.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping, Sequence
+import importlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -35,9 +36,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from rnn2jax import caffe2 as r2
-from rnn2jax.caffe2.python import gru_cell as r2_gru_cell
-from rnn2jax.caffe2.python import rnn_cell as r2_rnn_cell
+from rnn2jax.caffe2.python.core import BlobReference, reset_net_names
+from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.caffe2.python.scope import NameScope
 from rnn2jax.oracle import Caffe2Error, Caffe2Oracle
 from rnn2jax.proto import caffe2_pb2 as pb
 
@@ -46,57 +47,20 @@ Recipe = list[dict[str, Any]]
 # ------------------------------------------------------------------------------------------------
 # The recipe on rnn2jax's side
 
-NAMES: dict[str, Any] = {
-    "rnn_cell.LSTM": r2.LSTM,
-    "rnn_cell.BasicRNN": r2.BasicRNN,
-    "rnn_cell.MILSTM": r2.MILSTM,
-    "rnn_cell.LayerNormLSTM": r2.LayerNormLSTM,
-    "rnn_cell.LayerNormMILSTM": r2.LayerNormMILSTM,
-    "rnn_cell.LSTMWithAttention": r2.LSTMWithAttention,
-    "rnn_cell.LSTMCell": r2.LSTMCell,
-    "rnn_cell.BasicRNNCell": r2.BasicRNNCell,
-    "rnn_cell.MILSTMCell": r2.MILSTMCell,
-    "rnn_cell.LayerNormLSTMCell": r2.LayerNormLSTMCell,
-    "rnn_cell.LayerNormMILSTMCell": r2.LayerNormMILSTMCell,
-    "rnn_cell.MultiRNNCell": r2.MultiRNNCell,
-    "rnn_cell.DropoutCell": r2.DropoutCell,
-    "rnn_cell.LSTMWithAttentionCell": r2.LSTMWithAttentionCell,
-    "rnn_cell.LSTMInitializer": r2_rnn_cell.LSTMInitializer,
-    "gru_cell.GRU": r2.GRU,
-    "gru_cell.GRUCell": r2_gru_cell.GRUCell,
-    "recurrent.recurrent_net": r2.recurrent_net,
-    "core.Net": r2.Net,
-    "attention.AttentionType.Regular": r2.AttentionType.Regular,
-    "attention.AttentionType.Recurrent": r2.AttentionType.Recurrent,
-    "attention.AttentionType.Dot": r2.AttentionType.Dot,
-    "attention.AttentionType.SoftCoverage": r2.AttentionType.SoftCoverage,
-}
-
-
-def _add_gradient_operators(model: r2.ModelHelper) -> Callable[..., dict[str, str]]:
-    """`ModelHelper.AddGradientOperators(ys)` as rnn2jax does it: get_backward_pass over the main net."""
-
-    def add(ys, skip: int = 0):
-        ops, grad_map = r2.get_backward_pass(list(model.net.Proto().op)[skip:], ys)
-        model.net.Proto().op.extend(ops)
-        return grad_map
-
-    return add
-
-
-METHODS = {
-    "AddExternalInputs": "add_external_inputs",
-    "AddScopedExternalInputs": "add_scoped_external_inputs",
-    "AddExternalOutputs": "add_external_outputs",
-    "AddExternalOutput": "add_external_outputs",
-}
+def _name(path: str) -> Any:
+    """`rnn_cell.LSTM` -> rnn2jax.caffe2.python.rnn_cell.LSTM: the recipe names Caffe2's API, which rnn2jax's is."""
+    module, *attributes = path.split(".")
+    value: Any = importlib.import_module(f"rnn2jax.caffe2.python.{module}")
+    for attribute in attributes:
+        value = getattr(value, attribute)
+    return value
 
 
 class Ours:
     """`worker.Recipe` over rnn2jax.caffe2."""
 
     def __init__(self) -> None:
-        self.models: dict[str, r2.ModelHelper] = {}
+        self.models: dict[str, ModelHelper] = {}
         self.results: list[Any] = []
 
     def value(self, spec: Any) -> Any:
@@ -109,7 +73,7 @@ class Ours:
             if key == "$model":
                 return self.models[arg]
             if key == "$blob":
-                return r2.BlobReference(arg)
+                return BlobReference(arg)
             if key == "$ref":
                 value = self.results[arg[0]]
                 for part in arg[1:]:
@@ -120,19 +84,16 @@ class Ours:
             if key == "$tuple":
                 return tuple(self.value(v) for v in arg)
             if key == "$get":
-                return NAMES[arg]
+                return _name(arg)
         return {k: self.value(v) for k, v in spec.items()}
 
     def call(self, spec: Mapping[str, Any]) -> Any:
         target = spec["fn"]
-        fn = NAMES[target] if isinstance(target, str) else self.value(target)
+        fn = _name(target) if isinstance(target, str) else self.value(target)
         if "method" in spec:
-            if spec["method"] == "AddGradientOperators":
-                fn = _add_gradient_operators(fn)
-            else:
-                fn = getattr(fn, METHODS.get(spec["method"], spec["method"]))
+            fn = getattr(fn, spec["method"])
         args, kwargs = self.value(spec.get("args", [])), self.value(spec.get("kwargs", {}))
-        with r2.name_scope(spec.get("scope") or None):
+        with NameScope(spec.get("scope") or None):
             return fn(*args, **kwargs)
 
 
@@ -171,10 +132,10 @@ def _opaque(value: Any) -> Any:
 
 
 def build_ours(calls: Recipe, models: Mapping[str, Mapping[str, Any]]):
-    r2.reset_net_names()
+    reset_net_names()
     recipe = Ours()
     for name, kwargs in models.items():
-        recipe.models[name] = r2.ModelHelper(**kwargs)
+        recipe.models[name] = ModelHelper(**kwargs)
     for spec in calls:
         recipe.results.append(recipe.call(spec))
     nets = {name: (m.net.Proto(), m.param_init_net.Proto()) for name, m in recipe.models.items()}

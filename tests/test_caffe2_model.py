@@ -57,9 +57,9 @@ def test_ops_get_caffe2_fields_and_arguments_in_keyword_order():
 
 
 def test_net_names_are_unique_process_wide_until_reset():
-    assert [Net("a").name, Net("a").name, Net("b").name, Net("a").name] == ["a", "a_1", "b", "a_2"]
+    assert [Net("a").Name(), Net("a").Name(), Net("b").Name(), Net("a").Name()] == ["a", "a_1", "b", "a_2"]
     reset_net_names()
-    assert Net("a").name == "a"
+    assert Net("a").Name() == "a"
 
 
 def test_create_param_fills_once_in_the_init_net():
@@ -67,7 +67,7 @@ def test_create_param_fills_once_in_the_init_net():
     with name_scope("s"):
         w = model.create_param("w", [2, 3], ("XavierFill", {}))
         assert model.create_param("w", [2, 3], ("XavierFill", {})) == w == "s/w"
-        with pytest.raises(ValueError, match="shape"):
+        with pytest.raises(AssertionError, match="shape"):
             model.create_param("w", [3, 3], ("XavierFill", {}))
     (fill,) = model.param_init_net.Proto().op
     assert (fill.type, list(fill.output), [a.name for a in fill.arg]) == ("XavierFill", ["s/w"], ["shape"])

@@ -16,7 +16,7 @@ from .install import install, installed, uninstall
 
 __all__ = ["install", "installed", "uninstall"]
 
-# The snake_case builder of rnn2jax <= 0.11, kept one release as deprecated aliases: name -> (module, attribute).
+# The snake_case builder of earlier releases, kept as deprecated aliases: name -> (module, attribute).
 _DEPRECATED = {
     "create_operator": ("opdef", "create_operator"),
     "create_net": ("opdef", "create_net"),

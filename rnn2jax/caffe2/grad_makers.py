@@ -29,6 +29,7 @@ class GradientContext:
         self.g_output = list(g_output)
         self.g_input: list[str | None] = [None] * len(op.input)
         self.copy_args = True
+        self.as_returned = False  # a Python maker (core.GradientRegistry.RegisterGradient): ops kept as they are
 
     def I(self, i: int) -> str:  # noqa: E743 (Caffe2's name)
         return self.op.input[i]
@@ -97,6 +98,8 @@ def get_gradient_for_op(
         grad_ops = maker(ctx) or []
     except GradientError as error:
         raise GradientError(f"Exception when creating gradient for [{op.type}]: {error}") from None
+    if ctx.as_returned:
+        return list(grad_ops), ctx.g_input
     for grad_op in grad_ops:
         grad_op.is_gradient_op = True
         if op.HasField("device_option"):

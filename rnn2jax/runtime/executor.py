@@ -37,10 +37,16 @@ class PureSegment:
         self.lowered = LoweredNet(net)
         self.first_reader: dict[str, Op] = self.lowered.reads_before_writes()
         self.inputs: tuple[str, ...] = tuple(self.first_reader)
-        # A scoped op may read its own output by name when it exists (Iter without an input).
+        # A scoped op may read its own output by name when it exists (Iter without an input). Not an op
+        # that carries nets (RecurrentNetwork): it never reads its outputs, and passing them in would make
+        # the jit signature depend on the previous run's sequence length (a recompile per (T, previous T)).
         self.optional: tuple[str, ...] = tuple(
             dict.fromkeys(
-                name for op in ops if lookup(op).scoped for name in op.outputs if name not in self.first_reader
+                name
+                for op in ops
+                if lookup(op).scoped and not lookup(op).carries_nets
+                for name in op.outputs
+                if name not in self.first_reader
             )
         )
         self.outputs: tuple[str, ...] = tuple(dict.fromkeys(name for op in ops for name in op.outputs))

@@ -62,6 +62,8 @@ def infer_shapes_and_types(
         out.update({k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in concrete.items()})
         specs.update(out)
     for name, spec in specs.items():
+        if not isinstance(spec, jax.ShapeDtypeStruct):
+            continue  # not a tensor (RecurrentNetwork's step_workspaces): Caffe2 infers nothing for it
         shapes[name] = [int(d) for d in spec.shape]
         enum = enum_of_dtype.get(np.dtype(spec.dtype))
         if enum is not None:

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .. import gradients as _gradients
-from ..grad_makers import GradientContext, get_gradient_for_op, register_gradient
+from ..grad_makers import GradientContext, GradientError, get_gradient_for_op, register_gradient
+from ..grad_makers import _MAKERS as _BUILTIN_MAKERS
 from ..opdef import make_argument
 from ..proto import caffe2_pb2
 from . import scope
@@ -69,6 +70,16 @@ def device_option_equal(opt1: Any, opt2: Any, ignore_node_name: bool = True, ign
 
 def IsGPUDeviceType(device_type: int) -> bool:
     return device_type in {caffe2_pb2.CUDA, caffe2_pb2.HIP}
+
+
+def InferBlobDevices(net: Any) -> dict[str, caffe2_pb2.DeviceOption]:
+    """Each blob an op of `net` writes -> that op's device option (the last writer wins), as
+    Caffe2's optimizers use it to build every parameter's update under the parameter's device."""
+    mapping: dict[str, caffe2_pb2.DeviceOption] = {}
+    for op in net.Proto().op:
+        for blob in op.output:
+            mapping[blob] = op.device_option
+    return mapping
 
 
 def InferOpBlobDevicesAsDict(
@@ -124,6 +135,13 @@ def IsOperator(op_type: str) -> bool:
 
 def IsOperatorWithEngine(op_type: str, engine: str) -> bool:
     return IsOperator(op_type)
+
+
+def _GetRegisteredOperators() -> set[str]:
+    """Every op type rnn2jax can run (Caffe2's serialized-test coverage report iterates them)."""
+    from .workspace import RegisteredOperators
+
+    return set(RegisteredOperators())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -277,20 +295,31 @@ class GradientRegistry:
     def RegisterGradient(cls, op_type: str) -> Callable[[Callable], Callable]:
         """Register `f(op, g_output) -> (gradient ops, g_input)` as the gradient of `op_type`.
 
-        Its gradient ops are used as returned (Caffe2 copies arguments only for C++ makers)."""
+        As in Caffe2, the built-in (C++) maker comes first: `f` is used only when there is none or it
+        refuses (Floor, Sign, ...). `f`'s ops are used as returned: no arguments, device option or
+        `is_gradient_op` are added (Caffe2 adds them only to C++ makers' ops)."""
 
         def wrapper(func: Callable) -> Callable:
-            def maker(ctx: GradientContext) -> list[caffe2_pb2.OperatorDef]:
-                ops, g_input = func(ctx.op, ctx.g_output)
-                ctx.copy_args = False
-                ctx.g_input = [
-                    (str(g[0]), str(g[1])) if isinstance(g, tuple) else (None if g is None else str(g)) for g in g_input
-                ]
-                if ops is None:
-                    return []
-                return list(ops) if isinstance(ops, list | tuple) else [ops]
+            if op_type not in cls.gradient_registry_:
+                builtin = _builtin_maker(op_type)
 
-            register_gradient(op_type)(maker)
+                def maker(ctx: GradientContext) -> list[caffe2_pb2.OperatorDef]:
+                    if builtin is not None:
+                        try:
+                            return builtin(ctx)
+                        except GradientError:
+                            ctx.g_input = [None] * len(ctx.op.input)
+                    ops, g_input = cls.gradient_registry_[op_type](ctx.op, ctx.g_output)
+                    ctx.as_returned = True
+                    ctx.g_input = [
+                        (str(g[0]), str(g[1])) if isinstance(g, tuple) else (None if g is None else str(g))
+                        for g in g_input
+                    ]
+                    if ops is None:
+                        return []
+                    return list(ops) if isinstance(ops, list | tuple) else [ops]
+
+                register_gradient(op_type)(maker)
             cls.gradient_registry_[op_type] = func
             return func
 
@@ -313,6 +342,10 @@ class GradientRegistry:
             raise TypeError("ys should be a list or a dict of blob names.")
         ops, grad_map = _gradients.get_backward_pass(list(operators), ys)
         return ops, {BlobReference(k): _as_gradient(v) for k, v in grad_map.items() if v is not None}
+
+
+def _builtin_maker(op_type: str) -> Callable | None:
+    return _BUILTIN_MAKERS.get(op_type)
 
 
 def _plain(grad: Any) -> Any:
@@ -515,9 +548,9 @@ class Net:
         return lambda *args, **kwargs: self._CreateAndAddToSelf(
             "Python",
             *args,
+            grad_output_indices=list(grad_output_indices or []),  # Caffe2's argument order; [] = all
+            grad_input_indices=list(grad_input_indices or []),
             token=token,
-            grad_output_indices=grad_output_indices,
-            grad_input_indices=grad_input_indices,
             **kwargs,
         )
 

@@ -88,7 +88,7 @@ class GRUCell(RNNCell):
         return self.hidden_size
 
 
-def GRU(model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, **kwargs):
+def GRU(model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, *args, **kwargs):
     """`gru_cell.GRU` (`rnn_cell._LSTM` with GRUCell; `linear_before_reset=` passes to the cell).
     Returns `(<scope>/hidden_t_all, <scope>/hidden_t_last)`."""
-    return _LSTM(GRUCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
+    return _LSTM(GRUCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, *args, **kwargs)

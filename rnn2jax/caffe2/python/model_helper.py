@@ -206,3 +206,91 @@ class ModelHelper:
         if op_type.startswith("__") or not op_type[:1].isupper():
             raise AttributeError(op_type)
         return getattr(self.net, op_type)
+
+
+def ExtractPredictorNet(
+    net_proto: Any,
+    input_blobs: Iterable[str],
+    output_blobs: Iterable[str],
+    device: Any = None,
+    renames: Mapping[str, str] | None = None,
+    disabled_inputs: Iterable[str] | None = None,
+) -> tuple[core.Net, list[str]]:
+    """The inference part of a training net: `(predict_net, blobs to export)`.
+
+    Keeps the ops between the first one reading an input and the last one writing an output whose
+    inputs are all computable from the inputs and the net's external inputs (minus `disabled_inputs`).
+    A RecurrentNetwork keeps its step net (ops moved to `device`, external inputs of the step net that
+    are external inputs of the net become predictor inputs too, e.g. `seq_lengths`) and loses its
+    backward step net (the argument stays, holding an empty NetDef). Blobs are renamed by `renames`.
+    Unlike Caffe2, which edited the ops of `net_proto` in place, this works on copies.
+    """
+    from ...errors import BadArgumentError
+    from ..proto import caffe2_pb2
+
+    predict_net = core.Net(net_proto.name + "_predict")
+    predict_proto = predict_net.Proto()
+    renames = dict(renames or {})
+    orig_inputs = set(net_proto.external_input)
+    orig_outputs = set(net_proto.external_output)
+    input_blobs = {str(b) for b in input_blobs}
+    output_blobs = {str(b) for b in output_blobs}
+    known = (orig_inputs | input_blobs) - set(disabled_inputs or ())
+    external_inputs, external_outputs = set(input_blobs), set(output_blobs)
+
+    ops = list(net_proto.op)
+    first = [j for j, op in enumerate(ops) if input_blobs & set(op.input) and op.type != "StopGradient"]
+    if not first:
+        raise BadArgumentError(f"ExtractPredictorNet: no op of net {net_proto.name!r} reads any of {sorted(input_blobs)}")
+    last = [j for j, op in enumerate(ops) if output_blobs & set(op.output)]
+    if not last:
+        raise BadArgumentError(f"ExtractPredictorNet: no op of net {net_proto.name!r} writes any of {sorted(output_blobs)}")
+
+    def rename(names: Any) -> None:
+        renamed = [renames.get(b, b) for b in names]
+        del names[:]
+        names.extend(renamed)
+
+    def place(op: Any) -> None:
+        if device is not None:
+            op.device_option.device_type = device.device_type
+            op.device_option.device_id = device.device_id
+
+    for source in ops[min(first) : max(last) + 1]:
+        if not known.issuperset(source.input):
+            continue
+        op = caffe2_pb2.OperatorDef()
+        op.CopyFrom(source)
+        if op.type == "RecurrentNetwork":
+            for arg in op.arg:
+                if arg.name == "backward_step_net":
+                    arg.ClearField("n")
+                elif arg.name == "step_net":
+                    for step_op in arg.n.op:
+                        rename(step_op.input)
+                        rename(step_op.output)
+                        place(step_op)
+                    rename(arg.n.external_input)
+                    rename(arg.n.external_output)
+                    external_inputs |= set(arg.n.external_input) & orig_inputs
+        place(op)
+        for arg in op.arg:
+            if arg.name == "is_test" and arg.i == 0:
+                raise BadArgumentError(
+                    f"ExtractPredictorNet: op {op.type} of net {net_proto.name!r} has is_test=0 "
+                    "(extracting a predictor from a training model?)"
+                )
+        predict_proto.op.append(op)
+        known |= set(op.output)
+        external_inputs |= set(op.input) & orig_inputs
+        external_outputs |= set(op.output) & orig_outputs
+
+    predict_proto.external_input.extend(sorted(external_inputs))
+    predict_proto.external_output.extend(sorted(external_outputs))
+    rename(predict_proto.external_input)
+    rename(predict_proto.external_output)
+    for op in predict_proto.op:
+        rename(op.input)
+        rename(op.output)
+    renamed_inputs = {renames.get(b, b) for b in input_blobs}
+    return predict_net, sorted(set(predict_proto.external_input) - renamed_inputs)

@@ -65,7 +65,7 @@ class TensorCPU:
 
 
 def _function(op: Any, gradient: bool) -> tuple[Callable, bool]:
-    token = op.string("token", "")
+    token = op.str("token", "")
     entry = _FUNCTIONS.get(token)
     if entry is None:
         raise BadArgumentError(

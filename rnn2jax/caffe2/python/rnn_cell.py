@@ -530,29 +530,37 @@ def _LSTM(
     return tuple(result)
 
 
-def LSTM(model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, **kwargs):
+def LSTM(
+    model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, *args, **kwargs
+):
     """`rnn_cell.LSTM` (see `_LSTM`): `<scope>/hidden_state_all`, `_last`, `cell_state_all`, `_last`."""
-    return _LSTM(LSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
+    return _LSTM(LSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, *args, **kwargs)
 
 
-def BasicRNN(model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, **kwargs):
+def BasicRNN(
+    model: ModelHelper, input_blob: str, seq_lengths: str | None, initial_states, dim_in, dim_out, *args, **kwargs
+):
     """`rnn_cell.BasicRNN`; `activation='tanh'|'relu'` is required. Returns (hidden_t_all, hidden_t_last)."""
-    return _LSTM(BasicRNNCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
+    return _LSTM(BasicRNNCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, *args, **kwargs)
 
 
-def MILSTM(model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, **kwargs):
+def MILSTM(model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, *args, **kwargs):
     """`rnn_cell.MILSTM` (seq_lengths required)."""
-    return _LSTM(MILSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
+    return _LSTM(MILSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, *args, **kwargs)
 
 
-def LayerNormLSTM(model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, **kwargs):
+def LayerNormLSTM(
+    model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, *args, **kwargs
+):
     """`rnn_cell.LayerNormLSTM` (seq_lengths required)."""
-    return _LSTM(LayerNormLSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
+    return _LSTM(LayerNormLSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, *args, **kwargs)
 
 
-def LayerNormMILSTM(model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, **kwargs):
+def LayerNormMILSTM(
+    model: ModelHelper, input_blob: str, seq_lengths: str, initial_states, dim_in, dim_out, *args, **kwargs
+):
     """`rnn_cell.LayerNormMILSTM` (seq_lengths required)."""
-    return _LSTM(LayerNormMILSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, **kwargs)
+    return _LSTM(LayerNormMILSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, *args, **kwargs)
 
 
 def __getattr__(name: str) -> Any:

@@ -55,7 +55,7 @@ def BuildUniqueMutexIter(init_net: Any, net: Any, iter: Any = None, iter_mutex: 
     iter = iter if iter is not None else "optimizer_iteration"
     iter_mutex = iter_mutex if iter_mutex is not None else "iteration_mutex"
     if not init_net.BlobIsDefined(iter):
-        with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+        with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU, extra_info=["device_type_override:cpu"])):
             iteration = init_net.ConstantFill([], iter, shape=[1], value=iter_val, dtype=core.DataType.INT64)
             iter_mutex = init_net.CreateMutex([], [iter_mutex])
             net.AtomicIter([iter_mutex, iteration], [iteration])

@@ -226,12 +226,17 @@ def CreateBlob(name: Any) -> bool:
     return True
 
 
+def _blob_names(ws: _RuntimeWorkspace) -> list[str]:
+    """As in Caffe2, blobs made by CreateBlob or CreateNet count before anything writes them."""
+    return sorted(set(ws.blobs()) | ws._created)
+
+
 def Blobs() -> list[str]:
-    return _ws().blobs()
+    return _blob_names(_ws())
 
 
 def HasBlob(name: Any) -> bool:
-    return _ws().has_blob(StringifyBlobName(name))
+    return _ws()._exists(StringifyBlobName(name))
 
 
 def ResetBlob(name: Any) -> bool:
@@ -441,19 +446,22 @@ class _NetHandle:
             self._ws.run_net(self.name)
 
 
-class _CWorkspace:
+class _CurrentWorkspaceProperty(type):
+    @property
+    def current(cls) -> _CWorkspace:
+        """`C.Workspace.current`: the current workspace, as an object (a class property in Caffe2)."""
+        return cls(_ws())
+
+
+class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
     """Caffe2's `workspace.C.Workspace`: a workspace object used directly, apart from the current one."""
 
     def __init__(self, ws: _RuntimeWorkspace | None = None):
         self._ws = ws if ws is not None else _RuntimeWorkspace(cache=_cache)
 
-    @staticmethod
-    def current() -> _CWorkspace:
-        return _CWorkspace(_ws())
-
     @property
     def blobs(self) -> dict[str, _Blob]:
-        return {name: _Blob(self._ws, name) for name in self._ws.blobs()}
+        return {name: _Blob(self._ws, name) for name in _blob_names(self._ws)}
 
     @property
     def nets(self) -> dict[str, _NetHandle]:
@@ -494,10 +502,73 @@ class _CWorkspace:
         self.run(caffe2_pb2.OperatorDef.FromString(op))
 
 
+class _OpSchema:
+    """Caffe2's `C.OpSchema`: what is known about an op type's interface (arity, docs).
+
+    rnn2jax's registry knows input/output counts; it keeps no per-argument or per-input docs, so those
+    lists are empty. Caffe2's serialized-test coverage report and doc generator read these.
+    """
+
+    inf = 2147483647  # Caffe2's "unbounded"
+
+    def __init__(self, op_type: str, inputs: tuple[int, int], outputs: tuple[int, int], doc: str):
+        self.name = op_type
+        self.min_input, self.max_input = inputs[0], min(inputs[1], self.inf)
+        self.min_output, self.max_output = outputs[0], min(outputs[1], self.inf)
+        self.doc = doc
+        self.private = False
+        self.args: list[Any] = []
+        self.input_desc: list[tuple[str, str]] = []
+        self.output_desc: list[tuple[str, str]] = []
+        self.file = ""
+        self.line = 0
+
+    def num_inputs_allowed(self, n: int) -> bool:
+        return self.min_input <= n <= self.max_input
+
+    def num_outputs_allowed(self, n: int) -> bool:
+        return self.min_output <= n <= self.max_output
+
+    def num_inputs_outputs_allowed(self, n_in: int, n_out: int) -> bool:
+        return self.num_inputs_allowed(n_in) and self.num_outputs_allowed(n_out)
+
+    def inplace_enforced(self, i: int, o: int) -> bool:
+        return False
+
+    @staticmethod
+    def get(op_type: str) -> _OpSchema | None:
+        """The schema of `op_type`, or None when rnn2jax cannot run it (as Caffe2 for schemaless ops)."""
+        from ...ops.registry import find
+        from ...runtime.host_ops import lookup_host_op
+
+        opdef = find(op_type)
+        if opdef is not None:
+            return _OpSchema(op_type, opdef.inputs, opdef.outputs, (opdef.build.__doc__ or "").strip())
+        host = lookup_host_op(op_type)
+        if host is not None:
+            return _OpSchema(op_type, (0, _OpSchema.inf), (0, _OpSchema.inf), (host.run.__doc__ or "").strip())
+        return None
+
+    @staticmethod
+    def get_cpu_impl(op_type: str) -> str:
+        return "rnn2jax" if _OpSchema.get(op_type) is not None else ""
+
+    @staticmethod
+    def get_cuda_impl(op_type: str) -> str:
+        return ""
+
+    @staticmethod
+    def get_gradient_impl(op_type: str) -> str:
+        from ..grad_makers import has_gradient_maker
+
+        return "rnn2jax" if has_gradient_maker(op_type) else ""
+
+
 class C:
     """The parts of Caffe2's pybind module `caffe2_pybind11_state` that scripts and tests touch."""
 
     Workspace = _CWorkspace
+    OpSchema = _OpSchema
 
     @staticmethod
     def op_registry_key(op_type: str, engine: str) -> str:
@@ -506,6 +577,7 @@ class C:
 
 def RegisteredOperators() -> list[str]:
     from ...ops.registry import REGISTRY
-    from ...runtime.host_ops import HOST_OPS
+    from ...runtime.host_ops import HOST_OPS, lookup_host_op
 
+    lookup_host_op("")  # loads the host-op modules
     return sorted(set(REGISTRY) | set(HOST_OPS))
