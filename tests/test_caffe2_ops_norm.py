@@ -102,6 +102,13 @@ def draw_layer_norm(data: st.DataObject):
     return op, inputs
 
 
+def draw_c10_layer_norm(data: st.DataObject):
+    """Caffe2 1.x registered the c10 LayerNorm kernel under this name as well (schemaless, no gradient)."""
+    op, inputs = draw_layer_norm(data)
+    op.type = "C10LayerNorm_DontUseThisOpYet"
+    return op, inputs
+
+
 @given(data=st.data())
 def test_layer_norm_double(caffe2, data):
     """LayerNorm runs in double in Caffe2 (LayerNormGradient and Dropout do not; rnn2jax accepts doubles
@@ -398,6 +405,7 @@ def draw_batch_box_cox(data: st.DataObject):
 CASES = cases(
     Case("Dropout", draw_dropout, gradient_ops=("DropoutGrad",)),
     Case("LayerNorm", draw_layer_norm, gradient_ops=("LayerNormGradient",)),
+    Case("C10LayerNorm_DontUseThisOpYet", draw_c10_layer_norm),
     Case("SpatialBN", draw_spatial_bn, gradient_ops=("SpatialBNGradient",)),
     Case("GroupNorm", draw_group_norm, gradient_ops=("GroupNormGradient",)),
     Case("InstanceNorm", draw_instance_norm, gradient_ops=("InstanceNormGradient",)),

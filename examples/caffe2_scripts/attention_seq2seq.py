@@ -105,7 +105,7 @@ def seed_parameters(model, seed):
 
 def one_hot(ids):
     """[T, N] int ids -> [T, N, VOCAB] float32 one-hot rows."""
-    out = np.zeros(ids.shape + (VOCAB,), dtype=np.float32)
+    out = np.zeros((*ids.shape, VOCAB), dtype=np.float32)
     t, n = np.indices(ids.shape)
     out[t, n, ids] = 1.0
     return out
@@ -119,10 +119,10 @@ def make_batch(rs, batch, max_len):
     target = np.full((max_len + 1, batch), PAD, dtype=np.int64)
     for n, length in enumerate(lengths):
         digits = FIRST_DIGIT + rs.randint(0, 10, size=length)
-        answer = list(digits[::-1]) + [EOS]
+        answer = [*digits[::-1], EOS]
         source[:length, n] = digits
         target[: length + 1, n] = answer
-        decoder_in[: length + 1, n] = [GO] + answer[:-1]
+        decoder_in[: length + 1, n] = [GO, *answer[:-1]]
     mask = (np.arange(max_len + 1)[:, None] <= lengths[None, :]).astype(np.float32)  # [T_dec, N]
     workspace.FeedBlob("encoder_inputs", one_hot(source))
     workspace.FeedBlob("encoder_lengths", lengths)
@@ -163,14 +163,14 @@ def main(argv=None):
         workspace.RunNet(model.net.Name())
         losses.append(float(workspace.FetchBlob(loss)))
         if args.print_every and (it % args.print_every == 0 or it == 1):
-            print("iter {:5d}  loss {:.4f}  ({:.1f}s)".format(it, losses[-1], time.time() - start), flush=True)
+            print(f"iter {it:5d}  loss {losses[-1]:.4f}  ({time.time() - start:.1f}s)", flush=True)
     if args.iters:
-        print("teacher-forced token accuracy on the last batch: {:.3f}".format(token_accuracy()))
+        print(f"teacher-forced token accuracy on the last batch: {token_accuracy():.3f}")
 
     if args.save:
         blobs = {str(p): workspace.FetchBlob(str(p)) for p in model.GetParams()}
         np.savez(args.save, loss_history=np.array(losses, dtype=np.float64), **blobs)
-        print("saved {} parameters to {}".format(len(blobs), args.save))
+        print(f"saved {len(blobs)} parameters to {args.save}")
     return losses
 
 

@@ -45,7 +45,7 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-class Vocabulary(object):
+class Vocabulary:
     """Maps characters to ids and back; ids are assigned in sorted order so they never depend on hashing."""
 
     def __init__(self, text):
@@ -135,12 +135,12 @@ def main(argv=None):
         workspace.RunNet(model.net.Name())
         losses.append(float(workspace.FetchBlob(loss)))
         if args.print_every and (it % args.print_every == 0 or it == 1):
-            print("iter {:5d}  loss {:.4f}  ({:.1f}s)".format(it, losses[-1], time.time() - start), flush=True)
+            print(f"iter {it:5d}  loss {losses[-1]:.4f}  ({time.time() - start:.1f}s)", flush=True)
 
     if args.save:
         blobs = {str(p): workspace.FetchBlob(str(p)) for p in model.GetParams()}
         np.savez(args.save, loss_history=np.array(losses, dtype=np.float64), **blobs)
-        print("saved {} parameters to {}".format(len(blobs), args.save))
+        print(f"saved {len(blobs)} parameters to {args.save}")
     return losses
 
 

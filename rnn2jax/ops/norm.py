@@ -18,7 +18,8 @@ from .reduce import channel_view, require_dtype, storage_order
 from .registry import Kernel, register
 
 
-@register("LayerNorm", inputs=(1, 3), outputs=3)
+# C10LayerNorm_DontUseThisOpYet: Caffe2 1.x exposed the c10 LayerNorm kernel under this name too (same op)
+@register("LayerNorm", "C10LayerNorm_DontUseThisOpYet", inputs=(1, 3), outputs=3)
 def layer_norm(op: Op) -> Kernel:
     """`(X[, gamma, beta]) -> (Y, mean, std)`: each row of X viewed as `size_to_dim(axis) x
     size_from_dim(axis)` is normalised with its mean and biased variance; mean and std keep the

@@ -31,11 +31,27 @@ _SHOWN_BLOBS = 30
 
 class CompileCache:
     """Decoded nets (by content) and their executors, whose jit caches hold the compiled code. Workspaces
-    that share one (Caffe2's named workspaces do) compile a net once between them."""
+    that share one (Caffe2's named workspaces do) compile a net once between them. The least recently used
+    entries beyond `max_entries` are dropped, so a process that runs many different ops (a test suite) does
+    not keep every executable it ever compiled."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_entries: int = 512) -> None:
+        self.max_entries = max_entries
         self.loaded: dict[bytes, Net] = {}
         self.executors: dict[tuple[int, ...], tuple[tuple[Net, ...], Executor]] = {}
+
+    def get(self, table: dict, key: Any) -> Any:
+        """`table[key]` (or None), marked as the most recently used."""
+        value = table.pop(key, None)
+        if value is not None:
+            table[key] = value
+        return value
+
+    def put(self, table: dict, key: Any, value: Any) -> Any:
+        table[key] = value
+        while len(table) > self.max_entries:
+            table.pop(next(iter(table)))
+        return value
 
 
 class Workspace:
@@ -185,19 +201,18 @@ class Workspace:
         key = serialize(deterministic=True) if serialize is not None else source
         if not isinstance(key, bytes):
             return _as_net(source)
-        cache = self._cache.loaded
-        if key not in cache:
-            cache[key] = _as_net(source)
-        return cache[key]
+        net = self._cache.get(self._cache.loaded, key)
+        if net is None:
+            net = self._cache.put(self._cache.loaded, key, _as_net(source))
+        return net
 
     def _executor(self, nets: tuple[Net, ...]) -> Executor:
         """The executor of these nets, built once per workspace tree (the jit caches live in it); each
         call gets fresh host-op state, as a newly created Caffe2 net has."""
-        cache = self._cache.executors
-        key = tuple(id(net) for net in nets)
-        entry = cache.get(key)
+        key = tuple(id(net) for net in nets)  # the entry holds the nets, so their ids stay theirs
+        entry = self._cache.get(self._cache.executors, key)
         if entry is None:
-            entry = cache[key] = (nets, Executor(nets, seed=self.seed))
+            entry = self._cache.put(self._cache.executors, key, (nets, Executor(nets, seed=self.seed)))
         return entry[1].instance()
 
     def _next_counter(self) -> int:

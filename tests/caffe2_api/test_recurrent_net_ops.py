@@ -95,7 +95,7 @@ def feed_case(
 
 
 class TestRecurrentNetwork(hu.HypothesisTestCase):
-    def check_cell(self, cell, seed, t, n, d, two_d_initial, outputs_with_grads, gc, threshold, stepsize):
+    def check_cell(self, cell, seed, t, n, d, two_d_initial, outputs_with_grads, gc, dc, threshold, stepsize):
         rng = np.random.RandomState(seed)
         model, hidden_all, hidden_last = build_recurrent_net(cell, outputs_with_grads)
         op = model.net.Proto().op[-1]
@@ -108,6 +108,7 @@ class TestRecurrentNetwork(hu.HypothesisTestCase):
         inputs = [values[name] for name in op.input]
 
         self.assertReferenceChecks(gc, op, inputs, recurrent_reference(cell), outputs_to_check=[0, 1])
+        self.assertDeviceChecks(dc, op, inputs, [0, 1])
         for index in range(len(inputs)):
             self.assertGradientChecks(
                 gc, op, inputs, index, list(outputs_with_grads), threshold=threshold, stepsize=stepsize
@@ -124,8 +125,10 @@ class TestRecurrentNetwork(hu.HypothesisTestCase):
     )
     def test_elman(self, seed, t, n, d, two_d_initial, outputs_with_grads, gc, dc):
         """Gradients reach the input, the initial state (2-D or 3-D, returned in its own shape) and
-        both step-net parameters, accumulated over time. Caffe2's Elman test: default thresholds."""
-        self.check_cell("elman", seed, t, n, d, two_d_initial, outputs_with_grads, gc, 0.005, 0.05)
+        both step-net parameters, accumulated over time. Threshold 0.005 (Caffe2's default) with the
+        RNN tests' stepsize 0.005: the default 0.05 step's truncation error alone exceeds 0.005 on tanh
+        near saturation (real Caffe2 fails such a case, e.g. seed=398, t=1, n=3, d=1, at 0.05)."""
+        self.check_cell("elman", seed, t, n, d, two_d_initial, outputs_with_grads, gc, dc, 0.005, 0.005)
 
     @given(
         seed=st.integers(0, 2**31 - 1),
@@ -138,7 +141,24 @@ class TestRecurrentNetwork(hu.HypothesisTestCase):
     )
     def test_sum_mul(self, seed, t, n, d, cell, two_d_initial, gc, dc):
         """Caffe2's sum/mul RNN tests' thresholds: 0.01, stepsize 0.005."""
-        self.check_cell(cell, seed, t, n, d, two_d_initial, (0,), gc, 0.01, 0.005)
+        self.check_cell(cell, seed, t, n, d, two_d_initial, (0,), gc, dc, 0.01, 0.005)
+
+    @given(seed=st.integers(0, 2**31 - 1), t=st.integers(1, 3), n=st.integers(1, 3), **hu.gcs_cpu_only)
+    def test_infer_shapes(self, seed, t, n, gc, dc):
+        """InferShapesAndTypes (which assertReferenceChecks calls) works on a net with a RecurrentNetwork:
+        it names no shape for the non-tensor step_workspaces output (rnn2jax once failed there on the
+        dict it keeps in that blob). Caffe2 infers the inputs only; rnn2jax the outputs too."""
+        d = 2
+        model, hidden_all, hidden_last = build_recurrent_net("elman", (0,))
+        feed_case(np.random.RandomState(seed), "elman", t, n, d, two_d_initial=False)
+        shapes, _ = workspace.InferShapesAndTypes([model.net])
+        op = model.net.Proto().op[-1]
+        self.assertNotIn(op.output[-1], shapes)
+        expected = {"input": [t, n, d], "initial_hidden": [1, n, d], "W": [d, d], "b": [d]}
+        expected.update({str(hidden_all): [t, n, d], str(hidden_last): [1, n, d]})
+        for name, shape in shapes.items():
+            self.assertEqual(shape, expected[name], name)
+        self.assertLessEqual(set(expected) - {str(hidden_all), str(hidden_last)}, set(shapes))
 
     @given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 3), d=st.integers(1, 3), **hu.gcs_cpu_only)
     def test_reshaped_reruns(self, seed, n, d, gc, dc):

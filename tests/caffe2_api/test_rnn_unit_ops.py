@@ -154,8 +154,9 @@ class TestLSTMUnit(hu.HypothesisTestCase):
             ["hidden_t", "cell_t"],
         )
         grad_ops, grad_map = core.GradientRegistry.GetGradientForOp(op, ["hidden_t_grad", "cell_t_grad"])
-        for name, value in zip(op.input, [hidden_prev, cell_prev, gates, seq_lengths, timestep]):
-            workspace.FeedBlob(name, value)
+        inputs = [hidden_prev, cell_prev, gates, seq_lengths, timestep]
+        for index, name in enumerate(op.input):
+            workspace.FeedBlob(name, inputs[index])
         workspace.RunOperatorOnce(op)
         d_hidden = rng.randn(1, n, d).astype(np.float32)
         workspace.FeedBlob("hidden_t_grad", d_hidden)
@@ -211,8 +212,8 @@ class TestGRUUnit(hu.HypothesisTestCase):
         # the reset block is not read, so its gradient is exactly zero, not merely small
         grad_ops, grad_map = core.GradientRegistry.GetGradientForOp(op, ["hidden_t_grad"])
         with hu.temp_workspace():
-            for name, value in zip(op.input, inputs):
-                workspace.FeedBlob(name, value)
+            for index, name in enumerate(op.input):
+                workspace.FeedBlob(name, inputs[index])
             workspace.RunOperatorOnce(op)
             workspace.FeedBlob("hidden_t_grad", np.ones((1, n, d), dtype=np.float32))
             workspace.RunOperatorsOnce(grad_ops)

@@ -9,15 +9,21 @@ and their argument order in Caffe2 RNN nets come from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+import inspect
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .core import BlobReference
+from .helpers.arg_scope import arg_scope, get_current_scope  # noqa: F401  (brew.arg_scope)
 from .model_helper import BIAS, COMPUTED_PARAM, WEIGHT, ModelHelper
 
 
 def _merged(model: ModelHelper, kwargs: dict[str, Any]) -> dict[str, Any]:
     merged = dict(model.arg_scope)
+    # `brew.arg_scope([brew.<helper>], ...)` defaults, keyed by the calling helper's name.
+    merged.update(get_current_scope().get(sys._getframe(1).f_code.co_name, {}))
     merged.update(kwargs)
     return merged
 
@@ -38,6 +44,7 @@ def fc(
         kwargs["engine"] = "TENSORCORE"
     if kwargs.pop("float16_compute", False):
         kwargs["float16_compute"] = True
+    blob_out = blob_out or model.net.NextName()  # char_rnn passes None: `<net>_blob_<k>`, as in Caffe2
     bias_tags = [BIAS, COMPUTED_PARAM] if "freeze_bias" in kwargs else [BIAS]
     weight = model.create_param(blob_out + "_w", [dim_out, dim_in], weight_init or ("XavierFill", {}), [WEIGHT])
     bias = model.create_param(blob_out + "_b", [dim_out], bias_init or ("ConstantFill", {}), bias_tags)
@@ -113,3 +120,37 @@ def dropout(model: ModelHelper, blob_in: str, blob_out: str, **kwargs: Any) -> B
     if "is_test" not in kwargs:
         raise ValueError("Argument 'is_test' is required")
     return model.net.Dropout(blob_in, [blob_out, "_" + blob_out + "_mask"], **kwargs)[0]
+
+
+# -- Caffe2 helpers implemented in rnn2jax.caffe2.python.helpers (plain, as Caffe2's), called here with
+# brew's merging: arg_scope (only the helper's own parameters when it takes no **kwargs), then
+# brew.arg_scope's defaults for it, then the caller's keywords. Resolved on first call, so the helper
+# modules can import brew.
+
+
+def _caffe2_helper(module: str, name: str) -> Callable[..., Any]:
+    def helper(model: ModelHelper, *args: Any, **kwargs: Any) -> Any:
+        function = getattr(importlib.import_module(f".helpers.{module}", __package__), name)
+        parameters = inspect.signature(function).parameters
+        merged = dict(model.arg_scope)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            merged = {k: v for k, v in merged.items() if k in parameters}
+        merged.update(get_current_scope().get(name, {}))
+        merged.update(kwargs)
+        return function(model, *args, **merged)
+
+    helper.__name__ = helper.__qualname__ = name
+    return helper
+
+
+relu = _caffe2_helper("nonlinearity", "relu")
+tanh = _caffe2_helper("nonlinearity", "tanh")
+prelu = _caffe2_helper("nonlinearity", "prelu")
+reduce_sum = _caffe2_helper("algebra", "reduce_sum")
+sub = _caffe2_helper("algebra", "sub")
+mat_mul = _caffe2_helper("algebra", "mat_mul")
+arg_min = _caffe2_helper("algebra", "arg_min")
+depth_concat = _caffe2_helper("array_helpers", "depth_concat")
+iter = _caffe2_helper("train", "iter")
+accuracy = _caffe2_helper("train", "accuracy")
+add_weight_decay = _caffe2_helper("train", "add_weight_decay")

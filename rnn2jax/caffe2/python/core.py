@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from .. import gradients as _gradients
-from ..grad_makers import GradientContext, GradientError, get_gradient_for_op, register_gradient
 from ..grad_makers import _MAKERS as _BUILTIN_MAKERS
+from ..grad_makers import GradientContext, GradientError, get_gradient_for_op, register_gradient
 from ..opdef import make_argument
 from ..proto import caffe2_pb2
 from . import scope
@@ -177,7 +177,7 @@ class BlobReference(str):
         return BlobReference((other.decode() if isinstance(other, bytes) else other) + str(self), self._from_net)
 
     def __repr__(self) -> str:
-        return f"BlobReference({str.__repr__(self)})"
+        return f'BlobReference("{self}")'  # as Caffe2 wrote it
 
     def Net(self) -> Net | None:
         return self._from_net

@@ -8,8 +8,9 @@ cudnn_exhaustive_search), which is why they appear on FC/Sum/Concat ops of Caffe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from . import core, scope
@@ -51,6 +52,65 @@ class ParameterInfo:
 
     def __str__(self) -> str:
         return str(self.param)
+
+
+class ParameterSharingContext:
+    """Caffe2's `modeling.parameter_sharing` scope overrides: inside `ParameterSharing({"b": "a"})`,
+    parameters created under name scope `b/...` are named as if created under `a/...` (so they are the
+    same blobs). Overrides chain: a scope mapped to another that is itself mapped resolves fully."""
+
+    def __init__(self) -> None:
+        self._scope_overrides: dict[str, str] = {}
+        self._contexts: list[dict[str, str]] = []
+
+    def _resolve(self, candidate: str) -> str:
+        parts = candidate.split(scope._NAMESCOPE_SEPARATOR)
+        prefix, best, best_index = "", candidate, 0
+        for index, part in enumerate(parts):
+            prefix += part + scope._NAMESCOPE_SEPARATOR
+            if prefix in self._scope_overrides:
+                best, best_index = self._scope_overrides[prefix], index
+        if best == candidate:
+            return candidate
+        return self._resolve(best) + scope._NAMESCOPE_SEPARATOR.join(parts[best_index + 1 :])
+
+    def get_parameter_name(self, name: str) -> str:
+        return self._resolve(scope.CurrentNameScope()) + name
+
+    def add_scope_overrides(self, shared_scopes: Mapping[str, str]) -> None:
+        self._contexts.append(dict(shared_scopes))
+        self._scope_overrides.update(shared_scopes)
+
+    def pop(self) -> None:
+        self._contexts.pop()
+        self._scope_overrides = {}
+        for context in self._contexts:
+            self._scope_overrides.update(context)
+
+
+parameter_sharing_context = ParameterSharingContext()
+
+
+def _as_scope(name: str) -> str:
+    return name + scope._NAMESCOPE_SEPARATOR if name and not name.endswith(scope._NAMESCOPE_SEPARATOR) else name
+
+
+@contextlib.contextmanager
+def ParameterSharing(shared_scopes: Mapping[str, str]) -> Iterator[None]:
+    """Share parameters between name scopes, relative to the current one: `{"b": "a"}` makes
+    parameters of `<current>/b/...` those of `<current>/a/...` (`UnrolledCell` maps every
+    `timestep_<t>` scope to `""`, so all steps use one set of weights)."""
+    current = scope.CurrentNameScope()
+    overrides = {}
+    for source, target in shared_scopes.items():
+        if target.startswith(source):
+            raise ValueError(f"illegal parameter sharing override: {source!r} is a prefix of {target!r}")
+        overrides[_as_scope(current + source)] = _as_scope(current + target)
+    parameter_sharing_context.add_scope_overrides(overrides)
+    try:
+        yield
+    finally:
+        parameter_sharing_context.pop()
 
 
 def _initializer(initializer: Any) -> tuple[str, Mapping[str, Any]]:
@@ -96,6 +156,7 @@ class ModelHelper:
         self.skip_sparse_optim = skip_sparse_optim
         self.weights: list[core.BlobReference] = []
         self.biases: list[core.BlobReference] = []
+        self._devices: list[int] = []  # set by data_parallel_model.Parallelize
         self._arg_scope: dict[str, Any] = {"order": "NCHW", "use_cudnn": True, "cudnn_exhaustive_search": False}
         self._arg_scope.update(arg_scope or {})
 
@@ -115,11 +176,12 @@ class ModelHelper:
         self, param_name: str, shape: Sequence[int], initializer: Any, tags: Iterable[str] | str | None = None
     ) -> core.BlobReference:
         """A parameter filled by `initializer` in `param_init_net`, once per name: a plain-string name is
-        put in the current name scope, a `BlobReference` is used as is; asking again returns the blob."""
+        put in the current name scope (as rewritten by `ParameterSharing`), a `BlobReference` is used as
+        is; asking again returns the blob."""
         if isinstance(param_name, core.BlobReference):
             name = str(param_name)
         elif isinstance(param_name, str):
-            name = scope.CurrentNameScope() + param_name
+            name = parameter_sharing_context.get_parameter_name(param_name)
         else:
             raise TypeError("Unsupported type for param_name")
         if name in self._parameters_info:
@@ -127,6 +189,11 @@ class ModelHelper:
                 raise AssertionError(f"parameter {name} exists with shape {self._parameters_info[name].shape}")
             return self._parameters_info[name].blob
         blob = core.BlobReference(name)
+        if hasattr(initializer, "create_param"):  # a modeling.initializers object: it adds its own ops
+            info = initializer.create_param(param_name=blob, init_net=self.param_init_net, shape=list(shape))
+            self._parameters_info[name] = info
+            self.AddParameter(info.blob, tags)
+            return info.blob
         if self.init_params:
             op_type, args = _initializer(initializer)
             self.param_init_net._CreateAndAddToSelf(op_type, [], blob, shape=list(shape), **args)
@@ -197,6 +264,12 @@ class ModelHelper:
             if not self.skip_sparse_optim or not isinstance(grad, core.GradientSlice)
         ]
 
+    def GetDevices(self) -> list[int]:
+        """The devices data_parallel_model.Parallelize built this model for."""
+        if not self._devices:
+            raise AssertionError("Use data_parallel_model to run model on multiple GPUs.")
+        return self._devices
+
     def Validate(self) -> None:
         """Caffe2 checked that no blob is written by two ops in different ways; nets here are checked
         when they are created in a workspace."""
@@ -241,10 +314,14 @@ def ExtractPredictorNet(
     ops = list(net_proto.op)
     first = [j for j, op in enumerate(ops) if input_blobs & set(op.input) and op.type != "StopGradient"]
     if not first:
-        raise BadArgumentError(f"ExtractPredictorNet: no op of net {net_proto.name!r} reads any of {sorted(input_blobs)}")
+        raise BadArgumentError(
+            f"ExtractPredictorNet: no op of net {net_proto.name!r} reads any of {sorted(input_blobs)}"
+        )
     last = [j for j, op in enumerate(ops) if output_blobs & set(op.output)]
     if not last:
-        raise BadArgumentError(f"ExtractPredictorNet: no op of net {net_proto.name!r} writes any of {sorted(output_blobs)}")
+        raise BadArgumentError(
+            f"ExtractPredictorNet: no op of net {net_proto.name!r} writes any of {sorted(output_blobs)}"
+        )
 
     def rename(names: Any) -> None:
         renamed = [renames.get(b, b) for b in names]

@@ -117,9 +117,7 @@ class Optimizer:
             learning_rate_blob = self.make_unique_blob_name("lr")
         iteration = utils.BuildUniqueMutexIter(param_init_net, net, iter_val=iter_val)
         if not net.BlobIsDefined(learning_rate_blob):
-            lr = net.LearningRate(
-                [iteration], learning_rate_blob, base_lr=-base_learning_rate, policy=policy, **kwargs
-            )
+            lr = net.LearningRate([iteration], learning_rate_blob, base_lr=-base_learning_rate, policy=policy, **kwargs)
         else:
             lr = net.GetBlobRef(learning_rate_blob)
         if self._lr_multiplier is not None:
@@ -128,7 +126,11 @@ class Optimizer:
         if self._local_lr_multiplier is not None:
             current = scope.CurrentDeviceScope()
             local = self._local_lr_multiplier
-            if current is not None and core.IsGPUDeviceType(current.device_type) and not self._local_lr_multiplier_on_gpu:
+            if (
+                current is not None
+                and core.IsGPUDeviceType(current.device_type)
+                and not self._local_lr_multiplier_on_gpu
+            ):
                 local = net.CopyFromCPUInput(local, self.make_unique_blob_name("local_lr_multiplier"))
             lr = net.Mul([lr, local], self.make_unique_blob_name("local_scaled_lr"), broadcast=1)
         return lr, iteration
@@ -174,7 +176,10 @@ class Optimizer:
             raise ValueError(f"Lars offset must be nonnegative, got {offset}")
         wd, trust, lr_max = self.create_lars_inputs(param_init_net, 0.0, 1.0, np.finfo(np.float32).max)
         multiplier = net.Lars(
-            [param, grad, wd, trust, lr_max], self.make_unique_blob_name(str(param) + "_lars"), offset=offset, lr_min=0.0
+            [param, grad, wd, trust, lr_max],
+            self.make_unique_blob_name(str(param) + "_lars"),
+            offset=offset,
+            lr_min=0.0,
         )
         current = scope.CurrentDeviceScope()
         self._add_local_lr_multiplier(
@@ -221,7 +226,10 @@ class SgdOptimizer(Optimizer):
         # WeightedSum adds lr * grad, so plain SGD needs a negative rate; MomentumSGDUpdate subtracts.
         lr_sign = -1 if self.momentum else 1
         lr, _ = self.build_lr(
-            net, param_init_net, base_learning_rate=self.base_learning_rate * lr_sign, policy=self.policy,
+            net,
+            param_init_net,
+            base_learning_rate=self.base_learning_rate * lr_sign,
+            policy=self.policy,
             **self.init_kwargs,
         )
         dev = _device()
@@ -380,7 +388,9 @@ class AdagradOptimizer(Optimizer):
             if self.weight_decay != 0:
                 raise ValueError("weight decay is not implemented for LARS yet")
             self._add_lars(net, param_init_net, param, grad, self.lars)
-        lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.alpha, policy=self.policy, **self.init_kwargs)
+        lr, _ = self.build_lr(
+            net, param_init_net, base_learning_rate=self.alpha, policy=self.policy, **self.init_kwargs
+        )
         if self.rowWise:
             rows = _param_shape(param_init_net, param_info)[0]
             squared_sum = param_init_net.ConstantFill([], str(param) + "_avg_squared_sum", shape=[rows], value=0.0)
@@ -535,7 +545,9 @@ class RmsPropOptimizer(Optimizer):
             raise ValueError("RmsPropOptimizer doesn't support sparse gradients")
         dev = _device()
         one = param_init_net.ConstantFill([], f"ONE_{dev.device_type}_{dev.device_id}", shape=[1], value=1.0)
-        lr, _ = self.build_lr(net, param_init_net, base_learning_rate=-self.alpha, policy=self.policy, **self.init_kwargs)
+        lr, _ = self.build_lr(
+            net, param_init_net, base_learning_rate=-self.alpha, policy=self.policy, **self.init_kwargs
+        )
         # Caffe2 spelled the fill argument `values` here (ConstantFill's is `value`); it is kept, and
         # ignored: the fills are zeros either way.
         grad_o = param_init_net.ConstantFill([param], str(param) + "_grad_o", values=0.0)
@@ -626,11 +638,7 @@ def _build(
     """Run `optimizer` for every parameter with a gradient, each under its parameter's device."""
     param_to_device = _get_param_to_device(model)
     model.Validate()
-    params = [
-        info
-        for info in model.GetOptimizationParamInfo()
-        if not weights_only or info.blob in model.weights
-    ]
+    params = [info for info in model.GetOptimizationParamInfo() if not weights_only or info.blob in model.weights]
     lr_multiplier = None
     if max_gradient_norm is not None:
         lr_multiplier = _calc_norm_ratio(model, params, "norm_clipped_grad_update", param_to_device, max_gradient_norm)

@@ -167,5 +167,28 @@ def _accumulate_external_gradients(proto: pb.NetDef) -> None:
                 if blob not in defined:
                     proto.external_input.append(blob)
                     defined.add(blob)
-            proto.op.append(CreateOperator("Sum", [output, accum], [output]))
+            # BlobReferences: plain strings would get the current name scope prepended a second time
+            proto.op.append(
+                CreateOperator("Sum", [BlobReference(output), BlobReference(accum)], [BlobReference(output)])
+            )
             defined.add(output)
+
+
+def retrieve_step_blobs(net: Net, prefix: str = "rnn") -> list[bytes]:
+    """Copy every step's blobs of each RecurrentNetwork op of `net` (run in the current workspace) into the
+    workspace as `<prefix>_<blob><t>`, through the RecurrentNetworkBlobFetcher op (written `<prefix>_<k>`
+    for the k-th op); returns the copied names, as bytes (Caffe2 did the same)."""
+    from . import workspace
+
+    names: list[bytes] = []
+    count = 0
+    for op in net.Proto().op:
+        if op.type != "RecurrentNetwork":
+            continue
+        count += 1
+        fetched = f"{prefix}_{count}"
+        workspace.RunOperatorOnce(
+            CreateOperator("RecurrentNetworkBlobFetcher", [op.output[-1]], [fetched], prefix=prefix)
+        )
+        names += workspace.FetchBlob(fetched).tolist()
+    return names

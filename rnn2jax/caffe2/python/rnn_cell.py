@@ -472,6 +472,64 @@ class MultiRNNCell(RNNCell):
         return self._connected_outputs(model, states, 2, "_prepare_output_sequence", "residual_output_sequence")
 
 
+class UnrolledCell(RNNCell):
+    """Static unrolling: the cell's step ops written out `T` times into the main net, instead of a
+    RecurrentNetwork op. Step t runs under name scope `timestep_<t>` with parameter sharing mapping that
+    scope away, so every step uses the cell's one set of parameters; its timestep is an int32 `[1]`
+    ConstantFill in the init net. Returns the same interleaved `(<state>_all, <state>_last)` outputs as
+    the dynamic form: `_all` is a Concat of the per-step states along axis 0, `_last` the last step's.
+    Outputs not in `outputs_with_grads` get a `ZeroGradient`, so the backward pass treats them as
+    RecurrentNetwork did (no gradient flows in from them).
+    """
+
+    def __init__(self, cell: RNNCell, T: int):
+        self.T = T
+        self.cell = cell
+
+    def apply_over_sequence(
+        self,
+        model: ModelHelper,
+        inputs: str,
+        seq_lengths: str | None,
+        initial_states: Sequence[str],
+        outputs_with_grads: Sequence[int] | None = None,
+    ) -> tuple[BlobReference, tuple[BlobReference, ...]]:
+        from ..proto import caffe2_pb2
+        from .core import DataType, DeviceOption
+        from .model_helper import ParameterSharing
+
+        inputs = self.cell.prepare_input(model, inputs)
+        split = model.net.Split(inputs, [f"{inputs}_timestep_{t}" for t in range(self.T)], axis=0)
+        split_inputs = [split] if self.T == 1 else list(split)
+        states = initial_states
+        per_step = []
+        for t in range(self.T):
+            with ParameterSharing({f"timestep_{t}": ""}), NameScope(f"timestep_{t}"):
+                timestep = model.param_init_net.ConstantFill(
+                    [],
+                    "timestep",
+                    value=t,
+                    shape=[1],
+                    dtype=DataType.INT32,
+                    device_option=DeviceOption(caffe2_pb2.CPU),
+                )
+                states = self.cell._apply(
+                    model=model, input_t=split_inputs[t], seq_lengths=seq_lengths, states=states, timestep=timestep
+                )
+            per_step.append(states)
+        strip = len("timestep_0/")
+        all_states = [
+            model.net.Concat(
+                list(steps), [str(steps[0])[strip:] + "_concat", str(steps[0])[strip:] + "_concat_info"], axis=0
+            )[0]
+            for steps in zip(*per_step, strict=True)
+        ]
+        outputs = tuple(blob for pair in zip(all_states, states, strict=True) for blob in pair)
+        for i in sorted(set(range(len(outputs))) - set(outputs_with_grads or ())):
+            model.net.ZeroGradient(outputs[i], [])
+        return self.cell._prepare_output_sequence(model, outputs), outputs
+
+
 def _LSTM(
     cell_class: type[RNNCell],
     model: ModelHelper,
@@ -494,8 +552,6 @@ def _LSTM(
     """`rnn_cell._LSTM`: one cell, or a MultiRNNCell when `dim_out` is a list; returns the
     RecurrentNetwork outputs (h_all, h_last, c_all, c_last for LSTMs) of the last layer, or of all
     layers when `return_last_layer_only` is False, plus a params dict when `return_params`."""
-    if static_rnn_unroll_size is not None:
-        raise NotImplementedError("static_rnn_unroll_size (UnrolledCell) is not supported")
     dims = list(dim_out) if isinstance(dim_out, list | tuple) else [dim_out]
     num_layers = len(dims)
     cells = [
@@ -512,6 +568,8 @@ def _LSTM(
         for i in range(num_layers)
     ]
     cell = MultiRNNCell(cells, name=scope, forward_only=forward_only) if num_layers > 1 else cells[0]
+    if static_rnn_unroll_size is not None:
+        cell = UnrolledCell(cell, static_rnn_unroll_size)
     outputs_with_grads = [4 * (num_layers - 1) + i for i in outputs_with_grads]
     _, result = cell.apply_over_sequence(
         model=model,

@@ -24,7 +24,9 @@ from ...netdef import DATA_TYPES
 from ...runtime.workspace import CompileCache
 from ...runtime.workspace import Workspace as _RuntimeWorkspace
 from ..proto import caffe2_pb2
-from . import python_op  # noqa: F401  (registers the Python op as a host op)
+
+# imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
+from . import _step_blobs, python_op  # noqa: F401
 
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
@@ -35,6 +36,40 @@ from ...netdef import Op
 from ..registry import LowerNet, register
 from .fusion import FusedLSTM, find_fused_lstms
 from .spec import Alias, Link, check_link_rows, decode_spec, initial_rows
+
+
+@jax.tree_util.register_pytree_node_class
+class SharedBlobs(Mapping):
+    """The loop-invariant blobs of `step_workspaces`. NumPy values among them (shape blobs such as
+    Concat's split_info, which a backward Split must read concretely) travel in the pytree's static part,
+    so they stay concrete when step_workspaces crosses a jit boundary: RecurrentNetworkGradient run as a
+    net of its own, as Caffe2's gradient checker runs it (RunOperatorOnce, then RunOperatorsOnce)."""
+
+    def __init__(self, blobs: Mapping[str, Any]):
+        self._blobs = dict(blobs)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._blobs[name]
+
+    def __iter__(self) -> Any:
+        return iter(self._blobs)
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+    def tree_flatten(self) -> tuple[list[Any], tuple]:
+        arrays = tuple(n for n, v in self._blobs.items() if not isinstance(v, np.ndarray))
+        static = tuple(
+            (n, v.dtype.str, v.shape, v.tobytes()) for n, v in self._blobs.items() if isinstance(v, np.ndarray)
+        )
+        return [self._blobs[n] for n in arrays], (arrays, static)
+
+    @classmethod
+    def tree_unflatten(cls, aux: tuple, children: Any) -> SharedBlobs:
+        arrays, static = aux
+        blobs = dict(zip(arrays, children, strict=True))
+        blobs.update({n: np.frombuffer(data, dtype).reshape(shape) for n, dtype, shape, data in static})
+        return cls(blobs)
 
 
 class RecurrentLowering:
@@ -169,9 +204,11 @@ class RecurrentLowering:
     def _check_not_empty(self, sequence: jax.Array, initial: Mapping[str, jax.Array]) -> None:
         """Caffe2's link views refuse empty tensors (`rnn_internal_apply_link` enforces
         `external.numel() > 0`), so a step never runs on an empty batch or an empty state: an empty
-        batch works only with an empty sequence (T = 0)."""
+        batch works only with an empty sequence (T = 0). A state is its T + L rows, so an initial state of
+        L = 0 rows is fine (recurrent_network_test's stateful convolution with conv_window 1)."""
         empty = [self.op.inputs[0]] if sequence.size == 0 else []
-        empty += [s for s, rows in initial.items() if rows.size == 0]
+        steps = sequence.shape[0]
+        empty += [s for s, rows in initial.items() if (rows.shape[0] + steps) * math.prod(rows.shape[1:]) == 0]
         if empty:
             raise ShapeError(
                 f"{self.op.where}: {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty "
@@ -203,7 +240,7 @@ class RecurrentLowering:
         }
         hoisted = outer.maps[0]
         shared = {n: hoisted[n] for n in self.backward_reads if n in hoisted} | constants
-        return {"states": states, "per_step": scratches, "shared": shared}
+        return {"states": states, "per_step": scratches, "shared": SharedBlobs(shared)}
 
     def _externals(self, scope: Mapping[str, Any], steps: int) -> _Externals:
         """The arrays behind links that are not recurrent states (the input sequence, mostly)."""

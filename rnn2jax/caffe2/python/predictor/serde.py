@@ -1,0 +1,15 @@
+"""Caffe2's `predictor.serde`: protobuf messages to bytes and back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def serialize_protobuf_struct(protobuf_struct: Any) -> bytes:
+    return protobuf_struct.SerializeToString()
+
+
+def deserialize_protobuf_struct(serialized_protobuf: bytes, struct_type: type) -> Any:
+    message = struct_type()
+    message.ParseFromString(serialized_protobuf)
+    return message
