@@ -1,4 +1,7 @@
-"""Build RNNs, run them, save every blob RecurrentNetworkBlobFetcher copies out (real Caffe2 and rnn2jax run it)."""
+"""Build RNNs, run them, save every blob RecurrentNetworkBlobFetcher copies out (real Caffe2 and rnn2jax run it).
+
+Usage: caffe2_step_blobs_script.py OUT.npz T,N,D [T,N,D ...]
+"""
 
 import sys
 
@@ -6,11 +9,8 @@ import numpy as np
 from caffe2.python import recurrent, rnn_cell, workspace
 from caffe2.python.model_helper import ModelHelper
 
-out, T, n, d = sys.argv[1], *map(int, sys.argv[2:5])
-rng = np.random.RandomState(T * 100 + n * 10 + d)
 
-
-def mul_rnn():
+def mul_rnn(rng, T, n, d):
     model = ModelHelper(name="external")
     input_blob, initial = model.net.AddExternalInputs("input", "initial_input")
     step = ModelHelper(name="step", param_model=model)
@@ -30,7 +30,7 @@ def mul_rnn():
     return model
 
 
-def lstm():
+def lstm(rng, T, n, d):
     model = ModelHelper(name="lstm_model")
     rnn_cell.LSTM(model, "x", "lengths", ["h0", "c0"], d, 2 * d, scope="lstm")
     workspace.FeedBlob("x", rng.randn(T, n, d).astype(np.float32))
@@ -41,14 +41,20 @@ def lstm():
 
 
 saved = {}
-for label, build in [("mul", mul_rnn), ("lstm", lstm)]:
-    workspace.ResetWorkspace()
-    model = build()
-    workspace.RunNetOnce(model.param_init_net)
-    workspace.CreateNet(model.net)
-    workspace.RunNet(model.net.Proto().name, 2)
-    names = recurrent.retrieve_step_blobs(model.net, "got")
-    saved[f"{label}:__names__"] = np.array([x.decode() for x in names])
-    for name in names:
-        saved[f"{label}:{name.decode()}"] = workspace.FetchBlob(name)
-np.savez(out, **saved)
+for shape in sys.argv[2:]:
+    T, n, d = map(int, shape.split(","))
+    rng = np.random.RandomState(T * 100 + n * 10 + d)
+    for label, build in [("mul", mul_rnn), ("lstm", lstm)]:
+        label = f"{shape}:{label}"
+        workspace.ResetWorkspace()
+        model = build(rng, T, n, d)
+        workspace.RunNetOnce(model.param_init_net)
+        for param in model.params:  # the same parameters in both backends (not their random fills)
+            workspace.FeedBlob(param, rng.randn(*workspace.FetchBlob(param).shape).astype(np.float32) * 0.5)
+        workspace.CreateNet(model.net)
+        workspace.RunNet(model.net.Proto().name, 2)
+        names = recurrent.retrieve_step_blobs(model.net, "got")
+        saved[f"{label}:__names__"] = np.array([x.decode() for x in names])
+        for name in names:
+            saved[f"{label}:{name.decode()}"] = workspace.FetchBlob(name)
+np.savez(sys.argv[1], **saved)

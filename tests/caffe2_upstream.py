@@ -10,12 +10,22 @@ from __future__ import annotations
 import pytest
 
 # "file.py::Class::test" -> why it cannot pass here
-EXPECTED_FAILURES: dict[str, str] = {}
+EXPECTED_FAILURES: dict[str, str] = {
+    "layer_norm_op_test.py::TestLayerNormOp::test_layer_norm_op_pytorch": (
+        "calls torch.ops._caffe2.LayerNorm, Caffe2's LayerNorm kernel exported to PyTorch: the project venv's "
+        "torch has no _caffe2 op namespace (AttributeError), and rnn2jax does not register ops with torch"
+    ),
+    "layer_norm_op_test.py::TestLayerNormOp::test_layer_norm_op_jit": (
+        "TorchScript-compiles a function calling torch.ops._caffe2.LayerNorm: the project venv's torch has no "
+        "_caffe2 op namespace (torch.jit.script raises RuntimeError), and rnn2jax does not register ops with torch"
+    ),
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        key = item.nodeid.rpartition("operator_test/")[2].split("[")[0]
+        # the file's name, whatever the rootdir (a file given alone has an empty path part in its nodeid)
+        key = "::".join([item.path.name, *item.nodeid.split("::")[1:]]).split("[")[0]
         reason = EXPECTED_FAILURES.get(key)
         if reason is not None:
             item.add_marker(pytest.mark.xfail(reason=reason, strict=True))

@@ -9,9 +9,10 @@ from runtime_helpers import net, op
 
 import rnn2jax
 from differential import assert_blobs_equal
-from rnn2jax.errors import InputTypeError, MissingBlobError, UnsupportedOpError, WorkspaceError
+from rnn2jax.errors import InputTypeError, MissingBlobError, ShapeError, UnsupportedOpError, WorkspaceError
 from rnn2jax.runtime import executor, host_ops
 from rnn2jax.runtime.executor import HostStep, PureSegment
+from rnn2jax.runtime.workspace import CompileCache
 
 
 def _workspace(**blobs):
@@ -232,6 +233,35 @@ def test_running_the_same_message_again_reuses_its_compiled_form(monkeypatch):
         workspace.run(net("double", op("Add", ["x", "x"], ["x"])))  # a new message each time
     assert len(traces) == 1
     np.testing.assert_array_equal(workspace.fetch("x"), [8, 8, 8])
+
+
+def test_nets_that_differ_only_in_name_share_compiled_code(monkeypatch):
+    """Caffe2's checkers clone a net under a new name for every check (`net.Clone(name + "_copy")`):
+    the clones compile once between them, and a new trace still names the net that made it."""
+    traces = []
+    apply = PureSegment._apply
+    monkeypatch.setattr(
+        PureSegment, "_apply", lambda self, *a: (traces.append(self.first_reader["x"].where), apply(self, *a))[1]
+    )
+    cache = CompileCache()
+    workspace = rnn2jax.Workspace(cache=cache)
+    workspace.feed("x", np.ones(3, np.float32))
+    workspace.feed("z", np.full(3, 2, np.float32))
+    for name in ("mul", "mul_copy", "mul_copy_1"):
+        workspace.run(net(name, op("Mul", ["x", "z"], ["y"])))
+        np.testing.assert_array_equal(workspace.fetch("y"), [2, 2, 2])
+    assert traces == ["net 'mul', op #0 (Mul)"]
+    workspace.run(net("mul_other", op("Mul", ["x", "z"], ["y"], broadcast=1)))  # another argument: not a twin
+    assert traces[-1] == "net 'mul_other', op #0 (Mul)"
+    other_seed = rnn2jax.Workspace(cache=cache, seed=1)  # random ops would draw other keys: not a twin
+    other_seed.feed("x", np.ones(3, np.float32))
+    other_seed.feed("z", np.ones(3, np.float32))
+    other_seed.run(net("mul_copy_2", op("Mul", ["x", "z"], ["y"])))
+    assert traces[-1] == "net 'mul_copy_2', op #0 (Mul)"
+    workspace.feed("z", np.ones(4, np.float32))  # a new signature: traced through the net being run
+    with pytest.raises(ShapeError, match=r"net 'mul_copy_3', op #0 \(Mul\)"):
+        workspace.run(net("mul_copy_3", op("Mul", ["x", "z"], ["y"])))
+    assert len(traces) == 4
 
 
 def test_db_root_of_the_wrong_type_is_an_input_type_error():

@@ -29,6 +29,44 @@ if TYPE_CHECKING:
 MAX_SPECIALISATIONS = 32  # executables kept per segment, one per distinct value of its static blobs
 
 
+class SharedCode:
+    """A segment's jitted functions (one per value of its static blobs). Twin segments, the same ops in
+    nets that differ only in name (Caffe2's checkers run `net.Clone(name + "_copy")` again and again),
+    share one, so they compile once between them."""
+
+    def __init__(self) -> None:
+        self.fns: dict[tuple, Any] = {}
+
+
+class _Specialised:
+    """jit's static argument: the segment to trace, with its static values. Handles of twin segments are
+    equal (same shared code, same static values), so they hit the same executables; a new trace runs
+    through the calling segment itself, so its errors name that segment's net."""
+
+    __slots__ = ("_hash", "key", "segment", "static")
+
+    def __init__(self, segment: PureSegment, static: dict[str, np.ndarray], key: tuple):
+        self.segment, self.static, self.key = segment, static, key
+        self._hash = hash(key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            isinstance(other, _Specialised) and self.segment.code is other.segment.code and self.key == other.key
+        )
+
+
+def _traced_segment() -> Any:
+    """A fresh function to jit (jit's caches are per function, so each SharedCode entry owns its own)."""
+
+    def call(handle: _Specialised, env: dict[str, Any], counter: Any) -> dict[str, Any]:
+        return handle.segment._apply({**env, **handle.static}, counter)
+
+    return call
+
+
 class PureSegment:
     """Consecutive pure ops as one jitted function `blobs read -> blobs written`."""
 
@@ -55,7 +93,7 @@ class PureSegment:
         self._seed = seed
         # Blobs whose values decide shapes are read on the host: one executable per distinct value.
         self.static: tuple[str, ...] = tuple(self.lowered.static_inputs())
-        self._fns: dict[tuple, Any] = {}
+        self.code = SharedCode()
 
     def _apply(self, env: dict[str, Any], counter: Any) -> dict[str, Any]:
         key = jax.random.fold_in(jax.random.key(self._seed), counter) if self.random else None
@@ -72,20 +110,23 @@ class PureSegment:
             if workspace._has_value(name):
                 env[name] = workspace.get(name)
         static = {name: np.asarray(env.pop(name)) for name in self.static if name in env}
+        key = specialisation_key(static)
         try:
-            result = self._executable(static)(env, np.uint32(counter & 0xFFFFFFFF) if self.random else None)
+            result = self._executable(key)(
+                _Specialised(self, static, key), env, np.uint32(counter & 0xFFFFFFFF) if self.random else None
+            )
         except TypeError:
             self._check_arrays(env)
             raise
         workspace._write_all(result)
 
-    def _executable(self, static: dict[str, np.ndarray]) -> Any:
-        key = specialisation_key(static)
-        fn = self._fns.get(key)
+    def _executable(self, key: tuple) -> Any:
+        fns = self.code.fns
+        fn = fns.get(key)
         if fn is None:
-            if len(self._fns) >= MAX_SPECIALISATIONS:
-                self._fns.pop(next(iter(self._fns)))
-            fn = self._fns[key] = jax.jit(lambda env, counter: self._apply({**env, **static}, counter))
+            if len(fns) >= MAX_SPECIALISATIONS:
+                fns.pop(next(iter(fns)))
+            fn = fns[key] = jax.jit(_traced_segment(), static_argnums=0)
         return fn
 
     def _check_arrays(self, env: dict[str, Any]) -> None:
@@ -136,6 +177,15 @@ class Executor:
             self.pieces.append(HostStep(op, opdef))
         if pending:
             self.pieces.append(PureSegment(pending, self.label, seed))
+
+    def share_code(self, twin: Executor) -> None:
+        """Use `twin`'s compiled code: it runs the same ops (in nets that may differ in name), with the
+        same seed, so its executables compute exactly what this executor's would."""
+        if len(twin.pieces) != len(self.pieces):
+            raise ValueError("share_code: the executors run different programs")
+        for mine, theirs in zip(self.pieces, twin.pieces, strict=True):
+            if isinstance(mine, PureSegment) and isinstance(theirs, PureSegment):
+                mine.code = theirs.code
 
     def instance(self) -> Executor:
         """The same segments (and jit caches) with fresh host-op state: a newly created net."""

@@ -13,7 +13,9 @@ it goes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -27,6 +29,7 @@ from ..netdef import Net, Plan
 from .executor import Executor, check_inputs_exist
 
 _SHOWN_BLOBS = 30
+_TWIN_CANDIDATES = 8  # programs kept per outline (ops' types and blob names) when looking for a twin
 
 
 class CompileCache:
@@ -39,6 +42,24 @@ class CompileCache:
         self.max_entries = max_entries
         self.loaded: dict[bytes, Net] = {}
         self.executors: dict[tuple[int, ...], tuple[tuple[Net, ...], Executor]] = {}
+        # programs by outline: executors (weakly) of nets equal but for their names, to share code with
+        self.programs: dict[tuple, list[tuple[tuple[Net, ...], weakref.ref]]] = {}
+
+    def twin(self, nets: tuple[Net, ...], seed: int, executor: Executor) -> Executor | None:
+        """A live executor of the same program (these nets but for their names, the same seed), whose
+        compiled code `executor` can share; `executor` is recorded as one for later nets."""
+        nameless = tuple(dataclasses.replace(net, name="") for net in nets)
+        outline = (
+            seed,
+            *((n.type, n.external_inputs, tuple((o.type, o.inputs, o.outputs) for o in n.ops)) for n in nets),
+        )
+        known = self.get(self.programs, outline) or []
+        known = [(program, ref) for program, ref in known if ref() is not None]
+        twin = next((ref() for program, ref in known if program == nameless), None)
+        if twin is None:
+            known = [*known[-(_TWIN_CANDIDATES - 1) :], (nameless, weakref.ref(executor))]
+        self.put(self.programs, outline, known)
+        return twin
 
     def get(self, table: dict, key: Any) -> Any:
         """`table[key]` (or None), marked as the most recently used."""
@@ -212,7 +233,11 @@ class Workspace:
         key = tuple(id(net) for net in nets)  # the entry holds the nets, so their ids stay theirs
         entry = self._cache.get(self._cache.executors, key)
         if entry is None:
-            entry = self._cache.put(self._cache.executors, key, (nets, Executor(nets, seed=self.seed)))
+            executor = Executor(nets, seed=self.seed)
+            twin = self._cache.twin(nets, self.seed, executor)
+            if twin is not None:
+                executor.share_code(twin)
+            entry = self._cache.put(self._cache.executors, key, (nets, executor))
         return entry[1].instance()
 
     def _next_counter(self) -> int:

@@ -515,8 +515,8 @@ class _OpSchema:
 
     def __init__(self, op_type: str, inputs: tuple[int, int], outputs: tuple[int, int], doc: str):
         self.name = op_type
-        self.min_input, self.max_input = inputs[0], min(inputs[1], self.inf)
-        self.min_output, self.max_output = outputs[0], min(outputs[1], self.inf)
+        self.min_input, self.max_input = inputs[0], self._bound(inputs[1])
+        self.min_output, self.max_output = outputs[0], self._bound(outputs[1])
         self.doc = doc
         self.private = False
         self.args: list[Any] = []
@@ -524,6 +524,12 @@ class _OpSchema:
         self.output_desc: list[tuple[str, str]] = []
         self.file = ""
         self.line = 0
+
+    @classmethod
+    def _bound(cls, count: int) -> int:
+        from ...ops.registry import UNBOUNDED
+
+        return cls.inf if count >= UNBOUNDED else count
 
     def num_inputs_allowed(self, n: int) -> bool:
         return self.min_input <= n <= self.max_input
