@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ...errors import BadArgumentError
 from . import core, scope
 
 WEIGHT, BIAS, COMPUTED_PARAM = "WEIGHT", "BIAS", "COMPUTED_PARAM"
@@ -186,7 +187,10 @@ class ModelHelper:
             raise TypeError("Unsupported type for param_name")
         if name in self._parameters_info:
             if self._parameters_info[name].shape != list(shape):
-                raise AssertionError(f"parameter {name} exists with shape {self._parameters_info[name].shape}")
+                raise BadArgumentError(
+                    f"create_param: parameter {name} exists with shape {self._parameters_info[name].shape}, "
+                    f"asked for {list(shape)} (Caffe2 asserted equal shapes)"
+                )
             return self._parameters_info[name].blob
         blob = core.BlobReference(name)
         if hasattr(initializer, "create_param"):  # a modeling.initializers object: it adds its own ops
@@ -298,7 +302,6 @@ def ExtractPredictorNet(
     backward step net (the argument stays, holding an empty NetDef). Blobs are renamed by `renames`.
     Unlike Caffe2, which edited the ops of `net_proto` in place, this works on copies.
     """
-    from ...errors import BadArgumentError
     from ..proto import caffe2_pb2
 
     predict_net = core.Net(net_proto.name + "_predict")
