@@ -20,6 +20,8 @@ enclosing scopes, as Caffe2's workspace chain resolved them.
 
 from __future__ import annotations
 
+import base64
+import json
 import math
 from collections import ChainMap
 from collections.abc import Mapping, MutableMapping
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.export
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -70,6 +73,27 @@ class SharedBlobs(Mapping):
         blobs = dict(zip(arrays, children, strict=True))
         blobs.update({n: np.frombuffer(data, dtype).reshape(shape) for n, dtype, shape, data in static})
         return cls(blobs)
+
+
+def _serialize_shared_aux(aux: tuple) -> bytes:
+    """SharedBlobs' static part as JSON, for jax.export (an exported model is data: no pickle)."""
+    arrays, static = aux
+    items = [[name, dtype, list(shape), base64.b64encode(data).decode()] for name, dtype, shape, data in static]
+    return json.dumps({"arrays": list(arrays), "static": items}).encode()
+
+
+def _deserialize_shared_aux(data: bytes) -> tuple:
+    decoded = json.loads(data)
+    static = tuple((n, d, tuple(shape), base64.b64decode(b)) for n, d, shape, b in decoded["static"])
+    return tuple(decoded["arrays"]), static
+
+
+jax.export.register_pytree_node_serialization(
+    SharedBlobs,
+    serialized_name="rnn2jax.SharedBlobs",
+    serialize_auxdata=_serialize_shared_aux,
+    deserialize_auxdata=_deserialize_shared_aux,
+)
 
 
 class RecurrentLowering:
