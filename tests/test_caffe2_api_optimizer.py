@@ -266,7 +266,7 @@ def check_against_caffe2(caffe2: Any, case: Mapping[str, Any], builder: str, kwa
     return model
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(case=CASES, lr=LEARNING_RATES, policy=policies(), opt=OPTIMIZERS)
 def test_optimizer_nets_and_updates_match_caffe2(caffe2, case, lr, policy, opt):
     builder, kwargs = opt
