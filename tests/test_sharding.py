@@ -32,7 +32,8 @@ SCRIPT = textwrap.dedent(
     names = [str(o) for o in outs]
     single = rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=names, seed=3)
     mesh = Mesh(np.array(jax.devices()), ("batch",))
-    sharded = rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=names, seed=3, mesh=mesh)
+    init = model.param_init_net.Proto()
+    sharded = rnn2jax.compile(model.net.Proto(), init_net=init, outputs=names, seed=3, mesh=mesh)
     rng = np.random.default_rng(0)
     inputs = {
         "x": rng.standard_normal((6, 8, 3)).astype(np.float32),
