@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,24 @@ from rnn2jax.load import load
 from rnn2jax.lower import lower
 
 REALNETS = Path(__file__).resolve().parents[2] / "shared" / "realnets"
+
+# Every XLA compilation of this process, by function name: JAX's own monitoring event, not rnn2jax's cache.
+_COMPILED: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, _duration, **kw: (
+        _COMPILED.append(kw.get("fun_name", "")) if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+)
+
+
+@contextmanager
+def count_compilations(of: str | None = None) -> Iterator[list[int]]:
+    """`with count_compilations() as n:` sets `n[0]` to the XLA compilations inside the block: all of them,
+    or those of functions whose name contains `of`."""
+    start = len(_COMPILED)
+    counted = [0]
+    yield counted
+    counted[0] = sum(of is None or of in name for name in _COMPILED[start:])
 
 
 def forward(

@@ -197,7 +197,7 @@ def script(tmp_path_factory) -> Path:
     return path
 
 
-@settings(max_examples=8)
+@settings(max_examples=4)
 @given(config=configs())
 def test_parallelize_cpu_matches_caffe2(script, tmp_path_factory, config):
     python = caffe2_python()

@@ -8,7 +8,6 @@ Compilations are counted with JAX's own monitoring events, not with rnn2jax's bo
 from __future__ import annotations
 
 import uuid
-from contextlib import contextmanager
 
 import jax
 import numpy as np
@@ -17,25 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from helpers import count_compilations
 from rnn2jax.caffe2.proto import caffe2_pb2
 from rnn2jax.caffe2.python import core, model_helper, rnn_cell, workspace
 from rnn2jax.errors import MissingBlobError, Rnn2JaxError, WorkspaceError
-
-_COMPILED: list[str] = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, _duration, **kw: (
-        _COMPILED.append(kw.get("fun_name", "")) if event == "/jax/core/compile/backend_compile_duration" else None
-    )
-)
-
-
-@contextmanager
-def count_compilations():
-    """Every XLA compilation inside the block (of any function: nothing else runs there)."""
-    start = len(_COMPILED)
-    counted = [0]
-    yield counted
-    counted[0] = len(_COMPILED) - start
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ from rnn2jax.caffe2.python.recurrent import recurrent_net
 from rnn2jax.caffe2.python.rnn_cell import LSTM, BasicRNN, DropoutCell, LSTMCell, MultiRNNCell
 from rnn2jax.caffe2.python.scope import CurrentNameScope as current_name_scope
 from rnn2jax.caffe2.python.scope import NameScope as name_scope
+from rnn2jax.errors import BadArgumentError
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +68,7 @@ def test_create_param_fills_once_in_the_init_net():
     with name_scope("s"):
         w = model.create_param("w", [2, 3], ("XavierFill", {}))
         assert model.create_param("w", [2, 3], ("XavierFill", {})) == w == "s/w"
-        with pytest.raises(AssertionError, match="shape"):
+        with pytest.raises(BadArgumentError, match="shape"):
             model.create_param("w", [3, 3], ("XavierFill", {}))
     (fill,) = model.param_init_net.Proto().op
     assert (fill.type, list(fill.output), [a.name for a in fill.arg]) == ("XavierFill", ["s/w"], ["shape"])

@@ -8,8 +8,6 @@ rnn2jax's cache, and every result is checked against NumPy.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import jax
 import numpy as np
 import pytest
@@ -17,25 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rnn2jax
+from helpers import count_compilations
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import ShapeError
 from rnn2jax.runtime.workspace import Workspace
-
-_COMPILED: list[str] = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, _duration, **kw: (
-        _COMPILED.append(kw.get("fun_name", "")) if event == "/jax/core/compile/backend_compile_duration" else None
-    )
-)
-
-
-@contextmanager
-def count_compilations():
-    """Counts XLA compilations of rnn2jax's specialised net function inside the block."""
-    start = len(_COMPILED)
-    counted: list[int] = [0]
-    yield counted
-    counted[0] = sum("rnn2jax_net" in name for name in _COMPILED[start:])
 
 
 def net(*ops, name="n"):
@@ -67,7 +50,7 @@ def test_pack_compiles_once_per_distinct_lengths_value():
     assert compiled.static_inputs == ("lengths",)
     x = np.arange(12, dtype=np.float32).reshape(6, 2)
     calls = [[2, 4], [3, 3], [2, 4], [3, 3], [1, 5]]
-    with count_compilations() as count:
+    with count_compilations(of="rnn2jax_net") as count:
         for lengths in calls:
             got = compiled({"x": x, "lengths": np.array(lengths, np.int32)})["y"]
             np.testing.assert_array_equal(np.asarray(got), pack_reference(x, lengths))
@@ -78,7 +61,7 @@ def test_pack_compiles_once_per_distinct_lengths_value():
 
 def test_a_net_without_static_inputs_compiles_once_and_says_nothing_of_them():
     compiled = rnn2jax.compile(net(op("Relu", ["x"], ["y"])))
-    with count_compilations() as count:
+    with count_compilations(of="rnn2jax_net") as count:
         for _ in range(3):
             compiled({"x": np.ones((2, 3), np.float32)})
     assert count[0] == 1
@@ -91,7 +74,7 @@ def test_specialisations_beyond_the_limit_drop_the_oldest(monkeypatch):
     for size in (3, 4, 5):
         compiled({"i": np.array([0, 2], np.int32), "n": np.array(size, np.int32)})
     assert compiled.specialisations == 2
-    with count_compilations() as count:  # 3 was dropped: compiled again
+    with count_compilations(of="rnn2jax_net") as count:  # 3 was dropped: compiled again
         compiled({"i": np.array([0, 2], np.int32), "n": np.array(3, np.int32)})
     assert count[0] == 1
 
@@ -205,7 +188,7 @@ def test_shape_reads_no_values_so_its_input_stays_traced():
     compiled = rnn2jax.compile(net(op("Shape", ["like"], ["s"]), op("Reshape", ["x", "s"], ["y", "old"])))
     assert compiled.static_inputs == ()
     x = np.arange(6, dtype=np.float32)
-    with count_compilations() as count:
+    with count_compilations(of="rnn2jax_net") as count:
         for value in (1.0, 2.0):
             got = compiled({"x": x, "like": np.full((2, 3), value, np.float32)})["y"]
             np.testing.assert_array_equal(np.asarray(got), x.reshape(2, 3))
@@ -257,7 +240,7 @@ def test_shape_blobs_of_training_nets_do_not_make_the_data_static():
         outputs=["dx", "dw"],
     )
     assert compiled.static_inputs == ()
-    with count_compilations() as count:
+    with count_compilations(of="rnn2jax_net") as count:
         for seed in range(3):
             x = np.random.default_rng(seed).standard_normal((2, 3)).astype(np.float32)
             out = compiled({"x": x, "w": np.full(4, seed, np.float32)})

@@ -78,4 +78,7 @@ def __getattr__(name: str) -> Any:
         DeprecationWarning,
         stacklevel=2,
     )
-    return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+    parent = importlib.import_module(f"{__name__}.{module}")
+    if hasattr(parent, attribute):
+        return getattr(parent, attribute)
+    return importlib.import_module(f"{__name__}.{module}.{attribute}")  # a submodule not imported yet

@@ -15,6 +15,7 @@ from typing import Any
 from . import brew
 from .core import BlobReference, ScopedBlobReference
 from .model_helper import ModelHelper
+from .modeling.initializers import Initializer  # noqa: F401  (Caffe2 scripts reach it as rnn_cell.Initializer)
 from .recurrent import recurrent_net
 from .scope import NameScope
 
