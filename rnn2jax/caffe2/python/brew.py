@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,10 +19,10 @@ from .helpers.arg_scope import arg_scope, get_current_scope  # noqa: F401  (brew
 from .model_helper import BIAS, COMPUTED_PARAM, WEIGHT, ModelHelper
 
 
-def _merged(model: ModelHelper, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _merged(model: ModelHelper, kwargs: dict[str, Any], helper: str) -> dict[str, Any]:
+    """The model's arg scope, then `brew.arg_scope([brew.<helper>], ...)` defaults, then the caller's keywords."""
     merged = dict(model.arg_scope)
-    # `brew.arg_scope([brew.<helper>], ...)` defaults, keyed by the calling helper's name.
-    merged.update(get_current_scope().get(sys._getframe(1).f_code.co_name, {}))
+    merged.update(get_current_scope().get(helper, {}))
     merged.update(kwargs)
     return merged
 
@@ -39,7 +38,7 @@ def fc(
     **kwargs: Any,
 ) -> BlobReference:
     """`brew.fc`: XavierFill `[dim_out, dim_in]` weight `<out>_w`, ConstantFill `[dim_out]` bias `<out>_b`."""
-    kwargs = _merged(model, kwargs)
+    kwargs = _merged(model, kwargs, "fc")
     if kwargs.pop("enable_tensor_core", False):
         kwargs["engine"] = "TENSORCORE"
     if kwargs.pop("float16_compute", False):
@@ -52,12 +51,12 @@ def fc(
 
 
 def sum(model: ModelHelper, blob_in: Sequence[str], blob_out: str, **kwargs: Any) -> BlobReference:
-    return model.net.Sum(list(blob_in), blob_out, **_merged(model, kwargs))
+    return model.net.Sum(list(blob_in), blob_out, **_merged(model, kwargs, "sum"))
 
 
 def concat(model: ModelHelper, blobs_in: Sequence[str], blob_out: str, **kwargs: Any) -> BlobReference:
     """`brew.concat`: outputs `(out, "_" + out + "_concat_dims")`; drops `order` when `axis` is given."""
-    kwargs = _merged(model, kwargs)
+    kwargs = _merged(model, kwargs, "concat")
     if kwargs.get("order") and kwargs.get("axis"):
         kwargs.pop("order")
     return model.net.Concat(list(blobs_in), [blob_out, "_" + blob_out + "_concat_dims"], **kwargs)[0]
@@ -70,15 +69,15 @@ def _cudnn_engine(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def transpose(model: ModelHelper, blob_in: str, blob_out: str, **kwargs: Any) -> BlobReference:
-    return model.net.Transpose(blob_in, blob_out, **_cudnn_engine(_merged(model, kwargs)))
+    return model.net.Transpose(blob_in, blob_out, **_cudnn_engine(_merged(model, kwargs, "transpose")))
 
 
 def softmax(model: ModelHelper, blob_in: str, blob_out: str | None = None, **kwargs: Any) -> BlobReference:
-    return model.net.Softmax(blob_in, blob_out, **_cudnn_engine(_merged(model, kwargs)))
+    return model.net.Softmax(blob_in, blob_out, **_cudnn_engine(_merged(model, kwargs, "softmax")))
 
 
 def batch_mat_mul(model: ModelHelper, blob_in: Sequence[str], blob_out: str, **kwargs: Any) -> BlobReference:
-    kwargs = _merged(model, kwargs)
+    kwargs = _merged(model, kwargs, "batch_mat_mul")
     if kwargs.pop("enable_tensor_core", False):
         kwargs["engine"] = "TENSORCORE"
     return model.net.BatchMatMul(list(blob_in), blob_out, **kwargs)
@@ -115,7 +114,7 @@ def layer_norm(
 
 def dropout(model: ModelHelper, blob_in: str, blob_out: str, **kwargs: Any) -> BlobReference:
     """`brew.dropout`: outputs `(out, "_" + out + "_mask")`, engine CUDNN or DEFAULT; needs `is_test`."""
-    kwargs = _merged(model, kwargs)
+    kwargs = _merged(model, kwargs, "dropout")
     kwargs["engine"] = "CUDNN" if kwargs.pop("use_cudnn", False) else "DEFAULT"
     if "is_test" not in kwargs:
         raise ValueError("Argument 'is_test' is required")
