@@ -504,3 +504,18 @@ def test_device_flags_describe_jax_devices():
     workspace.FeedBlob("x", np.array([-1.0, 2.0], np.float32), device_option=cpu)
     workspace.RunOperatorOnce(core.CreateOperator("Relu", ["x"], ["y"], device_option=cpu))
     np.testing.assert_array_equal(workspace.FetchBlob("y"), [0, 2])
+
+
+def test_undecodable_operator_and_net_bytes_are_parse_errors():
+    """Serialized ops and nets that are not protobuf give rnn2jax's ParseError (a RuntimeError too), not
+    protobuf's DecodeError."""
+    from rnn2jax.caffe2.python.predictor import serde
+    from rnn2jax.errors import ParseError
+
+    with pytest.raises(ParseError, match="RunOperatorOnce: not a binary OperatorDef") as raised:
+        workspace.RunOperatorOnce(b"\xff\xff\x01garbage")
+    assert isinstance(raised.value, RuntimeError)
+    with pytest.raises(ParseError, match="not a binary NetDef"):
+        workspace.C.Workspace()._run_net(b"\x0a\xff")
+    with pytest.raises(ParseError, match="not a binary NetDef"):
+        serde.deserialize_protobuf_struct(b"\xff\xff", caffe2_pb2.NetDef)

@@ -23,6 +23,7 @@ from ...errors import InputTypeError, Rnn2JaxError, WorkspaceError
 from ...netdef import DATA_TYPES
 from ...runtime.workspace import CompileCache
 from ...runtime.workspace import Workspace as _RuntimeWorkspace
+from ...wire import parse_binary
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
@@ -286,9 +287,8 @@ def _op_net(operators: Sequence[caffe2_pb2.OperatorDef]) -> caffe2_pb2.NetDef:
 
 def _operator(op: Any) -> caffe2_pb2.OperatorDef:
     if isinstance(op, bytes):
-        parsed = caffe2_pb2.OperatorDef()
-        parsed.ParseFromString(op)
-        return parsed
+        with _caffe2_errors():
+            return parse_binary(op, caffe2_pb2.OperatorDef, "RunOperatorOnce")
     if not isinstance(op, caffe2_pb2.OperatorDef):
         raise InputTypeError(f"not an OperatorDef: {type(op).__name__}")
     return op
@@ -498,10 +498,12 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
                 self._ws.run(_proto(obj))
 
     def _run_net(self, net: bytes) -> None:
-        self.run(caffe2_pb2.NetDef.FromString(net))
+        with _caffe2_errors():
+            self.run(parse_binary(net, caffe2_pb2.NetDef, "Workspace._run_net"))
 
     def _run_operator(self, op: bytes) -> None:
-        self.run(caffe2_pb2.OperatorDef.FromString(op))
+        with _caffe2_errors():
+            self.run(parse_binary(op, caffe2_pb2.OperatorDef, "Workspace._run_operator"))
 
 
 class _OpSchema:
