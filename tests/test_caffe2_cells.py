@@ -515,7 +515,9 @@ def test_multi_row_initial_state_of_a_builder_net(caffe2):
     got, _ = _lstm_run(caffe2, s, h0, c0, all_grads=False, train=True)
     one_row, _ = _lstm_run(caffe2, s, h0[:1], c0, all_grads=False, train=True)
     assert got["h0_grad"].shape == h0.shape
-    np.testing.assert_array_equal(got["h0_grad"][:1], one_row.pop("h0_grad"))
+    # Equal up to float32 rounding: an L = 2 state takes the reverse scan's whole-tensor form, L = 1 its
+    # row-carrying form, and XLA orders their additions differently (seen: 1 ulp).
+    np.testing.assert_allclose(got["h0_grad"][:1], one_row.pop("h0_grad"), rtol=1e-6, atol=0)
     del got["h0_grad"]  # row 1: the gradient of the row step 0 wrote over it (Caffe2's rule: rows [0, L))
     for name in ("lstm/hidden_state_all", "lstm/hidden_state_last"):
         assert not got[name][s["T"] :].any()

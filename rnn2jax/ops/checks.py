@@ -41,7 +41,8 @@ def runtime_check(ok: Any, message: str, **values: Any) -> None:
 
 
 @contextmanager
-def _enabled() -> Iterator[None]:
+def enabled_checks() -> Iterator[None]:
+    """Inside: `runtime_check` states its checks (to be run under `checkify`)."""
     token = _ENABLED.set(True)
     try:
         yield
@@ -54,7 +55,7 @@ def checked_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     or None, and fn's result. Raise the error on the host with `raise_failed`."""
 
     def traced(*args: Any) -> Any:
-        with _enabled():
+        with enabled_checks():
             return fn(*args)
 
     return checkify.checkify(traced, errors=checkify.user_checks)

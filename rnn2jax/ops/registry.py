@@ -30,6 +30,8 @@ class NetFunction(Protocol):
 
     def run(self, env: MutableMapping[str, Any], **kwargs: Any) -> None: ...
 
+    def abstract_outputs(self, position: int, env: Mapping[str, Any]) -> tuple[Any, ...]: ...
+
 
 LowerNet = Callable[[Net], NetFunction]
 

@@ -16,7 +16,8 @@ as it did in Caffe2: that is what `rnn2jax.verify` compares against `jax.vjp` of
 
 from __future__ import annotations
 
-from collections import ChainMap
+import math
+from collections import ChainMap, Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from jax import lax
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...netdef import Op
 from ..registry import LowerNet, register
+from .deferred import find_deferred
 from .forward import StateViews, rows_at
 from .spec import check_link_rows, check_timestep, decode_links, decode_spec, remapped_name
 
@@ -36,6 +38,15 @@ from .spec import check_link_rows, check_timestep, decode_links, decode_spec, re
 class ParamGrad:
     input_index: int  # index of the parameter among the forward op's inputs
     blob: str  # the per-step gradient blob the backward step net writes (Caffe2 renamed it `*_tmpstep`)
+
+
+@dataclass(frozen=True)
+class CompactLinks:
+    """Backward link internals of the compact form, by state-gradient tensor."""
+
+    reads: dict[str, str]  # row t + 1, read
+    writes: dict[str, str]  # row t, written
+    input: str | None  # the input sequence's gradient, row t
 
 
 class RecurrentGradientLowering:
@@ -75,12 +86,48 @@ class RecurrentGradientLowering:
         local |= {name for o in spec.step_net.ops for name in o.outputs}
         self.scope_reads = tuple(n for n in self.backward.inputs if n not in local)
         self.all_grads, self.last_grads = self._output_grads()
+        self.compact = self._compact_links()
+        protected = {link.internal for link in (*spec.links, *self.backward_links)} | {spec.timestep}
+        self.deferred = find_deferred(spec.backward_step_net.ops, [p.blob for p in self.params], protected)
+        self._terms_at = self.deferred.by_position
+        self._forward_links = {link.internal: link for link in spec.links}
+        per_external = Counter(link.external for link in self.backward_links)
+        self._final_rows = {
+            link.internal: link for link in self.backward_links if per_external[link.external] == 1 and link.window == 1
+        }
+        # Filled while the step is traced: each deferred operand's per-step shape, and where its rows are
+        # found after the loop when they are not kept per step.
+        self._operand_shapes: dict[str, tuple[int, ...]] = {}
+        self._operand_sources: dict[str, tuple[str, Any]] = {}
         expected_outputs = 1 + len(self.params) + len(spec.states)
         if len(op.outputs) != expected_outputs:
             raise BadArgumentError(
                 f"{op.where}: expected {expected_outputs} outputs (input gradient, {len(self.params)} "
                 f"parameter gradients, {len(spec.states)} initial-state gradients), got {len(op.outputs)}"
             )
+
+    def _compact_links(self) -> CompactLinks | None:
+        """The backward links of the compact form, if they have it: each state's gradient viewed at
+        offset 1 (read) and offset 0 (written), window 1, and the input's gradient at offset 0."""
+        by_external: dict[str, list] = {}
+        for link in self.backward_links:
+            by_external.setdefault(link.external, []).append(link)
+        reads, writes = {}, {}
+        for s in self.spec.states:
+            g = self.state_grads[s]
+            links = by_external.pop(g, [])
+            read = [link.internal for link in links if link.offset == 1 and link.window == 1]
+            write = [link.internal for link in links if link.offset == 0 and link.window == 1]
+            if len(links) != 2 or len(read) != 1 or len(write) != 1 or read == write:
+                return None
+            reads[g], writes[g] = read[0], write[0]
+        inputs = by_external.pop(self.input_grad, [])
+        if by_external or len(inputs) > 1 or any(link.offset != 0 or link.window != 1 for link in inputs):
+            return None
+        names = [*reads.values(), *writes.values(), *(link.internal for link in inputs)]
+        if len(set(names)) != len(names):
+            return None
+        return CompactLinks(reads, writes, inputs[0].internal if inputs else None)
 
     def _params(self) -> tuple[ParamGrad, ...]:
         op = self.op
@@ -145,13 +192,8 @@ class RecurrentGradientLowering:
         sequence = forward[self.forward_inputs[0]]
         steps = sequence.shape[0]
         states = workspaces["states"]
-        # Gradient tensors the backward links view: one per state (only its last row starts at zero in
-        # Caffe2; the others are written before they are read), and the input sequence's gradient.
-        grads = {self.state_grads[s]: jnp.zeros_like(states[s]) for s in spec.states}
-        grads[self.input_grad] = jnp.zeros_like(sequence)
-        for s, k in self.last_grads.items():
-            g = self.state_grads[s]
-            grads[g] = grads[g].at[-1].add(jnp.reshape(inputs[k], grads[g].shape[1:]))
+        self._operand_shapes.clear()
+        self._operand_sources.clear()
         outer = ChainMap({}, workspaces["shared"], forward, scope)
         for link in spec.links:
             if link.external not in states and link.external not in outer:
@@ -159,41 +201,204 @@ class RecurrentGradientLowering:
                     f"{op.where}: argument 'link_external' names '{link.external}' (for '{link.internal}'), "
                     f"which is neither a recurrent state ({', '.join(spec.states)}) nor a blob defined before the op"
                 )
-            source = states[link.external] if link.external in states else outer[link.external]
-            check_link_rows(op, link, source.shape[0], steps)
-        for link in self.backward_links:
-            check_link_rows(op, link, grads[link.external].shape[0], steps, "backward_")
-        accumulators = [jnp.zeros_like(forward[self.forward_inputs[p.input_index]]) for p in self.params]
+            check_link_rows(op, link, self._forward_source(link, states, outer).shape[0], steps)
+        # The gradient of each `_last` output goes to the last row of its state's gradient before the loop.
+        last = {
+            self.state_grads[s]: jnp.reshape(inputs[k], states[s].shape[1:]).astype(states[s].dtype)
+            for s, k in self.last_grads.items()
+        }
+        params = [forward[self.forward_inputs[p.input_index]] for p in self.params]
         per_step = {
             "t": jnp.arange(steps, dtype=jnp.int32),
             "scratch": workspaces["per_step"],
             "all_grads": {self.state_grads[s]: self._steps_of(inputs[k], k, steps) for s, k in self.all_grads.items()},
         }
+        compact = self.compact is not None and all(states[s].shape[0] == steps + 1 for s in spec.states)
+        scan = self._scan_rows if compact else self._scan_buffers
+        state_grads, input_grad, looped, operands = scan(states, outer, sequence, last, params, per_step, steps)
+        results = [input_grad]
+        for i, param in enumerate(params):
+            if i in self.deferred.terms:
+                results.append(self._deferred_total(i, param, operands, steps))
+            else:
+                results.append(looped[i])
+        for s, index in zip(spec.states, spec.initial_ids, strict=True):
+            results.append(_initial_gradient(state_grads[self.state_grads[s]], forward[self.forward_inputs[index]]))
+        return tuple(results)
+
+    # -- the two forms of the reverse scan -----------------------------------------------------
+
+    def _scan_rows(self, states, outer, sequence, last, params, per_step, steps):
+        """The compact form: every state read at offset 0 and written at offset 1 with one initial row,
+        so the backward links view rows t (written) and t + 1 (read) of each state's gradient. The carry
+        is row t + 1 of each, and the input sequence's gradient rows are scan outputs: no [T, N, H]
+        gradient tensor is carried or zero-filled."""
+        compact = self.compact
+        rows0 = {
+            self.state_grads[s]: last.get(self.state_grads[s], jnp.zeros(states[s].shape[1:], states[s].dtype))[None]
+            for s in self.spec.states
+        }
+        row_shape = (1, *sequence.shape[1:])
 
         def body(carry, xs):
-            grads, accumulators = dict(carry[0]), list(carry[1])
+            rows, looped = dict(carry[0]), dict(carry[1])
+            t = xs["t"]
+            for g, go in xs["all_grads"].items():  # rnn_internal_accumulate_gradient_input, offset 1
+                rows[g] = rows[g] + go[None].astype(rows[g].dtype)
+            env = self._step_env(t, xs["scratch"], states, outer)
+            for g, name in compact.reads.items():
+                env[name] = rows[g]
+            for g, name in compact.writes.items():
+                env[name] = jnp.zeros_like(rows[g])
+            if compact.input is not None:
+                env[compact.input] = jnp.zeros(row_shape, sequence.dtype)
+            emitted = self._run_step(env, None, looped, xs["scratch"])
+            new = {g: self._as_rows(env[name], rows[g].shape, name, g) for g, name in compact.writes.items()}
+            ys = {"operands": emitted}
+            if compact.input is not None:
+                ys["input"] = self._as_rows(env[compact.input], row_shape, compact.input, self.input_grad)
+            return (new, looped), ys
+
+        looped0 = self._looped_accumulators(params)
+        if not steps:
+            return rows0, jnp.zeros_like(sequence), looped0, {}
+        (rows, looped), ys = lax.scan(body, (rows0, looped0), per_step, reverse=True)
+        input_grad = jnp.reshape(ys["input"], sequence.shape) if "input" in ys else jnp.zeros_like(sequence)
+        finals = {self.input_grad: input_grad}
+        operands = self._stacked_operands(ys["operands"], per_step["scratch"], states, outer, finals, steps)
+        return rows, input_grad, looped, operands
+
+    def _scan_buffers(self, states, outer, sequence, last, params, per_step, steps):
+        """The general form: whole gradient tensors, read and written through Caffe2's link views."""
+        op = self.op
+        # One gradient tensor per state (only its last row starts at zero in Caffe2; the others are written
+        # before they are read), and the input sequence's gradient.
+        grads = {self.state_grads[s]: jnp.zeros_like(states[s]) for s in self.spec.states}
+        grads[self.input_grad] = jnp.zeros_like(sequence)
+        for g, row in last.items():
+            grads[g] = grads[g].at[-1].add(row)
+        for link in self.backward_links:
+            check_link_rows(op, link, grads[link.external].shape[0], steps, "backward_")
+
+        def body(carry, xs):
+            grads, looped = dict(carry[0]), dict(carry[1])
             t = xs["t"]
             for g, go in xs["all_grads"].items():  # rnn_internal_accumulate_gradient_input, offset 1
                 row = rows_at(grads[g], t + 1, 1) + go[None].astype(grads[g].dtype)
                 grads[g] = lax.dynamic_update_slice_in_dim(grads[g], row, t + 1, axis=0)
-            env = ChainMap({}, {spec.timestep: jnp.reshape(t, (1,)), **xs["scratch"]}, outer)
-            for link in spec.links:  # forward links: views of the forward pass's tensors
-                source = states[link.external] if link.external in states else outer[link.external]
-                env[link.internal] = rows_at(source, t + link.offset, link.window)
-            views = StateViews(env, grads, self.backward_links, t, self.op)
-            self.backward.run(env, after_op=views.write_back)
-            for i, p in enumerate(self.params):
-                if p.blob in env.maps[0]:
-                    accumulators[i] = accumulators[i] + jnp.reshape(env[p.blob], accumulators[i].shape)
-            return (views.buffers, accumulators), None
+            env = self._step_env(t, xs["scratch"], states, outer)
+            views = StateViews(env, grads, self.backward_links, t, op)
+            emitted = self._run_step(env, views.write_back, looped, xs["scratch"])
+            return (views.buffers, looped), emitted
 
-        if steps:
-            (grads, accumulators), _ = lax.scan(body, (grads, accumulators), per_step, reverse=True)
-        input_grad = grads[self.input_grad]
-        results = [input_grad, *accumulators]
-        for s, index in zip(spec.states, spec.initial_ids, strict=True):
-            results.append(_initial_gradient(grads[self.state_grads[s]], forward[self.forward_inputs[index]]))
-        return tuple(results)
+        looped0 = self._looped_accumulators(params)
+        if not steps:
+            return grads, grads[self.input_grad], looped0, {}
+        (grads, looped), emitted = lax.scan(body, (grads, looped0), per_step, reverse=True)
+        finals = {link.external: grads[link.external] for link in self.backward_links}
+        operands = self._stacked_operands(emitted, per_step["scratch"], states, outer, finals, steps)
+        return grads, grads[self.input_grad], looped, operands
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def _step_env(self, t, scratch, states, outer) -> ChainMap:
+        """Step t's workspace: the timestep, the forward pass's per-step blobs, and the forward links'
+        views of the forward tensors (h_{t-1}, h_t, x_t ...)."""
+        env = ChainMap({}, {self.spec.timestep: jnp.reshape(t, (1,)), **scratch}, outer)
+        for link in self.spec.links:
+            env[link.internal] = rows_at(self._forward_source(link, states, outer), t + link.offset, link.window)
+        return env
+
+    def _run_step(self, env, after_op, looped: dict[int, jax.Array], scratch: Mapping[str, Any]) -> dict:
+        """Run the backward step net's ops on `env`, leaving out what `deferred` sums after the loop:
+        returns the operands of the deferred terms that must be kept per step (the others are read
+        from tensors that exist anyway, see `_operand_source`)."""
+        deferred, terms_at = self.deferred, self._terms_at
+        emitted: dict[str, jax.Array] = {}
+        for position in range(len(self.spec.backward_step_net.ops)):
+            for term in terms_at.get(position, ()):
+                for name in term.operands:
+                    self._capture(position, name, env, scratch, emitted)
+            if position in deferred.skipped:
+                if position in terms_at:  # a matmul term: its checks run, its product is summed later
+                    self.backward.abstract_outputs(position, env)
+                continue
+            self.backward.run(env, ops=(position,), after_op=after_op)
+            for index in deferred.dropped.get(position, ()):
+                env.maps[0].pop(self.spec.backward_step_net.ops[position].outputs[index], None)
+        for i, p in enumerate(self.params):
+            if i in looped and p.blob in env.maps[0]:
+                looped[i] = looped[i] + jnp.reshape(env[p.blob], looped[i].shape)
+        return emitted
+
+    def _capture(self, position: int, name: str, env, scratch, emitted: dict) -> None:
+        """Keep the value blob `name` has at op `position` for a deferred term: as a scan output, unless
+        the same rows exist anyway (a forward link's tensor, a forward per-step blob, a gradient tensor
+        whose rows hold it at the end)."""
+        key = f"{position}:{name}"
+        value = env[name]
+        self._operand_shapes[key] = value.shape
+        source = self._operand_source(position, name)
+        if source is None and name in scratch and name not in self._written_before(position):
+            source = ("scratch", name)
+        if source is None:
+            emitted[key] = value
+        else:
+            self._operand_sources[key] = source
+
+    def _looped_accumulators(self, params: list[jax.Array]) -> dict[int, jax.Array]:
+        return {i: jnp.zeros_like(param) for i, param in enumerate(params) if i not in self.deferred.terms}
+
+    def _as_rows(self, value: Any, shape: tuple[int, ...], blob: str, external: str) -> jax.Array:
+        """What a write through a backward link stores: the values as the linked rows (any shape of that size)."""
+        if getattr(value, "size", None) != math.prod(shape):
+            raise ShapeError(
+                f"{self.op.where}: a step writes '{blob}' with shape {list(getattr(value, 'shape', ()))} into "
+                f"'{external}', whose linked rows are {list(shape)}"
+            )
+        return jnp.reshape(value, shape)
+
+    # -- deferred parameter gradients -------------------------------------------------------------
+
+    def _stacked_operands(self, emitted, scratch, states, outer, finals, steps) -> dict[str, jax.Array]:
+        """Every deferred term's operands over all steps, [T, ...the per-step shape]."""
+        stacked = dict(emitted)
+        for key, (kind, what) in self._operand_sources.items():
+            if kind == "scratch":
+                array = scratch[what]
+            elif kind == "forward":
+                array = self._forward_source(what, states, outer)[what.offset : what.offset + steps]
+            else:
+                array = finals[what.external][what.offset : what.offset + steps]
+            stacked[key] = array
+        return {key: jnp.reshape(a, (steps, *self._operand_shapes[key])) for key, a in stacked.items()}
+
+    def _deferred_total(self, index: int, param: jax.Array, operands: Mapping[str, jax.Array], steps: int):
+        total = jnp.zeros_like(param)
+        if not steps:
+            return total
+        for term in self.deferred.terms[index]:
+            stacked = [operands[f"{term.position}:{name}"] for name in term.operands]
+            total = total + term.total(stacked, param.shape).astype(param.dtype)
+        return total
+
+    def _operand_source(self, position: int, name: str) -> tuple[str, Any] | None:
+        """Where the value of `name` at op `position` is found after the loop without keeping it per step."""
+        if name not in self._written_before(position):
+            link = self._forward_links.get(name)
+            if link is not None and link.window == 1:
+                return ("forward", link)
+            return None
+        link = self._final_rows.get(name)
+        if link is not None and not any(name in o.outputs for o in self.spec.backward_step_net.ops[position:]):
+            return ("backward", link)
+        return None
+
+    def _written_before(self, position: int) -> set[str]:
+        return {n for o in self.spec.backward_step_net.ops[:position] for n in o.outputs}
+
+    def _forward_source(self, link, states, outer) -> jax.Array:
+        return states[link.external] if link.external in states else outer[link.external]
 
 
 def _initial_gradient(state_grad: jax.Array, initial: jax.Array) -> jax.Array:
