@@ -14,7 +14,8 @@ FUZZ_SECONDS ?= 600
 CAFFE2_UPSTREAM_TESTS := rnn_cell_test recurrent_network_test gru_test basic_rnn_test pack_rnn_sequence_op_test \
 	layer_norm_op_test
 
-.PHONY: demo test test-caffe2-api lint fuzz clean
+.PHONY: demo test test-caffe2-api lint fuzz clean bench
+BENCH_ARGS ?=
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +59,12 @@ fuzz: $(STAMP)
 	atheris=$$?; wait $$!; mutations=$$?; \
 	tail -6 fuzz-mutations.log; grep -E '^(#[0-9]+ +DONE|stat::|Done|==[0-9]+== ERROR)' fuzz-atheris.log; \
 	test $$atheris -eq 0 -a $$mutations -eq 0
+
+# `make bench`: rnn2jax's compiled Caffe2 RNN nets against PyTorch, hand-written JAX and real Caffe2, checked
+# equal and then timed; writes benchmarks/results/latest.json and prints it as Markdown for the README.
+bench: $(STAMP) $(CAFFE2_STAMP)
+	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS)
+	$(BIN)/python scripts/bench_table.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples

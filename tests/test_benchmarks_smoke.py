@@ -1,0 +1,81 @@
+"""benchmarks/compare.py end to end on one tiny LSTM (no real Caffe2, no memory probe), and its equality guard.
+
+The run must write a row per mode, each with the equality errors of every form it timed (the check against
+the hand-written JAX ran and passed: errors at most 1, i.e. within the tolerance), and PyTorch's column
+filled. No timing is asserted. scripts/bench_table.py must render that JSON as one Markdown row per row.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "latest.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "compare.py"),
+        "--quick",
+        "--no-caffe2",
+        "--no-memory",
+        "--sizes",
+        "4,2,8",
+        "--models",
+        "lstm",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_rows_are_checked_and_complete(quick_run):
+    rows = quick_run["rows"]
+    assert [(r["model"], r["size"], r["mode"]) for r in rows] == [
+        ("lstm", [4, 2, 8], mode) for mode in ("forward", "train_bsn", "train_jaxgrad")
+    ]
+    for row in rows:
+        assert set(row["check_error"]) == {row["mode"], "torch", "hand_jax"}
+        assert all(0.0 <= err <= 1.0 for err in row["check_error"].values())
+        assert row["ms"]["rnn2jax"] > 0 and row["ms"]["torch"] > 0 and row["ms"]["hand_jax"] > 0
+        assert row["rounds"] >= 3
+        assert row["ratios"]["vs_caffe2"] is None
+    assert quick_run["caffe2"] == "skipped"
+    assert quick_run["machine"]["cpu_count"] >= 1 and quick_run["machine"]["jax_devices"]
+    assert quick_run["tolerance"] == {"rtol": 1e-4, "atol": 1e-5, "atol_scaled_by": "max(1, max|reference|)"}
+
+
+def test_bench_table_renders_every_row(quick_run, tmp_path):
+    path = tmp_path / "latest.json"
+    path.write_text(json.dumps(quick_run))
+    text = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_table.py"), str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    body = [line for line in text.splitlines() if line.startswith("| lstm |")]
+    assert len(body) == 3
+    forward = quick_run["rows"][0]
+    assert f"{forward['ms']['rnn2jax']:.2f}" in body[0] and "training, jax.grad" in body[2]
+
+
+def test_mismatch_is_an_error(monkeypatch):
+    """The guard compare.py runs before timing: within tolerance passes, beyond it raises (never a row)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import compare
+
+    want = np.linspace(-3.0, 3.0, 50, dtype=np.float32)
+    assert compare.check_close("ok", want * (1 + 5e-5), want) <= 1.0
+    with pytest.raises(compare.BenchmarkMismatch, match="gradient of w"):
+        compare.check_result("bad", {"w": want + 1e-3}, {"w": want})
