@@ -37,6 +37,7 @@ from jax import lax
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...netdef import Op
 from ..registry import LowerNet, register
+from .cell_vjp import lstm_cell_rows
 from .fusion import FusedLSTM, find_fused_lstms
 from .spec import Alias, Link, check_link_rows, decode_spec, initial_rows
 
@@ -335,6 +336,10 @@ class RecurrentLowering:
     def _scan_rows(self, initial, externals, outer, steps, key, constants):
         """The compact form: the carry is the current row of each state."""
         spec = self.spec
+        cell = lstm_cell_rows(self, initial, outer, steps)  # one recognised LSTM cell: its own VJP (cell_vjp.py)
+        if cell is not None:
+            written, final, scratches = cell
+            return {s: _CompactBuffer(initial[s], written[s], final[s]) for s in spec.states}, scratches
         writes = {s: next(lk for lk in spec.links if lk.external == s and lk.offset == 1) for s in spec.states}
 
         def body(carry, xs):
@@ -417,6 +422,9 @@ def _scan(body: Any, init: Any, sequences: Mapping[str, jax.Array], steps: int) 
     """`lax.scan` over t = 0..steps-1 and the rows of `sequences`. With no steps the body is only
     shape-evaluated (XLA need not compile a loop that never runs) and outputs are empty."""
     if steps:
+        # No unrolling: unroll 2, 4 and 8 measured no faster (CPU time, within +-10% noise) for the compiled
+        # GRU and 2-layer LSTM nets at (T, N, H) (200, 4, 32) to (50, 32, 256), nor for a hand-written LSTM
+        # scan at the issue 13 benchmark sizes up to (20, 128, 1024).
         return lax.scan(body, init, (jnp.arange(steps, dtype=jnp.int32), sequences))
     row = (jnp.zeros((), jnp.int32), {k: jnp.zeros(v.shape[1:], v.dtype) for k, v in sequences.items()})
     _, per_step = jax.eval_shape(body, init, row)
