@@ -313,3 +313,29 @@ def test_elementwise_linear_default_axis(jit):
 def test_elementwise_linear_bad_shapes(jit, shapes, match):
     with pytest.raises(ShapeError, match=match):
         run_op("ElementwiseLinear", normal(0, *shapes), jit=jit)
+
+
+@pytest.mark.parametrize("op_type", ["FC", "MatMul", "BatchMatMul"])
+def test_matmul_precision_is_float32_unless_the_user_sets_jax_default_matmul_precision(op_type):
+    """Caffe2 multiplies in float32: HIGHEST (no TF32/bf16 passes on accelerators), unless the user chose
+    `jax_default_matmul_precision`, which then rules."""
+    import jax
+
+    from rnn2jax.netdef import Op
+    from rnn2jax.ops.registry import lookup
+
+    inputs = {"FC": ((2, 3), (4, 3), (4,)), "MatMul": ((2, 3), (3, 4)), "BatchMatMul": ((2, 2, 3), (2, 3, 4))}[op_type]
+    names = tuple(f"in{i}" for i in range(len(inputs)))
+    op = Op(op_type, names, ("y",), {}, 0, f"op #0 ({op_type})")
+    kernel = lookup(op).build(op)
+    args = [np.ones(shape, np.float32) for shape in inputs]
+
+    def precisions() -> set[str]:
+        jaxpr = jax.make_jaxpr(kernel)(*args)
+        return {str(e.params["precision"]) for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"}
+
+    highest = str((jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST))
+    assert precisions() == {highest}
+    with jax.default_matmul_precision("tensorfloat32"):
+        chosen = precisions()
+    assert chosen and highest not in chosen, chosen

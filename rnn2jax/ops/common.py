@@ -87,3 +87,10 @@ TRACED_SHAPE_HINT = (
     "they are computed per step inside a step net, or because `apply` runs under your own jax.jit/grad "
     "with them as traced arguments (pass them as NumPy arrays)"
 )
+
+
+def matmul_precision() -> jax.lax.Precision | None:
+    """Caffe2 multiplies in float32, so HIGHEST (no bf16/TF32 passes on accelerators; CPU ignores it),
+    unless the user chose a precision with `jax_default_matmul_precision`: then None, which honours it.
+    Read when a kernel is traced, so a `jax.default_matmul_precision(...)` context applies too."""
+    return None if jax.config.jax_default_matmul_precision is not None else jax.lax.Precision.HIGHEST

@@ -19,6 +19,7 @@ from jax import lax
 
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
+from .common import matmul_precision
 from .registry import Kernel, register
 
 # caffe2_legacy.proto LegacyPadding
@@ -257,7 +258,7 @@ def convolve(x: jax.Array, w: jax.Array, window: Window, groups: int, nhwc: bool
         rhs_dilation=window.dilations,
         dimension_numbers=_dimension_numbers(nd, nhwc),
         feature_group_count=groups,
-        precision=lax.Precision.HIGHEST,
+        precision=matmul_precision(),
     )
 
 

@@ -12,11 +12,8 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..netdef import Op
-from .common import canonical_axis, size_from_dim, size_to_dim
+from .common import canonical_axis, matmul_precision, size_from_dim, size_to_dim
 from .registry import Kernel, register
-
-# Caffe2's CPU kernels run fp32 GEMMs; never let XLA drop to bf16/TF32 passes on accelerators.
-_PRECISION = jax.lax.Precision.HIGHEST
 
 
 def _check_float_inputs(op: Op, arrays: Sequence[jax.Array]) -> None:
@@ -32,7 +29,7 @@ def _check_float_inputs(op: Op, arrays: Sequence[jax.Array]) -> None:
 
 
 def _matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.matmul(a, b, precision=_PRECISION)
+    return jnp.matmul(a, b, precision=matmul_precision())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from ..common import matmul_precision
 from ..rnn_units import _sigmoid, _tanh
 from .fusion import _plain_fc
 
@@ -176,12 +177,6 @@ def _shapes_fit(x, h0, c0, w, b, lengths, steps: int) -> bool:
 
 
 # -- the cell function and its VJP ---------------------------------------------------------------
-
-
-def matmul_precision() -> lax.Precision | None:
-    """Caffe2 multiplies in float32, so HIGHEST (no bf16/TF32 passes on accelerators; CPU ignores it),
-    unless the user chose a precision with `jax_default_matmul_precision`: then None, which honours it."""
-    return None if jax.config.jax_default_matmul_precision is not None else lax.Precision.HIGHEST
 
 
 def _lstm(forget_bias: float, drop_states: bool, with_gates: bool):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from ...errors import ShapeError
 from ...netdef import Op
-from ..common import canonical_axis, size_from_dim, size_to_dim
+from ..common import canonical_axis, matmul_precision, size_from_dim, size_to_dim
 
 # Which output of which op is a per-step term, and what kind of term it is.
 _TERM_OUTPUTS = {
@@ -33,7 +33,6 @@ _TERM_OUTPUTS = {
     "MatMul": {0: "matmul"},
     "BatchMatMul": {0: "batch_matmul"},
 }
-_PRECISION = jax.lax.Precision.HIGHEST  # as the in-loop kernels (ops/linear.py)
 
 
 @dataclass(frozen=True)
@@ -186,8 +185,8 @@ def _fc_total(op: Op, kind: str, x: jax.Array, dy: jax.Array, param_shape: tuple
     n = math.prod(param_shape) // max(k, 1)
     x2, dy2 = jnp.reshape(x, (-1, k)), jnp.reshape(dy, (-1, n))
     if kind == "fc_weight":
-        return jnp.matmul(dy2.T, x2, precision=_PRECISION)
-    return jnp.matmul(x2.T, dy2, precision=_PRECISION)
+        return jnp.matmul(dy2.T, x2, precision=matmul_precision())
+    return jnp.matmul(x2.T, dy2, precision=matmul_precision())
 
 
 def _as_matrices(a: jax.Array, axis: int, trans: bool, op: Op, what: str) -> jax.Array:
@@ -201,7 +200,7 @@ def _as_matrices(a: jax.Array, axis: int, trans: bool, op: Op, what: str) -> jax
 def _matmul_total(op: Op, a: jax.Array, b: jax.Array) -> jax.Array:
     a3 = _as_matrices(a, op.int("axis_a", 1), op.bool("trans_a", False), op, "axis_a")
     b3 = _as_matrices(b, op.int("axis_b", 1), op.bool("trans_b", False), op, "axis_b")
-    return jnp.einsum("tmk,tkn->mn", a3, b3, precision=_PRECISION)
+    return jnp.einsum("tmk,tkn->mn", a3, b3, precision=matmul_precision())
 
 
 def _batch_matmul_total(op: Op, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -216,4 +215,4 @@ def _batch_matmul_total(op: Op, a: jax.Array, b: jax.Array) -> jax.Array:
         b = b[:, :, None]
     elif op.bool("trans_b", False):
         b = jnp.swapaxes(b, -1, -2)
-    return jnp.einsum("t...mk,t...kn->...mn", a, b, precision=_PRECISION)
+    return jnp.einsum("t...mk,t...kn->...mn", a, b, precision=matmul_precision())
