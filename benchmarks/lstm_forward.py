@@ -20,15 +20,16 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--sizes", nargs="+", default=["50,32,256", "100,64,512"], help="T,N,H (input dim = H)")
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads for XLA and PyTorch")
+    parser.add_argument("--threads", type=int, default=2, help="PyTorch threads (XLA uses every CPU it may)")
     parser.add_argument("--compile-lengths", default="50,1000", help="T values for the compile-time check")
     return parser.parse_args()
 
 
 ARGS = _parse_args()
-os.environ.setdefault(
-    "XLA_FLAGS", f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={ARGS.threads}"
-)
+# XLA CPU has no thread-count flag: its intra-op pool has one thread per CPU the process may run on
+# (`taskset -c 0 python ...` for one). `intra_op_parallelism_threads=N` in XLA_FLAGS, without "--", was
+# silently ignored; --threads sets PyTorch's threads only.
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
