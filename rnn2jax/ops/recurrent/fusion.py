@@ -100,7 +100,9 @@ def find_fused_lstms(net: Net, sequences: set[str], kept: set[str], per_step: se
         private = (
             _readers(ops, fc_out, fc_pos) == [sum_pos]
             and _readers(ops, gates, sum_pos) == [unit_pos]
-            and fc_out not in kept
+            # Caffe2's Sum is in place (gates_t -> gates_t): a kept `gates` is then the Sum's output, which
+            # `keep_gates` provides; only a separately named FC output must not be needed afterwards.
+            and (fc_out == gates or fc_out not in kept)
             and _last_writer(ops, fc.inputs[0], unit_pos) == _last_writer(ops, fc.inputs[0], fc_pos)
             and _last_writer(ops, fc.inputs[1], len(ops)) is None
             and _last_writer(ops, fc.inputs[2], len(ops)) is None
