@@ -59,32 +59,10 @@ def run_init_net(init_net: Any, seed: int = 0, db_root: PathLike | None = None) 
             f"{net.where}: the init net reads {', '.join(needed)} before writing them; "
             "an init net must create every blob it uses (pass such arrays with params= instead)"
         )
-    written = {name for op in net.ops for name in op.outputs}
     with xla_out_of_memory(net.where):
-        env = _run_jitted(lowered, written, seed)
-        if env is None:
-            env = lowered({}, key=jax.random.key(seed))
+        env = lowered({}, key=jax.random.key(seed))
+    written = {name for op in net.ops for name in op.outputs}
     return {name: value for name, value in env.items() if name in written}
-
-
-# The init net runs once: compile it fast rather than run it fast.
-INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-def _run_jitted(lowered: LoweredNet, written: set[str], seed: int) -> Arrays | None:
-    """The init net's blobs from one compiled program, or None when it cannot be one (string blobs,
-    a fill whose shape is computed by a random op): run eagerly, each random fill of a new shape was an
-    XLA compilation of its own (a 4-layer seq2seq's 40 fills took 3 s)."""
-
-    def init(key: jax.Array) -> Arrays:
-        env = lowered({}, key=key)
-        return {name: value for name, value in env.items() if name in written}
-
-    try:
-        key = jax.random.key(seed)
-        return jax.jit(init).lower(key).compile(compiler_options=INIT_COMPILER_OPTIONS)(key)
-    except Exception:  # the eager run raises the net's own errors, with their messages
-        return None
 
 
 def _leaf_outputs(net: Net) -> list[str]:

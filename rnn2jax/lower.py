@@ -8,19 +8,16 @@ like an input) are plain rebinding here: the environment is a fresh dict, never 
 
 from __future__ import annotations
 
-from collections import ChainMap, OrderedDict
+from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
-from jax.experimental import checkify
 
 from .budget import check_value
 from .errors import MissingBlobError, Rnn2JaxError, ShapeError
 from .netdef import Net, Op
-from .ops.checks import CHECKED_OP_TYPES, enabled_checks
 from .ops.registry import OpDef, check_supported, lookup
 
 
@@ -29,8 +26,6 @@ class _Step:
     op: Op
     opdef: OpDef
     kernel: Any
-    # compiled fold programs (or None: fold eagerly) by input shapes and constant values, least recent first
-    folds: OrderedDict[tuple, Any] = field(default_factory=OrderedDict, compare=False, repr=False)
 
 
 def _describe(value: Any) -> str:
@@ -145,11 +140,14 @@ def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_
     if step.opdef.random:
         kwargs["key"] = jax.random.fold_in(key if key is not None else jax.random.key(0), op.index)
     try:
-        # When every input is a constant (shapes and lengths that Caffe2 nets compute with Shape, Slice,
-        # Cast...), compute now, so ops that need concrete values (fills with input_as_shape, Reshape's
-        # new_shape) still get them under jax.jit.
-        foldable = bool(args) and _foldable(step.opdef, args)
-        result = _fold(step, args, kwargs) if foldable else step.kernel(*args, **kwargs)
+        if args and _foldable(step.opdef, args):
+            # Every input is a constant (shapes and lengths that Caffe2 nets compute with Shape, Slice,
+            # Cast...): compute now, so ops that need concrete values (fills with input_as_shape,
+            # Reshape's new_shape) still get them under jax.jit.
+            with jax.ensure_compile_time_eval():
+                result = step.kernel(*args, **kwargs)
+        else:
+            result = step.kernel(*args, **kwargs)
     except Rnn2JaxError:
         raise
     except _TRACED_VALUE_ERRORS as error:
@@ -183,110 +181,6 @@ def _traced_value_message(step: _Step, error: Exception) -> str:
         "when the values are computed per step inside a step net, or when `apply` runs under your own "
         f"jax.jit/grad with them as traced arguments (pass them as NumPy arrays instead). ({first})"
     )
-
-
-def _fold(step: _Step, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """The op's outputs from constant inputs, computed now (at trace time).
-
-    As one compiled program per op where that is cheaper: run eagerly, a kernel is dispatched primitive
-    by primitive, and each distinct primitive and shape is its own XLA compilation (tens of ms each on
-    CPU; the sparse preprocessing of a dper net made 130 of them). The inputs at the op's static
-    positions stay NumPy constants inside, as the kernel needs their values. A kernel that needs other
-    values concretely, or that refuses its inputs, runs eagerly instead, so results and errors are
-    those of the eager run.
-    """
-    program = _fold_program(step, args, kwargs)
-    if program is not None:
-        compiled, values = program
-        try:
-            error, result = compiled(*values)
-        except Exception:  # the eager run below raises the kernel's own error
-            pass
-        else:
-            if error is None or error.get() is None:
-                return result
-    with jax.ensure_compile_time_eval():
-        return step.kernel(*args, **kwargs)
-
-
-def _fold_program(step: _Step, args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, list[Any]] | None:
-    """The op as a compiled program of its array inputs, or None where the eager run is as cheap
-    (at most one primitive) or the kernel cannot be traced (it needs an input's value). Programs are
-    kept per op, by input shapes and the values that enter as constants, so re-running (or re-tracing)
-    a net compiles nothing new."""
-    static = set(step.opdef.static_positions(step.op))
-    traced = [i for i, a in enumerate(args) if i not in static and _jittable(a)]
-    if not traced:
-        return None
-    values = [args[i] for i in traced]
-    key = _fold_key(args, traced)
-    if key is not None and key in step.folds:
-        step.folds.move_to_end(key)
-        compiled = step.folds[key]
-        return None if compiled is None else (compiled, values)
-    checked = step.op.type in CHECKED_OP_TYPES
-
-    def kernel(*values: Any) -> Any:
-        full = list(args)
-        for i, value in zip(traced, values, strict=True):
-            full[i] = value
-        if not checked:
-            return None, step.kernel(*full, **kwargs)
-        with enabled_checks():
-            return checkify.checkify(lambda: step.kernel(*full, **kwargs), errors=checkify.user_checks)()
-
-    compiled = None
-    try:
-        lowered = jax.jit(kernel).trace(*values)
-        if _equations(lowered.jaxpr.jaxpr) > 1:
-            small = sum(int(np.size(a)) for a in args) <= _SMALL_FOLD
-            compiled = lowered.lower().compile(compiler_options=_FOLD_COMPILER_OPTIONS if small else None)
-    except Exception:  # the eager run raises the kernel's own error, if any
-        compiled = None
-    if key is not None:
-        step.folds[key] = compiled
-        if len(step.folds) > _MAX_FOLDS:
-            step.folds.popitem(last=False)
-    return None if compiled is None else (compiled, values)
-
-
-_MAX_FOLDS = 8  # per op
-
-
-def _fold_key(args: list[Any], traced: list[int]) -> tuple | None:
-    """What an op's fold program depends on: the traced inputs' shapes and dtypes, and the values of
-    the others; None when these cannot be keyed."""
-    parts: list[Any] = []
-    for i, arg in enumerate(args):
-        dtype, shape = getattr(arg, "dtype", None), getattr(arg, "shape", None)
-        if dtype is None or shape is None or np.dtype(dtype).kind == "O":
-            return None
-        parts.append((str(np.dtype(dtype)), tuple(shape)))
-        if i not in traced:
-            parts.append(np.asarray(arg).tobytes())
-    return tuple(parts)
-
-
-# A folded op on small values (lengths, shapes, ids) runs once, and its compilation costs more than
-# its run: compile it without LLVM's optimisations (about 2.4x less XLA time for a SparseToDenseMask).
-# Ops on larger arrays (an op-by-op run of a whole net) keep XLA's defaults.
-_FOLD_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-_SMALL_FOLD = 1 << 16  # elements over all inputs
-
-
-def _equations(jaxpr: Any) -> int:
-    """How many primitives a jaxpr binds, counting inside nested jits (each is one eager compilation)."""
-    count = 0
-    for eqn in jaxpr.eqns:
-        inner = eqn.params.get("jaxpr")
-        count += _equations(getattr(inner, "jaxpr", inner)) if inner is not None and eqn.primitive.name == "pjit" else 1
-    return count
-
-
-def _jittable(value: Any) -> bool:
-    """An array jax.jit can take as an argument (not strings, not Python objects)."""
-    dtype = getattr(value, "dtype", None)
-    return dtype is not None and getattr(value, "shape", None) is not None and np.dtype(dtype).kind in "biufc"
 
 
 def _foldable(opdef: OpDef, args: list[Any]) -> bool:

@@ -41,8 +41,7 @@ def runtime_check(ok: Any, message: str, **values: Any) -> None:
 
 
 @contextmanager
-def enabled_checks() -> Iterator[None]:
-    """Inside: `runtime_check` states its checks (to be run under `checkify`)."""
+def _enabled() -> Iterator[None]:
     token = _ENABLED.set(True)
     try:
         yield
@@ -55,7 +54,7 @@ def checked_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     or None, and fn's result. Raise the error on the host with `raise_failed`."""
 
     def traced(*args: Any) -> Any:
-        with enabled_checks():
+        with _enabled():
             return fn(*args)
 
     return checkify.checkify(traced, errors=checkify.user_checks)

@@ -19,6 +19,9 @@ from .registry import Kernel, register
 def _check_float_inputs(op: Op, arrays: Sequence[jax.Array]) -> None:
     """Float inputs of one dtype. (Caffe2's CPU build registers these ops for float32 only; doubles are
     accepted here on purpose, for rnn2jax's float64 verification mode, rnn2jax/verify.py.)"""
+    for name, a in zip(op.inputs, arrays, strict=False):
+        if getattr(a, "dtype", None) is None:
+            raise ShapeError(f"{op.where}: input '{name}' is a {type(a).__name__}, not a tensor")
     dtypes = [np.dtype(a.dtype) for a in arrays]
     for name, dtype in zip(op.inputs, dtypes, strict=False):
         if not jnp.issubdtype(dtype, jnp.floating):

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
@@ -208,14 +209,26 @@ class RecurrentGradientLowering:
             for s, k in self.last_grads.items()
         }
         params = [forward[self.forward_inputs[p.input_index]] for p in self.params]
+        for p, value in zip(self.params, params, strict=True):
+            if not isinstance(value, jax.Array | np.ndarray):
+                raise ShapeError(
+                    f"{op.where}: parameter '{self.forward_inputs[p.input_index]}' (argument 'param' "
+                    f"#{p.input_index}) is a {type(value).__name__}, not a tensor"
+                )
+        scratch = workspaces["per_step"]
+        self._scratch_shapes = {k: v.shape[1:] for k, v in scratch.items()}
         per_step = {
             "t": jnp.arange(steps, dtype=jnp.int32),
-            "scratch": workspaces["per_step"],
+            # Each per-step blob as flat rows, reshaped in the step: scanning a [T, 1, N, ...] tensor makes XLA
+            # copy it into another layout first.
+            "scratch": {k: jnp.reshape(v, (v.shape[0], math.prod(v.shape[1:]))) for k, v in scratch.items()},
             "all_grads": {self.state_grads[s]: self._steps_of(inputs[k], k, steps) for s, k in self.all_grads.items()},
         }
         compact = self.compact is not None and all(states[s].shape[0] == steps + 1 for s in spec.states)
         scan = self._scan_rows if compact else self._scan_buffers
-        state_grads, input_grad, looped, operands = scan(states, outer, sequence, last, params, per_step, steps)
+        state_grads, input_grad, looped, operands = scan(
+            states, outer, sequence, last, params, per_step, scratch, steps
+        )
         results = [input_grad]
         for i, param in enumerate(params):
             if i in self.deferred.terms:
@@ -228,7 +241,7 @@ class RecurrentGradientLowering:
 
     # -- the two forms of the reverse scan -----------------------------------------------------
 
-    def _scan_rows(self, states, outer, sequence, last, params, per_step, steps):
+    def _scan_rows(self, states, outer, sequence, last, params, per_step, scratch, steps):
         """The compact form: every state read at offset 0 and written at offset 1 with one initial row,
         so the backward links view rows t (written) and t + 1 (read) of each state's gradient. The carry
         is row t + 1 of each, and the input sequence's gradient rows are scan outputs: no [T, N, H]
@@ -245,18 +258,20 @@ class RecurrentGradientLowering:
             t = xs["t"]
             for g, go in xs["all_grads"].items():  # rnn_internal_accumulate_gradient_input, offset 1
                 rows[g] = rows[g] + go[None].astype(rows[g].dtype)
-            env = self._step_env(t, xs["scratch"], states, outer)
+            kept = self._scratch_rows(xs["scratch"])
+            env = self._step_env(t, kept, states, outer)
             for g, name in compact.reads.items():
                 env[name] = rows[g]
             for g, name in compact.writes.items():
                 env[name] = jnp.zeros_like(rows[g])
             if compact.input is not None:
                 env[compact.input] = jnp.zeros(row_shape, sequence.dtype)
-            emitted = self._run_step(env, None, looped, xs["scratch"])
+            emitted = self._run_step(env, None, looped, kept)
             new = {g: self._as_rows(env[name], rows[g].shape, name, g) for g, name in compact.writes.items()}
             ys = {"operands": emitted}
-            if compact.input is not None:
-                ys["input"] = self._as_rows(env[compact.input], row_shape, compact.input, self.input_grad)
+            if compact.input is not None:  # emitted as [N, ...]: a [1, N, ...] row would stack in a layout
+                row = self._as_rows(env[compact.input], row_shape, compact.input, self.input_grad)  # XLA copies
+                ys["input"] = row[0]
             return (new, looped), ys
 
         looped0 = self._looped_accumulators(params)
@@ -265,10 +280,10 @@ class RecurrentGradientLowering:
         (rows, looped), ys = lax.scan(body, (rows0, looped0), per_step, reverse=True)
         input_grad = jnp.reshape(ys["input"], sequence.shape) if "input" in ys else jnp.zeros_like(sequence)
         finals = {self.input_grad: input_grad}
-        operands = self._stacked_operands(ys["operands"], per_step["scratch"], states, outer, finals, steps)
+        operands = self._stacked_operands(ys["operands"], scratch, states, outer, finals, steps)
         return rows, input_grad, looped, operands
 
-    def _scan_buffers(self, states, outer, sequence, last, params, per_step, steps):
+    def _scan_buffers(self, states, outer, sequence, last, params, per_step, scratch, steps):
         """The general form: whole gradient tensors, read and written through Caffe2's link views."""
         op = self.op
         # One gradient tensor per state (only its last row starts at zero in Caffe2; the others are written
@@ -286,9 +301,10 @@ class RecurrentGradientLowering:
             for g, go in xs["all_grads"].items():  # rnn_internal_accumulate_gradient_input, offset 1
                 row = rows_at(grads[g], t + 1, 1) + go[None].astype(grads[g].dtype)
                 grads[g] = lax.dynamic_update_slice_in_dim(grads[g], row, t + 1, axis=0)
-            env = self._step_env(t, xs["scratch"], states, outer)
+            kept = self._scratch_rows(xs["scratch"])
+            env = self._step_env(t, kept, states, outer)
             views = StateViews(env, grads, self.backward_links, t, op)
-            emitted = self._run_step(env, views.write_back, looped, xs["scratch"])
+            emitted = self._run_step(env, views.write_back, looped, kept)
             return (views.buffers, looped), emitted
 
         looped0 = self._looped_accumulators(params)
@@ -296,10 +312,13 @@ class RecurrentGradientLowering:
             return grads, grads[self.input_grad], looped0, {}
         (grads, looped), emitted = lax.scan(body, (grads, looped0), per_step, reverse=True)
         finals = {link.external: grads[link.external] for link in self.backward_links}
-        operands = self._stacked_operands(emitted, per_step["scratch"], states, outer, finals, steps)
+        operands = self._stacked_operands(emitted, scratch, states, outer, finals, steps)
         return grads, grads[self.input_grad], looped, operands
 
     # -- one step --------------------------------------------------------------------------------
+
+    def _scratch_rows(self, flat: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        return {k: jnp.reshape(v, self._scratch_shapes[k]) for k, v in flat.items()}
 
     def _step_env(self, t, scratch, states, outer) -> ChainMap:
         """Step t's workspace: the timestep, the forward pass's per-step blobs, and the forward links'
