@@ -158,6 +158,10 @@ class _OpCheck:
         self.inputs = self._draw_inputs(values, shapes, rng, dtype)
         self.forward_net = Net(f"{op.type}#{op.index}", (op,), op.inputs, op.outputs, where=op.where)
         self.backward_net = Net(f"{op.type}#{op.index} with gradient", (op, gradient_op(op)), (), (), where=op.where)
+        # Compiled once: finite differences run it three times per blob, and jax.vjp's linearisation
+        # would otherwise compile every primitive on its own. (Its values are tracers either way.)
+        self.jitted_forward = jax.jit(self.forward)
+        self.jitted_vjp = jax.jit(self._vjp)
 
     def _draw_inputs(self, values, shapes, rng, dtype) -> dict[str, Any]:
         missing = [n for n in self.op.inputs if n not in values and n not in shapes]
@@ -209,8 +213,11 @@ class _OpCheck:
 
     def autodiff(self, grads: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         floats = {n: jnp.asarray(self.inputs[n]) for n in self.float_names()}
+        return self.jitted_vjp(floats, {n: jnp.asarray(g) for n, g in grads.items()})
+
+    def _vjp(self, floats: Mapping[str, jax.Array], grads: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         outputs, pullback = jax.vjp(self.forward, floats)
-        cotangents = {n: jnp.asarray(grads[n]) if n in grads else jnp.zeros_like(v) for n, v in outputs.items()}
+        cotangents = {n: grads[n] if n in grads else jnp.zeros_like(v) for n, v in outputs.items()}
         (result,) = pullback(cotangents)
         return result
 
@@ -219,7 +226,7 @@ class _OpCheck:
         to the larger of the two (or to the rounding-noise floor); it passes at most `rtol`."""
         step, rtol, atol = FINITE_DIFFERENCES[dtype]
         direction = rng.standard_normal(np.shape(self.inputs[name])).astype(dtype)
-        forward = jax.jit(self.forward)
+        forward = self.jitted_forward
         base = {n: jnp.asarray(self.inputs[n]) for n in self.float_names()}
 
         def loss(scale: float) -> float:

@@ -114,7 +114,8 @@ def test_attention_seq2seq_gradients_match_jax_grad(seq2seq_step):
     blobs = train(inputs)
     loss_fn = rnn2jax.compile(s.forward, params=s.params, outputs=[s.loss])
     inputs = {k: v for k, v in s.batch.items() if k in loss_fn.input_names}
-    loss, expected = jax.value_and_grad(lambda p: loss_fn.apply({**loss_fn.params, **p}, inputs)[s.loss])(
+    # Under jax.jit: one XLA compilation of the whole gradient, not one per primitive run eagerly (~200).
+    loss, expected = jax.jit(jax.value_and_grad(lambda p: loss_fn.apply({**loss_fn.params, **p}, inputs)[s.loss]))(
         {p: loss_fn.params[p] for p in names}
     )
     assert np.isclose(float(blobs[s.loss]), float(loss), rtol=1e-6)
