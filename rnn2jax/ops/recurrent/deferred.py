@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from ...errors import ShapeError
 from ...netdef import Op
 from ..common import canonical_axis, matmul_precision, size_from_dim, size_to_dim
+from .dataflow import last_writer, readers
 
 # Which output of which op is a per-step term, and what kind of term it is.
 _TERM_OUTPUTS = {
@@ -105,8 +106,8 @@ def find_deferred(ops: Sequence[Op], param_blobs: Sequence[str], protected: set[
     skipped: set[int] = set()
     dropped: dict[int, set[int]] = {}
     for index, blob in enumerate(param_blobs):
-        last = _last_writer(ops, blob, len(ops))
-        if blob in protected or last is None or _readers(ops, blob, last) or param_blobs.count(blob) > 1:
+        last = last_writer(ops, blob, len(ops))
+        if blob in protected or last is None or readers(ops, blob, last) or param_blobs.count(blob) > 1:
             continue
         found = _terms(ops, blob, last, protected)
         if found is None:
@@ -132,8 +133,8 @@ def _terms(ops: Sequence[Op], blob: str, position: int, protected: set[str]) -> 
         chain: list[Term] = []
         sums = {position}
         for name in op.inputs:
-            writer = _last_writer(ops, name, position)
-            if writer is None or (name != blob and name in protected) or _readers(ops, name, writer) != [position]:
+            writer = last_writer(ops, name, position)
+            if writer is None or (name != blob and name in protected) or readers(ops, name, writer) != [position]:
                 return None
             found = _terms(ops, name, writer, protected)
             if found is None:
@@ -148,25 +149,6 @@ def _terms(ops: Sequence[Op], blob: str, position: int, protected: set[str]) -> 
     if output not in kinds or (op.type in ("MatMul", "BatchMatMul") and len(op.outputs) != 1):
         return None
     return [Term(op, position, output)], set()
-
-
-def _last_writer(ops: Sequence[Op], name: str, before: int) -> int | None:
-    for i in range(before - 1, -1, -1):
-        if name in ops[i].outputs:
-            return i
-    return None
-
-
-def _readers(ops: Sequence[Op], name: str, writer: int) -> list[int]:
-    """Ops that read the value `ops[writer]` wrote to `name`, up to and including the op that
-    overwrites it (which reads first: an in-place Sum)."""
-    readers = []
-    for i in range(writer + 1, len(ops)):
-        if name in ops[i].inputs:
-            readers.append(i)
-        if name in ops[i].outputs:
-            break
-    return readers
 
 
 # -- the sums over steps --------------------------------------------------------------------------

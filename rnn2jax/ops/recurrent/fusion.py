@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from ...netdef import Net, Op
 from ..rnn_units import lstm_state_update
+from .dataflow import last_writer, readers
 
 GATES = ("i", "f", "o", "g")
 
@@ -63,18 +64,6 @@ def _extra(unit: Op, env: Mapping[str, Any]) -> tuple:
     return tuple(env[name] for name in unit.inputs[3:])
 
 
-def _readers(ops: tuple[Op, ...], name: str, writer: int) -> list[int]:
-    """Ops that read the value `ops[writer]` wrote to `name` (up to and including the op that
-    overwrites it, which reads first: Caffe2's in-place Sum)."""
-    readers = []
-    for i in range(writer + 1, len(ops)):
-        if name in ops[i].inputs:
-            readers.append(i)
-        if name in ops[i].outputs:
-            break
-    return readers
-
-
 def find_fused_lstms(net: Net, sequences: set[str], kept: set[str], per_step: set[str]) -> list[FusedLSTM]:
     """Every `FC(a, W, b) -> Sum(gates, x_t) -> LSTMUnit(h, c, gates, ...)` chain whose FC and Sum
     outputs nobody else reads, where x_t is a per-step sequence (`sequences`) and W and b are the same
@@ -86,26 +75,26 @@ def find_fused_lstms(net: Net, sequences: set[str], kept: set[str], per_step: se
         if unit.type != "LSTMUnit" or len(unit.inputs) < 4:
             continue
         gates = unit.inputs[2]
-        sum_pos = _last_writer(ops, gates, unit_pos)
+        sum_pos = last_writer(ops, gates, unit_pos)
         if sum_pos is None or ops[sum_pos].type != "Sum" or len(ops[sum_pos].inputs) != 2:
             continue
         summed = ops[sum_pos]
         fc_out, seq = summed.inputs
         if seq not in sequences:
             fc_out, seq = seq, fc_out
-        fc_pos = _last_writer(ops, fc_out, sum_pos)
+        fc_pos = last_writer(ops, fc_out, sum_pos)
         if seq not in sequences or fc_pos is None or not _plain_fc(ops[fc_pos]):
             continue
         fc = ops[fc_pos]
         private = (
-            _readers(ops, fc_out, fc_pos) == [sum_pos]
-            and _readers(ops, gates, sum_pos) == [unit_pos]
+            readers(ops, fc_out, fc_pos) == [sum_pos]
+            and readers(ops, gates, sum_pos) == [unit_pos]
             # Caffe2's Sum is in place (gates_t -> gates_t): a kept `gates` is then the Sum's output, which
             # `keep_gates` provides; only a separately named FC output must not be needed afterwards.
             and (fc_out == gates or fc_out not in kept)
-            and _last_writer(ops, fc.inputs[0], unit_pos) == _last_writer(ops, fc.inputs[0], fc_pos)
-            and _last_writer(ops, fc.inputs[1], len(ops)) is None
-            and _last_writer(ops, fc.inputs[2], len(ops)) is None
+            and last_writer(ops, fc.inputs[0], unit_pos) == last_writer(ops, fc.inputs[0], fc_pos)
+            and last_writer(ops, fc.inputs[1], len(ops)) is None
+            and last_writer(ops, fc.inputs[2], len(ops)) is None
             and not per_step & {fc.inputs[1], fc.inputs[2]}
         )
         if private:
@@ -123,13 +112,6 @@ def find_fused_lstms(net: Net, sequences: set[str], kept: set[str], per_step: se
                 )
             )
     return found
-
-
-def _last_writer(ops: tuple[Op, ...], name: str, before: int) -> int | None:
-    for i in range(before - 1, -1, -1):
-        if name in ops[i].outputs:
-            return i
-    return None
 
 
 def _plain_fc(op: Op) -> bool:
