@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from ...netdef import Net, Op
+from ..common import matmul_precision
 from ..rnn_units import lstm_state_update
 from .dataflow import last_writer, readers
 
@@ -52,8 +53,22 @@ class FusedLSTM:
 
     def step(self, unit: Op, env: MutableMapping[str, Any], weights: Mapping[str, jax.Array]) -> None:
         """Inside the loop: the FC, the Sum and LSTMUnit as one computation on gate blocks."""
-        a = env[self.fc_input]
-        pre = {gate: env[self.block_name(gate)] + a @ weights[gate] for gate in GATES}
+        a, row = env[self.fc_input], env[self.block_name("i")]
+        k = weights["i"].shape[0]
+        if getattr(a, "ndim", 0) < 1 or a.shape[-1] != k:
+            raise ValueError(
+                f"FC input '{self.fc_input}' {list(getattr(a, 'shape', ()))} does not have the K = {k} columns "
+                f"of weight '{self.weight}'"
+            )
+        if a.shape[:-1] != row.shape[:-1]:  # Caffe2's Sum takes equal shapes only; nothing broadcasts
+            raise ValueError(
+                f"Sum of FC output '{self.gates}' {[*a.shape[:-1], 4 * row.shape[-1]]} and '{self.sequence}' "
+                f"{[*row.shape[:-1], 4 * row.shape[-1]]}: inputs must have the same shape"
+            )
+        precision = matmul_precision()
+        pre = {
+            gate: env[self.block_name(gate)] + jnp.matmul(a, weights[gate], precision=precision) for gate in GATES
+        }
         if self.keep_gates:
             env[self.gates] = jnp.concatenate([pre[gate] for gate in GATES], axis=-1)
         hidden, cell = lstm_state_update(unit, *(env[name] for name in unit.inputs[:2]), pre, _extra(unit, env))
