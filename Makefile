@@ -1,7 +1,8 @@
 # `make demo` and `make test` work on a fresh machine: each creates .venv when missing and installs
 # rnn2jax into it (editable, with the test, torch and database extras) before running. `make test` also creates
 # .venv-caffe2, real Caffe2 (torch 1.10.2 on Python 3.9), the reference the differential tests ask;
-# where no Python 3.9 exists it says so and those tests skip with that reason.
+# where no Python 3.9 exists it says so and those tests skip with that reason. It installs Graphviz (`dot`,
+# for the `rnn2jax draw` tests) where it is missing and it can (root, apt-get); else those tests skip, saying so.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -20,7 +21,7 @@ BENCH_ARGS ?=
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,torch,fuzz,lmdb,leveldb,rocksdb,orbax]'
+	$(BIN)/python -m pip install --quiet -e '.[test,torch,fuzz,lmdb,leveldb,rocksdb,orbax,draw,tensorboard]'
 	touch $(STAMP)
 
 # Not fatal: without Python 3.9 the differential tests skip, and the message says why.
@@ -32,6 +33,7 @@ demo: $(STAMP)
 	$(BIN)/rnn2jax demo
 
 test: $(STAMP) $(CAFFE2_STAMP)
+	@sh scripts/install_graphviz.sh
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-caffe2-api

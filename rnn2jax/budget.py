@@ -111,6 +111,8 @@ def check_value(where: str, blob: str, value: Any) -> None:
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is None or dtype is None:
         return
+    if not all(isinstance(d, int | np.integer) for d in shape):
+        return  # a symbolic dimension (jax.export shape polymorphism): its size is known only when called
     try:
         np.dtype(dtype)
     except TypeError:

@@ -1,6 +1,7 @@
 """The `rnn2jax` command line: `inspect` a net or a Caffe2 DB (a predictor export's nets too), `verify` its
 backward step nets, `run` or `export` it (a net file or a predictor export), `compare` it with real Caffe2
-(made by `setup-caffe2`), `convert-params` from a Caffe2 DB to .npz, run the bundled `demo`.
+(made by `setup-caffe2`), `convert-params` from a Caffe2 DB to .npz, `draw` it, `run-plan` a PlanDef, run the
+bundled `demo`.
 
 Exit status: 0 on success, 1 when a check fails, 2 on bad input (an `Rnn2JaxError`, one line on stderr).
 """
@@ -65,6 +66,8 @@ def _verify(args: argparse.Namespace) -> int:
         finite_differences=args.fd,
         caffe2=_caffe2_arg(args.caffe2),
         db_root=args.db_root,
+        batch=args.batch,
+        steps=args.steps,
     )
     print(report.to_json() if args.json else report)
     return 0 if report.ok else 1
@@ -88,7 +91,33 @@ def _export(args: argparse.Namespace) -> int:
     from .commands import export
 
     shapes, dtypes = dict(args.input_shape or []), dict(args.input_dtype or [])
-    return export(args.net, args.init, args.params, shapes, dtypes, args.output, args.db_type, args.db_root)
+    return export(
+        args.net, args.init, args.params, shapes, dtypes, args.output, args.db_type, args.db_root,
+        platforms=args.platforms, params_as_input=args.params_as_input, batch=args.batch, steps=args.steps,
+    )  # fmt: skip
+
+
+def _codegen(args: argparse.Namespace) -> int:
+    from .codegen.command import codegen
+
+    return codegen(args.net, args.init, args.params, args.output, args.db_root, args.db_type)
+
+
+def _export_dim(text: str) -> int | str:
+    """A dim for `export`: a size, or a symbol name (jax.export shape polymorphism: any size >= 1)."""
+    from .exporter import parse_dim
+
+    try:
+        return parse_dim(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _export_shape_arg(text: str) -> tuple[str, tuple[int | str, ...]]:
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected blob=D0,D1,... (sizes or symbols like T, N), got {text!r}")
+    return name, tuple(_export_dim(d) for d in dims.split(",") if d.strip())
 
 
 def _caffe2_arg(value: str | None) -> str | None:
@@ -116,6 +145,8 @@ def _compare(args: argparse.Namespace) -> int:
         seed=args.seed,
         net_name=args.net_name,
         caffe2=python,
+        batch=args.batch,
+        steps=args.steps,
     )
     print(report.to_json() if args.json else report)
     return 0 if report.ok else 1
@@ -153,7 +184,13 @@ def _demo(args: argparse.Namespace) -> int:
 def _run_plan(args: argparse.Namespace) -> int:
     from .commands import run_plan
 
-    return run_plan(args.plan, args.db_root, args.iters, args.log or [])
+    return run_plan(args.plan, args.db_root, args.iters, args.log or [], args.tensorboard)
+
+
+def _draw(args: argparse.Namespace) -> int:
+    from .draw import draw
+
+    return draw(args.net, args.output, args.net_name, args.rankdir)
 
 
 def _positive(text: str) -> int:
@@ -228,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--shape", action="append", type=_shape_arg, metavar="BLOB=D0,D1,...", help="shape of an input blob"
     )
+    check.add_argument(
+        "--batch", type=_positive, metavar="N", help="batch size: with --steps, infers the shapes not given "
+        "(data inputs an init net fills are drawn at random with the shapes they give; parameters keep theirs)",
+    )  # fmt: skip
+    check.add_argument("--steps", type=_positive, metavar="T", help="sequence length (see --batch)")
     check.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--fd", action="store_true", help="also compare with central finite differences")
@@ -242,7 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(handler=_verify)
     run = commands.add_parser("run", help="run a net on arrays from .npy/.npz files")
-    export = commands.add_parser("export", help="export a net as serialized StableHLO (jax.export)")
+    export = commands.add_parser(
+        "export", help="export a net as a standard jax.export artifact (StableHLO), for any T and N and platform"
+    )
     for sub in (run, export):
         sub.add_argument(
             "net", metavar="NET", help="a NetDef file (.pb or .pbtxt), or a predictor export (a Caffe2 DB)"
@@ -257,13 +301,52 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", metavar="OUT.npz", help="save the outputs here (default: print a summary)")
     run.set_defaults(handler=_run)
     export.add_argument(
-        "--input-shape", action="append", type=_shape_arg, metavar="BLOB=D0,D1,...", help="an input's shape"
+        "--input-shape",
+        action="append",
+        type=_export_shape_arg,
+        metavar="BLOB=D0,D1,...",
+        help="an input's shape; a dim may be a symbol (T, N): the export then runs at any size >= 1 for it, "
+        "the same size wherever the symbol appears",
     )
     export.add_argument(
-        "--input-dtype", action="append", type=_name_value_arg, metavar="BLOB=DTYPE", help="default float32"
+        "--batch", type=_export_dim, metavar="N", help="the batch size, or a symbol: shapes not given are inferred"
+    )
+    export.add_argument("--steps", type=_export_dim, metavar="T", help="the sequence length, or a symbol")
+    export.add_argument(
+        "--platforms",
+        default="cpu,cuda",
+        metavar="P1,P2",
+        help="lower for these platforms into one artifact: cpu, cuda, rocm, tpu (default: cpu,cuda)",
+    )
+    export.add_argument(
+        "--params-as-input",
+        action="store_true",
+        help="take the parameters as the exported function's first argument (a dict by blob name) instead "
+        "of baking them in, so one file serves several weight sets",
+    )
+    export.add_argument(
+        "--input-dtype",
+        action="append",
+        type=_name_value_arg,
+        metavar="BLOB=DTYPE",
+        help="default: int32 for lengths and indices, float32 otherwise",
     )
     export.add_argument("-o", "--output", required=True, metavar="MODEL.bin", help="the file to write")
     export.set_defaults(handler=_export)
+    codegen = commands.add_parser(
+        "codegen", help="write a net as a standalone JAX module (jax and numpy only) plus its parameters (.npz)"
+    )
+    codegen.add_argument(
+        "net", metavar="NET", help="a NetDef file (.pb or .pbtxt), or a predictor export (a Caffe2 DB)"
+    )
+    codegen.add_argument("--init", metavar="INIT", help="an init net that creates the parameters")
+    codegen.add_argument("--params", metavar="P.npz", help="parameters by blob name (override the init net)")
+    codegen.add_argument("--db-type", metavar="TYPE", help=_EXPORT_DB_TYPE_HELP)
+    codegen.add_argument("--db-root", metavar="DIR", help="where the init net's databases (relative paths) are")
+    codegen.add_argument(
+        "-o", "--output", required=True, metavar="MODEL.py", help="the module to write; MODEL.npz goes beside it"
+    )
+    codegen.set_defaults(handler=_codegen)
     versus = commands.add_parser(
         "compare",
         help="run a net in rnn2jax and in real Caffe2 on the same arrays; compare every blob (exit 1 on mismatch)",
@@ -282,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     versus.add_argument(
         "--shape", action="append", type=_shape_arg, metavar="BLOB=D0,D1,...", help="draw this input at random"
     )
+    versus.add_argument("--batch", type=_positive, metavar="N", help="batch size: infer the shapes not given")
+    versus.add_argument("--steps", type=_positive, metavar="T", help="sequence length: infer the shapes not given")
     versus.add_argument("--seed", type=int, default=0, help="for random inputs and the init net's fills")
     versus.add_argument(
         "--caffe2", metavar="PYTHON", help="the Python of the Caffe2 venv (default: $RNN2JAX_CAFFE2_PYTHON)"
@@ -304,7 +389,33 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--db-root", metavar="DIR", help="where the plan's databases (relative paths) are")
     plan.add_argument("--iters", type=_positive, metavar="N", help="run every execution step at most N iterations")
     plan.add_argument("--log", action="append", metavar="BLOB", help="show this blob while running and at the end")
+    plan.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write each --log blob (its mean when not one value) as a TensorBoard scalar at each new value; "
+        "without --log, the blobs whose name holds 'loss' (needs the tensorboard extra)",
+    )
     plan.set_defaults(handler=_run_plan)
+    picture = commands.add_parser(
+        "draw",
+        help="draw a net as SVG/PNG/PDF/DOT: each RecurrentNetwork a box holding its step nets, links as edges",
+        description="Draw NET as Caffe2's net_drawer did (ops as boxes, blobs as ellipses), each RecurrentNetwork "
+        "as a box holding its step net and backward step net, with its links, aliases and recurrent states as "
+        "labelled edges. .svg, .png and .pdf need the draw extra and Graphviz's dot; .dot needs nothing.",
+    )
+    picture.add_argument("net", metavar="NET", help="a NetDef or PlanDef file (.pb or .pbtxt)")
+    picture.add_argument(
+        "-o", "--output", metavar="OUT",
+        help="OUT.svg, .png, .pdf or .dot; - prints the DOT (default: NET's file name as .svg, here)",
+    )  # fmt: skip
+    picture.add_argument(
+        "--net", dest="net_name", metavar="NAME",
+        help="the plan's net to draw (default: the one with a RecurrentNetwork, the training net first)",
+    )  # fmt: skip
+    picture.add_argument(
+        "--rankdir", choices=("TB", "LR"), default="TB", help="top to bottom (default) or left to right (net_drawer's)"
+    )
+    picture.set_defaults(handler=_draw)
     script = commands.add_parser(
         "exec",
         help="run a Caffe2 Python script unchanged, with `import caffe2` resolving to rnn2jax",

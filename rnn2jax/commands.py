@@ -1,5 +1,5 @@
 """`rnn2jax run` and `rnn2jax export`: compile a net with its parameters, then run it on arrays from
-files or export it as StableHLO (`jax.export`) for `rnn2jax.serving`."""
+files or export it as a standard `jax.export` artifact (StableHLO) that `rnn2jax.serving` or plain JAX runs."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from .compile import CompiledNet, as_net, compile, run_init_net
-from .errors import MissingBlobError, ParseError, Rnn2JaxError, ShapeError
+from .errors import MissingBlobError, ParseError, Rnn2JaxError
+from .files import atomic_write
 from .params import load_array, load_arrays, load_params, save_params
 from .progress import stage
 
@@ -118,63 +118,79 @@ def export(
     net: str,
     init: str | None,
     params: str | None,
-    shapes: Mapping[str, tuple[int, ...]],
+    shapes: Mapping[str, Sequence[int | str]],
     dtypes: Mapping[str, str],
     path: str,
     db_type: str | None = None,
     db_root: str | None = None,
+    *,
+    platforms: str | Sequence[str] = "cpu,cuda",
+    params_as_input: bool = False,
+    batch: int | str | None = None,
+    steps: int | str | None = None,
 ) -> int:
-    """Export the net for the given input shapes. The parameters become constants of the StableHLO, so
-    the file is self-contained and its function takes only the net's inputs."""
-    from .serving import write_exported
+    """Export the net as a standard `jax.export` artifact (see rnn2jax/exporter.py): a function of a dict
+    of named inputs (and, with `params_as_input`, of the parameters first) returning a dict of named
+    outputs. Dims may be symbols; shapes not given are inferred from the others, the parameters and
+    `batch`/`steps`."""
+    from .exporter import export_net, input_specs, parse_platforms
 
+    targets = parse_platforms(platforms)  # before the work: an unknown platform is a typo
     fn = compile_with_params(net, init, params, db_root=db_root, db_type=db_type)
-    unknown_dtypes = [n for n in dtypes if n not in shapes]
+    unknown_dtypes = [n for n in dtypes if n not in fn.input_names]
     if unknown_dtypes:
-        raise MissingBlobError(f"--input-dtype for {', '.join(unknown_dtypes)}, which have no --input-shape")
-    check_missing(fn, shapes)
-    fn._check_inputs(shapes)  # unknown or missing inputs, with the op that reads each missing one
-    names, output_names = list(fn.input_names), list(fn.output_names)
-    specs = [jax.ShapeDtypeStruct(shapes[n], _dtype(dtypes.get(n, "float32"), n)) for n in names]
-    constants = fn.params
-
-    def serve(*args: jax.Array) -> tuple[jax.Array, ...]:
-        outputs = fn.apply(constants, dict(zip(names, args, strict=True)))
-        return tuple(outputs[n] for n in output_names)
-
-    with stage(f"tracing and lowering {len(fn.net.ops)} ops"):
-        exported = jax.export.export(jax.jit(serve))(*specs)
-    header = {
-        "inputs": [
-            {"name": n, "shape": list(s.shape), "dtype": str(s.dtype)} for n, s in zip(names, specs, strict=True)
-        ],
-        "outputs": output_names,
-        "params": "constants",
-        "platforms": list(exported.platforms),
-        "net": fn.net.name,
-    }
+        raise MissingBlobError(
+            f"--input-dtype for {', '.join(unknown_dtypes)}, which are not inputs of {fn.net.where}; "
+            f"its inputs are: {', '.join(fn.input_names) or '(none)'}"
+        )
+    shapes, dtypes = _complete_shapes(fn, shapes, dtypes, batch, steps)
+    specs = input_specs({n: shapes[n] for n in fn.input_names}, dtypes)
+    with stage(f"tracing and lowering {len(fn.net.ops)} ops for {', '.join(targets)}"):
+        exported = export_net(fn, specs, platforms=targets, params_as_input=params_as_input)
     try:
-        serialized = bytes(exported.serialize())
+        serialized = exported.serialize()
     except ImportError as error:  # jax serializes with the optional flatbuffers package
         raise Rnn2JaxError(f"cannot serialize the export: {error}") from None
     try:
-        write_exported(path, header, serialized)
+        with atomic_write(path) as file:
+            file.write(serialized)
     except OSError as error:
         raise ParseError(f"cannot write '{os.fspath(path)}': {error.strerror or error}") from None
-    print(f"wrote {path}: inputs {', '.join(names) or '(none)'} -> outputs {', '.join(output_names)}")
+    described = ", ".join(f"{n}[{', '.join(map(str, s.shape))}]" for n, s in specs.items()) or "(none)"
+    taking = f"params ({len(exported.in_avals) - len(specs)} arrays) and " if params_as_input else ""
+    print(
+        f"wrote {path} for {', '.join(exported.platforms)}: {taking}inputs {described} -> "
+        f"outputs {', '.join(fn.output_names)}"
+    )
     return 0
 
 
-def _dtype(name: str, blob: str) -> np.dtype:
-    try:
-        return np.dtype(name)
-    except TypeError:
-        raise ShapeError(f"--input-dtype {blob}={name}: not a dtype (e.g. float32, int32)") from None
+def _complete_shapes(
+    fn: CompiledNet,
+    shapes: Mapping[str, Sequence[int | str]],
+    dtypes: Mapping[str, str],
+    batch: int | str | None,
+    steps: int | str | None,
+) -> tuple[dict[str, Sequence[int | str]], dict[str, str]]:
+    """Every input's shape and dtype: as given, the rest inferred from them, the parameters and
+    `batch`/`steps` (lengths and indices are int32 unless --input-dtype says otherwise, the rest float32).
+    Unknown names are refused first."""
+    from .shape_inference import infer_input_specs
+
+    fn._check_inputs({**{n: None for n in fn.input_names}, **shapes})  # unknown inputs, named
+
+    inferred = infer_input_specs(
+        fn.net, fn.params, dict(shapes), batch=batch, steps=steps, dtypes=dict(dtypes), flag="--input-shape"
+    )
+    return {n: inferred[n].shape for n in fn.input_names}, {n: inferred[n].dtype for n in fn.input_names}
 
 
-def run_plan(path: str, db_root: str | None, iters: int | None, log: Sequence[str]) -> int:
+def run_plan(
+    path: str, db_root: str | None, iters: int | None, log: Sequence[str], tensorboard: str | None = None
+) -> int:
     """`rnn2jax run-plan`: run a PlanDef in a fresh workspace with a progress line, then print the
-    logged blobs. Ctrl-C stops it between iterations: where it stopped goes to stderr, exit status 130."""
+    logged blobs (and with `tensorboard`, write them per iteration as TensorBoard scalars there).
+    Ctrl-C stops it between iterations: where it stopped goes to stderr, exit status 130."""
     import sys
 
     from .load import load
@@ -189,9 +205,11 @@ def run_plan(path: str, db_root: str | None, iters: int | None, log: Sequence[st
         raise ParseError(f"{path} holds a net, not a plan: run it with `rnn2jax run`")
     workspace = Workspace(db_root=db_root)
     meter = IterationMeter(lambda: _log_text(workspace, log, "  ") if log else "")
+    scalars = _scalar_logger(plan, workspace, log, tensorboard)
+    observer = meter if scalars is None else _observers(scalars, meter)
     should_continue = (lambda i: i < iters) if iters is not None else None
     try:
-        workspace.run_plan(plan, should_continue=should_continue, observer=meter, defer_interrupt=True)
+        workspace.run_plan(plan, should_continue=should_continue, observer=observer, defer_interrupt=True)
     except KeyboardInterrupt as error:
         meter.close()
         where = error.where if isinstance(error, PlanInterrupted) else f"plan '{plan.name}'"
@@ -199,9 +217,41 @@ def run_plan(path: str, db_root: str | None, iters: int | None, log: Sequence[st
         if log:
             print(_log_text(workspace, log, "\n"))
         return 130
+    finally:
+        if scalars is not None:
+            scalars.close()  # what was logged before an error or Ctrl-C is kept
     meter.close()
     print(f"ran plan '{plan.name}'" + (f"; logged blobs:\n{_log_text(workspace, log, chr(10))}" if log else ""))
+    if scalars is not None:
+        written = ", ".join(f"{name} ({count})" for name, count in scalars.steps.items())
+        print(f"wrote TensorBoard scalars to {tensorboard}: {written}")
     return 0
+
+
+def _observers(*observers: Any) -> Any:
+    def observe(path: tuple[str, ...], done: int, total: int | None) -> None:
+        for observer in observers:
+            observer(path, done, total)
+
+    return observe
+
+
+def _scalar_logger(plan: Any, workspace: Any, log: Sequence[str], logdir: str | None) -> Any:
+    """`--tensorboard`'s observer, for the --log blobs or else the blobs named like a loss (said on stderr)."""
+    if logdir is None:
+        return None
+    import sys
+
+    from .tensorboard_log import ScalarLogger, loss_blobs
+
+    names = list(log) or loss_blobs(plan)
+    if not names:
+        raise MissingBlobError(
+            f"--tensorboard: plan '{plan.name}' writes no blob named like a loss; name the blobs to log with --log"
+        )
+    if not log:
+        print(f"rnn2jax: --tensorboard logs {', '.join(names)} (choose others with --log)", file=sys.stderr)
+    return ScalarLogger(workspace, names, logdir)
 
 
 def _log_text(workspace: Any, names: Sequence[str], separator: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .blob_roles import length_blobs
 from .budget import check_array
 from .caffe2.opdef import create_operator
 from .compile import CompiledNet, compile, run_init_net
@@ -190,16 +191,11 @@ def _declare_inputs(net: pb.NetDef, names: Sequence[str]) -> pb.NetDef:
 
 
 def sequence_length_blobs(net: Net) -> set[str]:
-    """Blobs the net (step nets included) uses as sequence lengths: int32 in [0, T]."""
-    names = set()
+    """Blobs the net (step nets included) uses as sequence lengths: int32 in [0, T]; a RecurrentNetwork's
+    inputs named like lengths too (the ops that read them may sit in its step net under another name)."""
+    names = length_blobs(net)
     for op in net.walk():
-        if op.type in ("LSTMUnit", "GRUUnit") and op.bool("sequence_lengths", True) and len(op.inputs) >= 4:
-            names.add(op.inputs[-2])
-        elif op.type == "SequenceMask" and len(op.inputs) > 1:
-            names.add(op.inputs[1])
-        elif op.type in ("PackRNNSequence", "UnpackRNNSequence", "AddPadding", "RemovePadding"):
-            names.update(op.inputs[1:2])
-        elif op.type == "RecurrentNetwork":
+        if op.type == "RecurrentNetwork":
             names.update(n for n in op.inputs if "seq_len" in n or n.endswith("lengths"))
     return names
 
@@ -267,12 +263,15 @@ def compare(
     net_name: str | None = None,
     caffe2: Any = None,
     rtol: float | None = None,
+    batch: int | None = None,
+    steps: int | None = None,
 ) -> ComparisonReport:
     """Run `net` in rnn2jax and in real Caffe2 on the same parameters and inputs; compare every blob it writes.
 
     `net` is a path, bytes, text or message (NetDef, or PlanDef with `net_name`); `init_net` is one too, or
     the name of another net of the same plan. `params` and `inputs` map blob names to arrays; inputs not
-    given are drawn from `shapes`. `caffe2` is a `Caffe2Oracle`, the Python 3.9 interpreter of a Caffe2 venv,
+    given are drawn from `shapes`; with `batch` (N) and/or `steps` (T), the shapes not given are inferred
+    (`rnn2jax.shape_inference`). `caffe2` is a `Caffe2Oracle`, the Python 3.9 interpreter of a Caffe2 venv,
     or None for $RNN2JAX_CAFFE2_PYTHON.
     """
     from .oracle import Caffe2Error, OracleCrashedError
@@ -307,7 +306,14 @@ def compare(
         values.update(run_init_net(load(made), seed))
         init_def = made if init_def is None else _merged(init_def, made)
         fn = compile(ir, params=values, outputs=order)
-    feeds = draw_inputs(fn, dict(inputs or {}), dict(shapes or {}), np.random.default_rng(seed))
+    shapes = dict(shapes or {})
+    if batch is not None or steps is not None:
+        from .shape_inference import infer_input_specs
+
+        given = {n: np.shape(v) for n, v in (inputs or {}).items() if n in fn.input_names}
+        specs = infer_input_specs(fn.net, fn.params, {**given, **shapes}, batch=batch, steps=steps, flag="--shape")
+        shapes = {**{n: s.shape for n, s in specs.items()}, **shapes}
+    feeds = draw_inputs(fn, dict(inputs or {}), shapes, np.random.default_rng(seed))
 
     oracle, owned = open_oracle(caffe2)
     try:

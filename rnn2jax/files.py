@@ -20,6 +20,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     target = Path(path)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent or ".")
     try:
+        os.chmod(temporary, _mode_for(target))
         with os.fdopen(descriptor, "wb") as file:
             yield file
             file.flush()
@@ -28,3 +29,14 @@ def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _mode_for(target: Path) -> int:
+    """The permissions a plain `open(path, "w")` would give: the old file's, else 0666 less the umask
+    (mkstemp's 0600 would make a saved model unreadable to the serving process's user)."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return 0o666 & ~umask

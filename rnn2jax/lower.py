@@ -152,6 +152,8 @@ def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_
         raise
     except _TRACED_VALUE_ERRORS as error:
         raise ShapeError(_traced_value_message(step, error)) from None
+    except jax.errors.InconclusiveDimensionOperation as error:
+        raise ShapeError(_symbolic_dim_message(step, args, error)) from None
     except (TypeError, ValueError, IndexError) as error:
         inputs = ", ".join(f"{n}: {_describe(v)}" for n, v in zip(op.inputs, args, strict=True))
         raise ShapeError(f"{op.where}: {error} (inputs: {inputs})") from error
@@ -180,6 +182,22 @@ def _traced_value_message(step: _Step, error: Exception) -> str:
         "but they are traced here. rnn2jax.compile makes such net inputs static by itself; this happens "
         "when the values are computed per step inside a step net, or when `apply` runs under your own "
         f"jax.jit/grad with them as traced arguments (pass them as NumPy arrays instead). ({first})"
+    )
+
+
+def _symbolic_dim_message(step: _Step, args: list[Any], error: Exception) -> str:
+    """An op that needs a concrete size where `jax.export` gave a symbolic dim (shape polymorphism)."""
+    op = step.op
+    symbolic = {
+        name: f"'{name}' ({_describe(value)})"
+        for name, value in zip(op.inputs, args, strict=True)
+        if not all(isinstance(d, int) for d in getattr(value, "shape", ()))
+    }.values()
+    blobs = f"input {', '.join(symbolic)}" if symbolic else "its inputs"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return (
+        f"{op.where}: cannot run with symbolic dims: it needs the concrete size of a dim of {blobs} "
+        f"({first}); export with that dim given as a number"
     )
 
 

@@ -21,9 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .blob_roles import integer_blobs
 from .budget import check_array
 from .compile import run_init_net
-from .errors import BadArgumentError, InputTypeError
+from .errors import BadArgumentError, InputTypeError, Rnn2JaxError, ShapeError
 from .load import load
 from .lower import lower
 from .netdef import Net, Op, Plan
@@ -58,6 +59,7 @@ class VerificationReport:
     rtol: float
     atol: float
     checks: list[GradientCheck] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how inputs were made (shapes inferred, values replaced)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +91,7 @@ class VerificationReport:
         lines.append(f"{verdict} (dtype {self.dtype}, rtol {self.rtol:g}, atol {self.atol:g})")
         if with_caffe2:
             lines.append("caffe2 rel err: real Caffe2's RecurrentNetworkGradient (float32) against jax.vjp")
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 
@@ -120,19 +123,6 @@ def gradient_op(op: Op) -> Op:
         where=f"{op.where} (its gradient)",
         is_gradient_op=True,
     )
-
-
-def integer_blobs(net: Net) -> set[str]:
-    """Blobs a step net uses as sequence lengths (int32)."""
-    names = set()
-    for op in net.walk():
-        if op.type in ("LSTMUnit", "GRUUnit") and op.bool("sequence_lengths", True) and len(op.inputs) >= 4:
-            names.add(op.inputs[-2])
-        elif op.type == "SequenceMask" and len(op.inputs) > 1:
-            names.add(op.inputs[1])
-        elif op.type in ("GT", "GE", "LT", "LE"):
-            names.add(op.inputs[0])
-    return names
 
 
 def _shape_of(spec: Any, where: str = "") -> tuple[int, ...]:
@@ -169,7 +159,8 @@ class _OpCheck:
             example = " ".join(f"--shape {n}=..." for n in missing)
             raise BadArgumentError(
                 f"{self.op.where}: give the shapes of {', '.join(missing)} (shapes={{blob: (dims)}} or "
-                f"`rnn2jax verify NET {example}`), or an init net that creates them"
+                f"`rnn2jax verify NET {example}`), or an init net that creates them, or the batch size and "
+                "sequence length (batch=, steps=; --batch N --steps T) to infer them from"
             )
         steps = None
         drawn: dict[str, Any] = {}
@@ -269,6 +260,8 @@ def verify(
     atol: float | None = None,
     caffe2: Any = None,
     db_root: str | os.PathLike | None = None,
+    batch: int | None = None,
+    steps: int | None = None,
 ) -> VerificationReport:
     """Check every RecurrentNetwork op's backward step net against `jax.vjp` of its forward scan.
 
@@ -279,6 +272,12 @@ def verify(
     or the Python of a Caffe2 venv made by `rnn2jax setup-caffe2`) adds real Caffe2's gradient as a third
     opinion, judged against `jax.vjp` with float32's tolerances. `db_root` is where an init net that
     Loads from databases finds them (relative names; the current directory by default).
+
+    Shapes not given are inferred (`rnn2jax.shape_inference`) from the parameters, the values and `batch`
+    (N) / `steps` (T), blobs the net computes before a RecurrentNetwork op included. `batch`/`steps` decide
+    the data inputs' shapes: a data input whose value (an init net's one-sample setup, say) does not fit them
+    is drawn at random with the shape they give instead, while parameters keep their values; the report's
+    `notes` say which.
     """
     if dtype not in TOLERANCES:
         raise BadArgumentError(f"dtype must be one of {', '.join(TOLERANCES)}, got {dtype!r}")
@@ -290,14 +289,15 @@ def verify(
     values.update(_checked_params(params))
     rng = np.random.default_rng(seed)
     ops = _recurrent_ops(loaded)
+    shapes = dict(shapes or {})
+    notes = _infer_shapes(loaded, ops, values, shapes, batch, steps)
+    report.notes.extend(notes)
     protos = _recurrent_protos(net, len(ops)) if caffe2 is not None else [None] * len(ops)
     oracle, owned = _oracle(caffe2) if caffe2 is not None else (None, False)
     try:
         with jax.enable_x64(dtype == "float64"):
             for op, proto in zip(ops, protos, strict=True):
-                checks, check, grads, auto = _check_op(
-                    op, values, dict(shapes or {}), rng, dtype, report, finite_differences
-                )
+                checks, check, grads, auto = _check_op(op, values, shapes, rng, dtype, report, finite_differences)
                 if oracle is not None:
                     checks = _with_caffe2(oracle, proto, checks, check, grads, auto)
                 report.checks.extend(checks)
@@ -305,6 +305,61 @@ def verify(
         if owned:
             oracle.close()
     return report
+
+
+def _infer_shapes(
+    loaded: Net | Plan,
+    ops: Sequence[Op],
+    values: dict[str, Any],
+    shapes: dict[str, Any],
+    batch: int | None,
+    steps: int | None,
+) -> list[str]:
+    """Fill `shapes` with what the nets holding `ops` give every blob those ops read, and drop from `values`
+    the data inputs `batch`/`steps` replace; the notes say what was done. Without batch/steps the inference
+    only helps: what it cannot find is left to the shapes given (and _OpCheck's error)."""
+    from .shape_inference import infer_shapes, missing_message, runnable_part
+
+    explicit = batch is not None or steps is not None
+    for name, value in (("batch", batch), ("steps", steps)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise BadArgumentError(f"verify: {name}= must be a positive int, got {value!r}")
+    if not explicit and all(n in values or n in shapes for op in ops for n in op.inputs):
+        return []
+    nets = list(loaded.nets.values()) if isinstance(loaded, Plan) else [loaded]
+    notes = []
+    for net in nets:
+        checked = [op for op in net.ops if any(op is o for o in ops)]
+        if not checked:
+            continue
+        try:
+            found = infer_shapes(runnable_part(net), {}, shapes, batch=batch, steps=steps, defaults=values)
+        except Rnn2JaxError:
+            if explicit:
+                raise
+            continue
+        old = {name: list(np.shape(values[name])) for name in found.replaced}
+        for name in found.replaced:
+            del values[name]
+        inferred = [n for n in found.blobs if n not in values and n not in shapes]
+        shapes.update({n: found.blobs[n].shape for n in inferred})
+        missing = {n: op for op in checked for n in op.inputs if n not in values and n not in shapes}
+        if missing and explicit:
+            hint = "; parameters come from an init net (--init INIT, init_net=) or params="
+            raise ShapeError(missing_message(net, missing, batch, steps, "--shape") + hint)
+        reads = {n for op in checked for n in op.inputs}
+        shown = [n for n in inferred if n in reads]
+        if shown:
+            listed = ", ".join(f"{n} {list(found.blobs[n].shape)}" for n in shown)
+            notes.append(f"{net.where}: shapes inferred: {listed}")
+        if old:
+            flags = " ".join(f"--{k} {v}" for k, v in (("batch", batch), ("steps", steps)) if v is not None)
+            listed = ", ".join(f"{n} {old[n]} -> {list(found.blobs[n].shape)}" for n in old)
+            notes.append(
+                f"{net.where}: {flags} decide the data inputs' shapes: {listed} are drawn at random instead of "
+                "taking the given or init net's values; parameters keep their values"
+            )
+    return notes
 
 
 def _checked_params(params: Any) -> dict[str, Any]:

@@ -15,6 +15,17 @@ from rnn2jax.load import load
 from rnn2jax.lower import lower
 
 REALNETS = Path(__file__).resolve().parents[2] / "shared" / "realnets"
+# The breadbread character LSTM's weights (what its init net Loads from a database that is not published):
+# names and shapes as its nets use them (vocabulary 62, hidden 100).
+BREADBREAD_VOCAB, BREADBREAD_HIDDEN = 62, 100
+BREADBREAD_WEIGHTS = {
+    "LSTM/i2h_w": (4 * BREADBREAD_HIDDEN, BREADBREAD_VOCAB),
+    "LSTM/i2h_b": (4 * BREADBREAD_HIDDEN,),
+    "LSTM/gates_t_w": (4 * BREADBREAD_HIDDEN, BREADBREAD_HIDDEN),
+    "LSTM/gates_t_b": (4 * BREADBREAD_HIDDEN,),
+    "char_rnn_blob_0_w": (BREADBREAD_VOCAB, BREADBREAD_HIDDEN),
+    "char_rnn_blob_0_b": (BREADBREAD_VOCAB,),
+}
 
 # Every XLA compilation of this process, by function name: JAX's own monitoring event, not rnn2jax's cache.
 _COMPILED: list[str] = []

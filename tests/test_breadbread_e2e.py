@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import rnn2jax
-from helpers import REALNETS
+from helpers import BREADBREAD_WEIGHTS, REALNETS
 from reference import lstm
 from rnn2jax.cli import main
 from rnn2jax.proto import caffe2_pb2 as pb
@@ -27,16 +27,9 @@ INIT = REALNETS / "breadbread_lstmdemo_lstm_init_net.pbtxt"
 pytestmark = pytest.mark.skipif(not TRAIN_PLAN.exists(), reason=f"real nets folder {REALNETS} is absent")
 
 VOCAB, HIDDEN, SEQ, BATCH = 62, 100, 25, 10  # what the plan's shapes and Reshape(250) expect
+WEIGHTS = BREADBREAD_WEIGHTS  # what the init net's Load names, with the shapes the plans give them
 RECORDS = 30  # 3 batches: the reader wraps around every 3 iterations
 ITERS = 200
-WEIGHTS = {  # what the init net's Load names, with the shapes the plans give them
-    "LSTM/i2h_w": (4 * HIDDEN, VOCAB),
-    "LSTM/i2h_b": (4 * HIDDEN,),
-    "LSTM/gates_t_w": (4 * HIDDEN, HIDDEN),
-    "LSTM/gates_t_b": (4 * HIDDEN,),
-    "char_rnn_blob_0_w": (VOCAB, HIDDEN),
-    "char_rnn_blob_0_b": (VOCAB,),
-}
 
 
 # -- an independent writer and reader of the two databases -------------------------------------------

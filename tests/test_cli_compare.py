@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import REALNETS
+from helpers import BREADBREAD_WEIGHTS, REALNETS
 from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.python import brew
 from rnn2jax.caffe2.python.model_helper import ModelHelper
@@ -22,7 +22,7 @@ from rnn2jax.proto import caffe2_pb2 as pb
 PREDICT = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"
 TRAIN_PLAN = REALNETS / "breadbread_lstmdemo_train_plan.pbtxt"
 needs_realnets = pytest.mark.skipif(not PREDICT.exists(), reason=f"real nets folder {REALNETS} is absent")
-HIDDEN, VOCAB = 100, 62
+VOCAB = 62
 PREDICT_SHAPES = ["input_blob=6,3,62", "seq_lengths=3", "hidden_init=1,3,100", "cell_init=1,3,100"]
 VERIFY_SHAPES = {
     "LSTM/i2h": "5,3,16",
@@ -43,16 +43,8 @@ def python(caffe2):
 @pytest.fixture
 def predict_params(tmp_path):
     rng = np.random.default_rng(0)
-    shapes = {
-        "LSTM/i2h_w": (4 * HIDDEN, VOCAB),
-        "LSTM/i2h_b": (4 * HIDDEN,),
-        "LSTM/gates_t_w": (4 * HIDDEN, HIDDEN),
-        "LSTM/gates_t_b": (4 * HIDDEN,),
-        "char_rnn_blob_0_w": (VOCAB, HIDDEN),
-        "char_rnn_blob_0_b": (VOCAB,),
-    }
     path = tmp_path / "params.npz"
-    np.savez(path, **{k: (rng.standard_normal(s) * 0.3).astype(np.float32) for k, s in shapes.items()})
+    np.savez(path, **{k: (rng.standard_normal(s) * 0.3).astype(np.float32) for k, s in BREADBREAD_WEIGHTS.items()})
     return path
 
 

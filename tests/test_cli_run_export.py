@@ -1,43 +1,37 @@
-"""`rnn2jax run` and `rnn2jax export`: outputs match `rnn2jax.compile`, an export runs in a fresh process
-that imports only `rnn2jax.serving`, bad input is one line on stderr with exit status 2, and the
-progress display stays silent when stderr is not a terminal."""
+"""`rnn2jax run` and `rnn2jax export`: outputs match `rnn2jax.compile`, an export (a plain serialized
+`jax.export.Exported`) runs in a fresh process that imports only `rnn2jax.serving`, bad input is one line
+on stderr with exit status 2, and the progress display stays silent when stderr is not a terminal. The
+real LSTM's export, symbolic dims and platforms: tests/test_export_artifact.py."""
 
 from __future__ import annotations
 
 import io
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 import rnn2jax
-from helpers import REALNETS
+from helpers import BREADBREAD_WEIGHTS, REALNETS
 from rnn2jax import progress
 from rnn2jax.cli import main
 from rnn2jax.errors import InputTypeError, ParseError
+from rnn2jax.serving import load_exported
 
 ROOT = Path(__file__).resolve().parents[1]
 PREDICT = str(ROOT / "rnn2jax/examples/mlp_predict_net.pbtxt")
 INIT = str(ROOT / "rnn2jax/examples/mlp_init_net.pbtxt")
 BREAD = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"
 needs_bread = pytest.mark.skipif(not BREAD.is_file(), reason=f"real nets folder {REALNETS} is absent")
-BREAD_PARAM_SHAPES = {
-    "LSTM/i2h_w": (400, 62),
-    "LSTM/i2h_b": (400,),
-    "LSTM/gates_t_w": (400, 100),
-    "LSTM/gates_t_b": (400,),
-    "char_rnn_blob_0_w": (62, 100),
-    "char_rnn_blob_0_b": (62,),
-}
 T, N = 5, 2
 
 
 def _bread_params(tmp_path: Path) -> tuple[str, dict[str, np.ndarray]]:
     rng = np.random.default_rng(0)
-    params = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in BREAD_PARAM_SHAPES.items()}
+    params = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in BREADBREAD_WEIGHTS.items()}
     np.savez(tmp_path / "bread.npz", **params)
     return str(tmp_path / "bread.npz"), params
 
@@ -154,54 +148,52 @@ def test_export_mlp_and_serve_it_without_the_importer(tmp_path, capsys):
     pytest.importorskip("flatbuffers", reason="jax.export serialization needs flatbuffers")
     model = tmp_path / "mlp.bin"
     assert main(["export", PREDICT, "--init", INIT, "--input-shape", "data=4,8", "-o", str(model)]) == 0
-    assert "inputs data -> outputs prob" in capsys.readouterr().out
-    header = json.loads(model.read_bytes().split(b"\n")[1])
-    assert header["inputs"] == [{"name": "data", "shape": [4, 8], "dtype": "float32"}]
-    assert header["outputs"] == ["prob"] and header["params"] == "constants"
+    assert "for cpu, cuda: inputs data[4, 8] -> outputs prob" in capsys.readouterr().out
+    exported = jax.export.deserialize(bytearray(model.read_bytes()))  # the file is exactly an Exported
+    assert exported.platforms == ("cpu", "cuda")  # the default
+    args = jax.tree_util.tree_unflatten(exported.in_tree, exported.in_avals)
+    assert args == (({"data": jax.core.ShapedArray((4, 8), np.float32)},), {})
     data = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
     got = _serve_in_fresh_process(model, {"data": data}, tmp_path)
     expected = rnn2jax.compile(PREDICT, init_net=INIT)(data=data)["prob"]
     np.testing.assert_allclose(got["prob"], expected, rtol=1e-6, atol=1e-7)
-
-
-@needs_bread
-def test_export_real_lstm_net_and_serve_it(tmp_path, capsys):
-    pytest.importorskip("flatbuffers", reason="jax.export serialization needs flatbuffers")
-    params_path, params = _bread_params(tmp_path)
-    model = tmp_path / "lstm.bin"
-    shapes = [f"input_blob={T},{N},62", f"seq_lengths={N}", f"hidden_init=1,{N},100", f"cell_init=1,{N},100"]
-    argv = ["export", str(BREAD), "--params", params_path, "-o", str(model), "--input-dtype", "seq_lengths=int32"]
-    assert main([*argv, *(f"--input-shape={s}" for s in shapes)]) == 0
-    inputs = _bread_inputs()
-    got = _serve_in_fresh_process(model, inputs, tmp_path)
-    expected = rnn2jax.compile(BREAD, params=params)(inputs)
-    assert sorted(got) == sorted(expected)
-    for name, value in expected.items():
-        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6)
+    # another platform first: on this CPU machine the call still runs the cpu lowering
+    assert (
+        main(
+            ["export", PREDICT, "--init", INIT, "--input-shape", "data=B,8", "--platforms", "tpu,cpu", "-o", str(model)]
+        )
+        == 0
+    )
+    served = load_exported(model)
+    assert served.platforms == ("tpu", "cpu") and [str(d) for d in served.inputs["data"].shape] == ["B", "8"]
+    np.testing.assert_allclose(np.asarray(served(data=data)["prob"]), expected, rtol=1e-6, atol=1e-7)
 
 
 def test_export_bad_arguments_exit_2(tmp_path, capsys):
     out = str(tmp_path / "m.bin")
     assert main(["export", PREDICT, "--init", INIT, "-o", out]) == 2
-    _one_line_error(capsys, "missing input(s) data", "FC")
+    _one_line_error(capsys, "cannot infer the shape of 1 input(s): 'data' (read by op #0 (FC))", "--batch N")
     assert (
         main(["export", PREDICT, "--init", INIT, "--input-shape", "data=4,8", "--input-shape", "x=1", "-o", out]) == 2
     )
     _one_line_error(capsys, "unknown input(s) x")
     argv = ["export", PREDICT, "--init", INIT, "--input-shape", "data=4,8", "-o", out]
     assert main([*argv, "--input-dtype", "data=floaty"]) == 2
-    _one_line_error(capsys, "not a dtype")
+    _one_line_error(capsys, "dtype 'floaty' of 'data' is not a numeric NumPy dtype")
     assert main([*argv, "--input-dtype", "other=int32"]) == 2
-    _one_line_error(capsys, "--input-dtype for other")
+    _one_line_error(capsys, "--input-dtype for other", "not inputs of net 'mlp_predict_net'")
+    assert main([*argv, "--platforms", "cpu,gpu"]) == 2
+    _one_line_error(capsys, "--platforms gpu: unknown platform", "cpu, cuda, rocm, tpu")
     assert main(["export", PREDICT, "--init", INIT, "--input-shape", "data=4,9", "-o", out]) == 2
     _one_line_error(capsys, "FC")
     assert not Path(out).exists()
+    with pytest.raises(SystemExit) as exit_info:  # a dim is a size or a symbol name, not an expression
+        main([*argv[:-4], "--input-shape", "data=T-1,8", "-o", out])
+    assert exit_info.value.code == 2 and "neither a size" in capsys.readouterr().err
 
 
 def test_serving_checks_input_names_and_shapes(tmp_path):
     pytest.importorskip("flatbuffers", reason="jax.export serialization needs flatbuffers")
-    from rnn2jax.serving import load_exported
-
     model = tmp_path / "mlp.bin"
     assert main(["export", PREDICT, "--init", INIT, "--input-shape", "data=2,8", "-o", str(model)]) == 0
     served = load_exported(model)
@@ -211,10 +203,10 @@ def test_serving_checks_input_names_and_shapes(tmp_path):
     with pytest.raises(ValueError, match="expects \\[2, 8\\]"):
         served(data=np.ones((3, 8), np.float32))
     (tmp_path / "junk.bin").write_bytes(b"junk\n")
-    with pytest.raises(ParseError, match="not an rnn2jax export"):
+    with pytest.raises(ParseError, match=r"not a serialized jax\.export artifact"):
         load_exported(tmp_path / "junk.bin")
     good = model.read_bytes()
-    for damaged in (good[: len(good) // 2], good[:40] + b"{" + good[41:], good.replace(b'"inputs"', b'"inpxts"')):
+    for damaged in (good[: len(good) // 2], good[:8], b""):
         (tmp_path / "damaged.bin").write_bytes(damaged)
         with pytest.raises(ParseError, match=r"damaged\.bin"):
             load_exported(tmp_path / "damaged.bin")

@@ -34,9 +34,12 @@ def _identity(x: Any, *_ignored: Any) -> Any:
     return x
 
 
-def _shape_constant(values: Sequence[int], dtype: type) -> np.ndarray:
-    """A shape-valued output as a concrete NumPy array in the dtype JAX would use."""
-    return np.asarray(values, dtype=canonical_dtype(dtype))
+def _shape_constant(values: Sequence[Any], dtype: type) -> Any:
+    """A shape-valued output as a concrete NumPy array in the dtype JAX would use; under `jax.export`
+    with symbolic dims (shape polymorphism) it can only be a traced array of those dims."""
+    if all(isinstance(v, int | np.integer) for v in values):
+        return np.asarray(values, dtype=canonical_dtype(dtype))
+    return jnp.asarray(jnp.stack([jnp.asarray(v) for v in values]), dtype=canonical_dtype(dtype))
 
 
 def _concrete_ints(op: Op, value: Any, what: str, hint: str) -> np.ndarray:
@@ -146,7 +149,7 @@ def _resolve_shape(op: Op, old: Sequence[int], new: Sequence[int], source: str) 
                     f"but the input has only {len(old)} dims {list(old)}"
                 )
             d = old[i]
-        resolved.append(int(d))
+        resolved.append(int(d) if isinstance(d, int | np.integer) else d)  # a symbolic dim stays one
     known = math.prod(d for d in resolved if d != -1)
     if total == 0:
         resolved = [0 if d == -1 else d for d in resolved]
@@ -157,7 +160,11 @@ def _resolve_shape(op: Op, old: Sequence[int], new: Sequence[int], source: str) 
             )
     elif -1 in resolved:
         if known == 0 or total % known:
-            raise ShapeError(f"{op.where}: {source} = {list(new)} does not fit an input of shape {list(old)}")
+            symbolic = not isinstance(total, int | np.integer)
+            raise ShapeError(
+                f"{op.where}: {source} = {list(new)} does not fit an input of shape {list(old)}"
+                + (" for every size of its symbolic dims; export with sizes for them" if symbolic else "")
+            )
         resolved[resolved.index(-1)] = total // known
     elif known != total:
         raise ShapeError(
