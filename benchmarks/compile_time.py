@@ -83,7 +83,7 @@ def _jitted(compiled: Any, inputs: dict[str, np.ndarray]) -> tuple[Callable[...,
     """The jitted function `CompiledNet.__call__` runs, and its arguments (static inputs split off)."""
     static = {name: np.asarray(inputs[name]) for name in compiled.static_inputs}
     arrays = {name: jnp.asarray(value) for name, value in inputs.items() if name not in static}
-    params = {k: v for k, v in compiled.params.items() if k not in compiled._static_params}
+    params = {k: v for k, v in compiled.params.items() if k not in compiled.static_params}
     return compiled._executable(static), (params, arrays)
 
 

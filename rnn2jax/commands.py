@@ -89,7 +89,7 @@ def check_missing(fn: CompiledNet, given: Mapping[str, Any]) -> None:
 
 
 def _expected(fn: CompiledNet, name: str) -> str:
-    reader = fn._first_reader[name]
+    reader = fn.first_reader[name]
     hint = ""
     if reader.type in ("FC", "FCTransposed") and len(reader.inputs) > 1 and reader.inputs[0] == name:
         weight = fn.params.get(reader.inputs[1])

@@ -216,7 +216,7 @@ def draw_inputs(
         )
     missing = [n for n in fn.input_names if n not in given and n not in shapes]
     if missing:
-        readers = "; ".join(f"'{n}' is read by {fn._first_reader[n].where}" for n in missing)
+        readers = "; ".join(f"'{n}' is read by {fn.first_reader[n].where}" for n in missing)
         example = " ".join(f"--shape {n}=D0,D1,..." for n in missing)
         raise MissingBlobError(
             f"{fn.net.where}: no value for input(s) {', '.join(missing)} ({readers}); "
@@ -228,7 +228,7 @@ def draw_inputs(
     for name in fn.input_names:
         if name not in given:
             dtype = np.int32 if name in lengths else np.float32
-            check_array(fn._first_reader[name].where, name, tuple(shapes[name]), dtype)
+            check_array(fn.first_reader[name].where, name, tuple(shapes[name]), dtype)
     inputs: dict[str, np.ndarray] = {}
     for name in fn.input_names:
         if name in given:
@@ -300,7 +300,7 @@ def compare(
     written = [n for n in dict.fromkeys(n for op in ir.ops for n in op.outputs) if n not in skip]
     order = [n for n in ir.external_outputs if n in written] + [n for n in written if n not in ir.external_outputs]
     fn = compile(ir, params=values, outputs=order)
-    mutexes = [n for n in fn.input_names if fn._first_reader[n].type == "AtomicIter" and n not in (inputs or {})]
+    mutexes = [n for n in fn.input_names if fn.first_reader[n].type == "AtomicIter" and n not in (inputs or {})]
     if mutexes:  # a training net without the init net that made its mutex: make one on both sides
         made = pb.NetDef(name="mutexes", op=[create_operator("CreateMutex", [], [m]) for m in mutexes])
         values.update(run_init_net(load(made), seed))
@@ -331,7 +331,7 @@ def compare(
                 if name in made_by_caffe2 and made_by_caffe2[name].dtype != value.dtype:
                     value = value.astype(made_by_caffe2[name].dtype)  # int64 counters (int32 here without x64)
                 fed[name] = value
-            reads = list(fn._first_reader)
+            reads = list(fn.first_reader)
             theirs = oracle.run(
                 [("net", _declare_inputs(netdef, reads))],
                 fed,

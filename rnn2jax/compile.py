@@ -23,7 +23,7 @@ from .budget import check_array, format_bytes, memory_budget
 from .errors import InputTypeError, MissingBlobError, ParseError, ResourceError
 from .load import load
 from .lower import LoweredNet, lower, specialisation_key
-from .netdef import Net, Plan
+from .netdef import Net, Op, Plan
 from .ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
 from .ops.registry import overlay
 from .params import PathLike, resolve_params, run_storage_init_net, save_params, uses_storage
@@ -106,8 +106,9 @@ class CompiledNet:
         self._batch_axes = dict(batch_axes or {})
         self._lowered: LoweredNet = lower(net)
         self.params: Arrays = {k: _as_array(v, f"{net.where}: parameter '{k}'") for k, v in params.items()}
-        self._first_reader = self._lowered.reads_before_writes()
-        self.input_names: tuple[str, ...] = tuple(n for n in self._first_reader if n not in self.params)
+        # blob -> the op that reads it before anything writes it: what names a missing input
+        self.first_reader: dict[str, Op] = self._lowered.reads_before_writes()
+        self.input_names: tuple[str, ...] = tuple(n for n in self.first_reader if n not in self.params)
         if output_names is None:
             output_names = net.external_outputs or _leaf_outputs(net)
         self.output_names: tuple[str, ...] = _blob_names(output_names, f"{net.where}: outputs=")
@@ -120,7 +121,9 @@ class CompiledNet:
         self._jit = jit
         static = self._lowered.static_inputs()
         self.static_inputs: tuple[str, ...] = tuple(n for n in static if n in self.input_names)
-        self._static_params = {n: np.asarray(self.params[n]) for n in static if n in self.params}
+        # parameters whose values decide shapes (a Reshape's shape blob): NumPy constants, so shapes fold
+        self.static_params = {n: np.asarray(self.params[n]) for n in static if n in self.params}
+        self.static_readers: dict[str, Op] = static  # blob -> the op whose shape it decides
         self._executables: OrderedDict[tuple, Callable[..., Any]] = OrderedDict()
 
     def _check_outputs(self) -> None:
@@ -152,7 +155,7 @@ class CompiledNet:
         NumPy constants, so the ops computing shapes from them fold, even under jax.jit."""
         if isinstance(value, jax.Array):
             return value
-        if name in self.static_inputs or name in self._static_params:
+        if name in self.static_inputs or name in self.static_params:
             try:
                 array = np.asarray(value)
             except (TypeError, ValueError):
@@ -172,7 +175,7 @@ class CompiledNet:
         for name, value in given.items():
             shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
             if shape is not None and dtype is not None:  # an array: its size is known before copying it
-                check_array(self._first_reader[name].where, name, shape, _jax_dtype(dtype))
+                check_array(self.first_reader[name].where, name, shape, _jax_dtype(dtype))
         with xla_out_of_memory(self.net.where):
             arrays = {name: _as_array(value, f"{self.net.where}: input '{name}'") for name, value in given.items()}
             # Static values are read on the host, in the dtype given (int64 stays int64, as Caffe2 sees it).
@@ -180,7 +183,7 @@ class CompiledNet:
             arrays = {name: value for name, value in arrays.items() if name not in static}
             if self.mesh is not None:
                 arrays = shard_inputs(self.mesh, arrays, self._batch_axes, self.net.where)
-            params = {k: v for k, v in self.params.items() if k not in self._static_params}
+            params = {k: v for k, v in self.params.items() if k not in self.static_params}
             result = self._executable(static)(params, arrays)
             if self._runtime_checks:
                 error, result = result
@@ -197,7 +200,7 @@ class CompiledNet:
 
         def rnn2jax_net(params: Mapping[str, Any], inputs: Mapping[str, Any]) -> Arrays:
             # Static values enter as NumPy constants, so the ops computing shapes from them fold.
-            return self.apply({**params, **self._static_params}, {**inputs, **static})
+            return self.apply({**params, **self.static_params}, {**inputs, **static})
 
         call = checked_call(rnn2jax_net) if self._runtime_checks else rnn2jax_net
         executable = jax.jit(call) if self._jit else call
@@ -223,7 +226,7 @@ class CompiledNet:
             )
         missing = [n for n in self.input_names if n not in given]
         if missing:
-            readers = "; ".join(f"'{n}' is read by {_how_read(self._first_reader[n], n)}" for n in missing)
+            readers = "; ".join(f"'{n}' is read by {_how_read(self.first_reader[n], n)}" for n in missing)
             raise MissingBlobError(
                 f"{self.net.where}: missing input(s) {', '.join(missing)} ({readers}); "
                 f"the net's inputs are: {', '.join(self.input_names)}"

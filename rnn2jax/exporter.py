@@ -76,11 +76,11 @@ def export_net(
     """`fn` traced once for `specs` and lowered for every platform. The parameters are constants of the
     StableHLO unless `params_as_input`; those whose values decide shapes stay constants either way."""
     _refuse_static_inputs(fn)
-    static = fn._static_params  # values that decide shapes: NumPy constants, so shape computations fold
+    static = fn.static_params
     names = fn.output_names
 
     if params_as_input:  # the parameters the net reads (an init net may write more), less the static ones
-        read = fn._lowered.reads_before_writes()
+        read = fn.first_reader
         params = {
             n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in fn.params.items() if n in read and n not in static
         }
@@ -115,7 +115,7 @@ def _refuse_static_inputs(fn: CompiledNet) -> None:
     """Inputs whose values decide shapes cannot be arguments of an export: name them and their reader."""
     if not fn.static_inputs:
         return
-    readers = fn._lowered.static_inputs()
+    readers = fn.static_readers
     named = "; ".join(f"'{n}' decides a shape in {readers[n].where}" for n in fn.static_inputs)
     raise ShapeError(
         f"{fn.net.where}: input(s) {', '.join(fn.static_inputs)} decide output shapes by their values ({named}), "

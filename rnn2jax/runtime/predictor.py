@@ -219,7 +219,7 @@ def load_model(
     fn = CompiledNet(export.predict_net, values, export.outputs or None, jit=jit)
     unknown = [n for n in fn.input_names if n not in export.inputs]
     if unknown:
-        reader = fn._first_reader[unknown[0]]
+        reader = fn.first_reader[unknown[0]]
         raise MissingBlobError(
             f"{reader.where}: reads blob '{unknown[0]}', which is neither an input of the predictor export "
             f"({', '.join(export.inputs) or 'none'}) nor a parameter its init nets load"
