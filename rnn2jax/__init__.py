@@ -22,6 +22,7 @@ from .errors import (
     ShapeError,
     StorageError,
     UnsupportedOpError,
+    UnwrittenStateError,
     WorkspaceError,
 )
 
@@ -84,6 +85,7 @@ __all__ = [
     "ShapeError",
     "StorageError",
     "UnsupportedOpError",
+    "UnwrittenStateError",
     "VerificationReport",
     "Workspace",
     "WorkspaceError",

@@ -38,6 +38,12 @@ class ShapeError(Rnn2JaxError, ValueError):
     """Input arrays do not fit an op (ranks, sizes or dtypes)."""
 
 
+class UnwrittenStateError(BadArgumentError):
+    """A RecurrentNetwork would read or return recurrent-state rows that no step writes: real Caffe2 gives
+    whatever that memory held (its state tensors are not zeroed past the initial rows), so the net has no
+    defined answer. Names the op, the step op or output, the link or alias argument and the state."""
+
+
 class InputTypeError(Rnn2JaxError, TypeError):
     """A Python value of the wrong type was passed to the API (inputs that are not a mapping of arrays,
     `params=` that is neither a mapping nor a path, blob names that are not str)."""

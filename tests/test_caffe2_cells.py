@@ -45,7 +45,7 @@ from rnn2jax.caffe2.python.rnn_cell import (
     LSTMCell,
     MultiRNNCell,
 )
-from rnn2jax.errors import ShapeError
+from rnn2jax.errors import ShapeError, UnwrittenStateError
 from rnn2jax.oracle import Caffe2Error, Caffe2Oracle
 from rnn2jax.proto import caffe2_pb2 as pb
 
@@ -495,38 +495,30 @@ def test_multi_row_initial_state_of_a_builder_net(caffe2):
     read row t and write row t + 1, as if L = 1: step 0 overwrites initial row 1, and the last state row
     (T + L - 1) is never written, yet the `_all` output (T + L - 1 rows) and `_last` expose it.
 
-    Caffe2 is broken here: that row is uninitialised memory (garbage, e.g. 5.9e23, or zeros, from run to
-    run), and in training its state-gradient rows are too (only the last row of a state gradient is
-    zeroed, and the accumulate op adds the `_all` gradient onto garbage), so every gradient comes out as
-    garbage (seen: 1e7 to 1e31). rnn2jax gives the unwritten row zeros, ignores the gradient of `_all`
-    rows past T as Caffe2's accumulate op does (it reads rows [0, T) only), and so computes what the
-    same net computes with the initial state's first row alone: that is what this test checks, with
-    Caffe2 compared on the rows it does define.
-    """
+    Caffe2's answer there is whatever the state tensor's memory held (garbage such as 5.9e23, or zeros,
+    from run to run; in training every gradient too, as only the last row of a state gradient is zeroed).
+    This test shows it by feeding the state blob first, filled with two different values: Caffe2 resizes
+    it in place, and `_last` comes out as the value fed. rnn2jax refuses the net (`UnwrittenStateError`)."""
     s = {"T": 3, "N": 2, "D": 2, "H": 3, "forms": ["2-D"] * 4, "use_lengths": True, "lengths": [3, 1], "seed": 5}
     rng = np.random.default_rng(1)
     h0, c0 = _randn(rng, 2, 2, 3), _randn(rng, 2, 3)
-    got, want = _lstm_run(caffe2, s, h0, c0, all_grads=False, train=False)
-    name = "lstm/hidden_state_all"
-    assert got[name].shape == want[name].shape
-    assert not got[name][s["T"] :].any()  # the row no step writes
-    got[name], want[name] = got[name][: s["T"]], want[name][: s["T"]]
-    # `_last` is that unwritten row: zeros here, whatever the memory held in Caffe2.
+    reset_net_names()
+    built = lstm_family(LSTM, "lstm", outputs_with_grads=(0,))(s, np.random.default_rng(s["seed"]))
+    built.inputs.update(h0=h0, c0=c0)
+    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
+    params = random_params(built.model, rng)
+    (rnn,) = [op for op in net.op if op.type == "RecurrentNetwork"]
+    state = next(a for a in rnn.arg if a.name == "recurrent_states").strings[0].decode()
     last = "lstm/hidden_state_last"
-    assert got[last].shape == want.pop(last).shape and not got.pop(last).any()
-    assert_blobs_equal(got, want)
-
-    got, _ = _lstm_run(caffe2, s, h0, c0, all_grads=False, train=True)
-    one_row, _ = _lstm_run(caffe2, s, h0[:1], c0, all_grads=False, train=True)
-    assert got["h0_grad"].shape == h0.shape
-    # Equal up to float32 rounding: an L = 2 state takes the reverse scan's whole-tensor form, L = 1 its
-    # row-carrying form, and XLA orders their additions differently (seen: 1 ulp).
-    np.testing.assert_allclose(got["h0_grad"][:1], one_row.pop("h0_grad"), rtol=1e-6, atol=0)
-    del got["h0_grad"]  # row 1: the gradient of the row step 0 wrote over it (Caffe2's rule: rows [0, L))
-    for name in ("lstm/hidden_state_all", "lstm/hidden_state_last"):
-        assert not got[name][s["T"] :].any()
-        got[name] = got[name][: s["T"]] if name.endswith("_all") else one_row[name]
-    assert_blobs_equal(got, one_row)
+    answers = []
+    for value in (1.5e11, -7.0):
+        memory = {state: np.full((s["T"] + 2, s["N"], s["H"]), value, np.float32)}
+        answers.append(run_caffe2(caffe2, init, net, {**built.inputs, **params, **memory}, [last])[last])
+    np.testing.assert_array_equal(answers[0], np.float32(1.5e11))
+    np.testing.assert_array_equal(answers[1], -7.0)
+    with pytest.raises(UnwrittenStateError, match="alias_offset") as caught:
+        run_compiled(init, net, params, built.inputs, list(built.outputs))
+    assert state in str(caught.value) and "RecurrentNetwork" in str(caught.value)
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru", "basic_rnn-tanh", "attention-regular"])

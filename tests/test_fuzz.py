@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 
 import rnn2jax
-from fuzz.contract import HINT_PREFIX, Hint, container, exercise, read_container
+from fuzz.contract import HINT_PREFIX, Hint, SilentAnswer, container, exercise, read_container
 from fuzz.mutated import Recorder, mutated_containers, seed_containers
 from fuzz.mutations import RandomChooser, mutate_container, nets_of
 from rnn2jax.proto import caffe2_pb2 as pb
@@ -102,3 +102,32 @@ def test_a_short_atheris_run_finds_nothing(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Done 15 runs" in result.stderr
     assert not list(tmp_path.glob("crash-*"))
+
+
+def _unwritten_cell_state(seed: str) -> bytes:
+    """A seed whose cell state's write link points at the hidden state instead: no step writes the cell
+    state's rows (real Caffe2 returns whatever that memory held; see tests/test_recurrent_arguments.py)."""
+    plan = pb.PlanDef.FromString(dict(seed_containers())[seed])
+    (op,) = [o for o in plan.network[1].op if o.type == "RecurrentNetwork"]
+    external = next(a for a in op.arg if a.name == "link_external")
+    states = next(a for a in op.arg if a.name == "recurrent_states").strings
+    writes = [i for i, s in enumerate(external.strings) if s == states[1]]
+    external.strings[writes[-1]] = states[0]
+    return plan.SerializeToString()
+
+
+def test_unwritten_state_rows_are_refused():
+    assert exercise(_unwritten_cell_state("lstm-forward_only")) == "refused at run"
+
+
+def test_the_silent_answer_detector_sees_unwritten_rows(monkeypatch):
+    """With the refusal switched off, the contract's poison runs see outputs that depend on the unwritten
+    rows, and call them a silent answer."""
+    from rnn2jax.ops.recurrent import forward
+
+    monkeypatch.setattr(forward, "check_forward_rows", lambda *args: None)
+    with pytest.raises(SilentAnswer, match="never wrote"):
+        exercise(_unwritten_cell_state("lstm-forward_only"))
+    # valid nets are not, the gradient's poisoned rows included
+    assert exercise(dict(seed_containers())["lstm-forward_only"]) in ("run", "refused at verify")
+    assert exercise(dict(seed_containers())["lstm-training"]) == "verify"

@@ -8,8 +8,10 @@ because the gradient op reads the forward op's `step_workspaces`). The same ops 
 The table records, per case, what Caffe2 does (`caffe2`) and what rnn2jax does (`rnn2jax`: the error it
 raises, or None when it runs) and what the error message must name (`names`):
 - ACCEPTS: rnn2jax runs and gives Caffe2's outputs.
-- UNINIT: Caffe2 runs but some outputs are uninitialised memory (state rows nothing wrote); rnn2jax gives
-  the same shapes, zeros for those rows, and Caffe2's values where they are defined (`defined`).
+- UNINIT: Caffe2 runs but some outputs are uninitialised memory (state rows nothing wrote): the test shows it
+  by running Caffe2 twice with the state tensors' memory pre-filled with two values (Caffe2 resizes a state
+  blob in place, so its unwritten rows keep what was fed), and the outputs differ. rnn2jax refuses with an
+  `UnwrittenStateError` naming the link or alias and the state.
 - REFUSES: Caffe2 raises (an enforce failure); rnn2jax raises the given `Rnn2JaxError`.
 - UNDEFINED: Caffe2 checks nothing and reads or writes outside a tensor or list (garbage, or its worker
   dies, not always the same way); rnn2jax refuses instead.
@@ -33,7 +35,14 @@ from rnn2jax.caffe2.grad_makers import get_gradient_for_op
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
-from rnn2jax.errors import BadArgumentError, MissingBlobError, ParseError, Rnn2JaxError, ShapeError
+from rnn2jax.errors import (
+    BadArgumentError,
+    MissingBlobError,
+    ParseError,
+    Rnn2JaxError,
+    ShapeError,
+    UnwrittenStateError,
+)
 from rnn2jax.oracle import Caffe2Error, OracleCrashedError
 from rnn2jax.proto import caffe2_pb2 as pb
 
@@ -229,11 +238,10 @@ class Case:
     rnn2jax: type[Rnn2JaxError] | None = None
     names: str = ""
     gradient: bool = False  # mutate the gradient op (forward + gradient run together)
-    defined: tuple[str, ...] = ()  # UNINIT: outputs whose step-0 row Caffe2 does define
     zero: tuple[str, ...] = ()  # ALLOWED: gradients rnn2jax gives as zero (the others are the unmutated net's)
 
 
-B, M, S, P = BadArgumentError, MissingBlobError, ShapeError, ParseError
+B, M, S, P, U = BadArgumentError, MissingBlobError, ShapeError, ParseError, UnwrittenStateError
 
 CASES = [
     # lists of unequal length
@@ -307,20 +315,22 @@ CASES = [
         "recurrent state no link writes",
         edit_strings("link_external", 3, HIDDEN),
         UNINIT,
-        defined=("lstm/hidden_state_all",),
+        U,
+        CELL,
     ),
     Case(
         "step net does not write a state",
         rename_in_step_net("lstm/cell_state", "cell_elsewhere"),
         UNINIT,
-        defined=("lstm/hidden_state_all",),
+        U,
+        CELL,
     ),
     Case(
         "duplicate recurrent state", set_strings("recurrent_states", [HIDDEN, HIDDEN]), REFUSES, B, "recurrent_states"
     ),
     # step_net and timestep
     Case("step_net missing (Caffe2: an empty net)", drop_arg("step_net"), UNINIT, B, "step_net"),
-    Case("step_net empty", step_net_ops("step_net", lambda o: False), UNINIT),
+    Case("step_net empty", step_net_ops("step_net", lambda o: False), UNINIT, U, "alias_offset"),
     Case("step_net as text", step_net_as_text, ACCEPTS),
     Case("step_net unparseable text", step_net_text("op { type: "), REFUSES, P, "step_net"),
     Case("timestep missing (default 'timestep')", drop_arg("timestep"), ACCEPTS),
@@ -374,6 +384,13 @@ GRADIENT_CASES = [
     Case("backward_step_net empty", step_net_ops("backward_step_net", lambda o: False), REFUSES, zero=tuple(GRADS)),
     Case("outputs_with_grads negative (gradient op)", set_ints("outputs_with_grads", [-1]), ACCEPTS),
     Case(
+        "initial_recurrent_state_ids past the forward inputs (gradient op)",
+        edit_ints("initial_recurrent_state_ids", 1, 6),
+        UNDEFINED,
+        B,
+        "initial_recurrent_state_ids",
+    ),
+    Case(
         "recurrent_states longer than ids (gradient op)", lengthen("recurrent_states"), REFUSES, B, "recurrent_states"
     ),
     Case("alias_offset 2 on an output with a gradient", edit_ints("alias_offset", 0, 2), REFUSES, B, "alias_offset"),
@@ -415,6 +432,8 @@ def test_argument(caffe2, case):
     if case.caffe2 == REFUSES:
         with pytest.raises(Caffe2Error):
             run_case(case, in_caffe2(caffe2))
+    elif case.caffe2 == UNINIT:  # Caffe2's answer is whatever the state tensors' memory held
+        assert_depends_on_memory(case, caffe2)
     elif case.caffe2 == UNDEFINED:  # undefined: garbage, a crash, or an incidental refusal
         with contextlib.suppress(OracleCrashedError, Caffe2Error):
             run_case(case, in_caffe2(caffe2))
@@ -434,16 +453,22 @@ def test_argument(caffe2, case):
         message = str(caught.value)
         assert case.names in message and "RecurrentNetwork" in message, message
         return
-    got = run_case(case, in_rnn2jax)
-    if case.caffe2 == ACCEPTS:
-        assert_blobs_equal(got, want)
-        return
-    # UNINIT: the same shapes; rows nothing wrote are zeros in rnn2jax; rows Caffe2 defines agree
-    assert {n: v.shape for n, v in got.items()} == {n: v.shape for n, v in want.items()}
-    for name in ("lstm/cell_state_all", "lstm/cell_state_last"):
-        assert not got[name].any(), name
-    for name in case.defined:
-        np.testing.assert_allclose(got[name][0], want[name][0], rtol=1e-5, err_msg=name)
+    assert case.caffe2 == ACCEPTS
+    assert_blobs_equal(run_case(case, in_rnn2jax), want)
+
+
+def assert_depends_on_memory(case: Case, caffe2) -> None:
+    """Caffe2 runs the case, and its outputs change with what the state tensors' memory held before: the
+    state blobs are fed first, filled with 1.5e11 or -7 (Caffe2 resizes them in place, keeping that memory)."""
+    answers = []
+    for value in (1.5e11, -7.0):
+        memory = {state: np.full((T + 1, N, H), value, np.float32) for state in (HIDDEN, CELL)}
+
+        def runner(ops, fetch, memory=memory):
+            return caffe2.run([("op", o) for o in ops], {**feeds(), **memory}, fetch)
+
+        answers.append(run_case(case, runner))
+    assert any(not np.array_equal(answers[0][n], answers[1][n]) for n in OUTPUTS), "Caffe2's answer is defined"
 
 
 def test_the_table_has_30_distinct_cases():

@@ -9,12 +9,14 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 
 import rnn2jax
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
+from rnn2jax.proto import caffe2_pb2 as pb
 
 SCRIPT = textwrap.dedent(
     """
@@ -86,3 +88,24 @@ def test_default_batch_axis(shape, axis):
     from rnn2jax.sharding import default_batch_axis
 
     assert default_batch_axis(np.zeros(shape)) == axis
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"mesh": "cpu"}, rnn2jax.InputTypeError, "mesh= must be a jax.sharding.Mesh, got str"),
+        ({"mesh": [0]}, rnn2jax.InputTypeError, "got list"),
+        ({"batch_axes": "x"}, rnn2jax.InputTypeError, "batch_axes= must be a mapping"),
+        ({"batch_axes": {"x": "a"}}, rnn2jax.InputTypeError, "maps 'x' to 'a'"),
+        ({"batch_axes": {"x": 5}, "mesh": True}, rnn2jax.ShapeError, "axis 5, but it has 2 dimensions"),
+    ],
+)
+def test_bad_mesh_and_batch_axes_are_named_errors(kwargs, error, words):
+    """Fuzzing found AttributeErrors from sharding.py for a mesh that is not a Mesh; each is a named error now."""
+    if kwargs.get("mesh") is True:
+        kwargs = {**kwargs, "mesh": jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))}
+    net = pb.NetDef(name="n")
+    net.op.add(type="Relu", input=["x"], output=["y"])
+    with pytest.raises(error, match=words) as caught:
+        rnn2jax.compile(net.SerializeToString(), **kwargs)({"x": np.ones((2, 3), np.float32)})
+    assert "net 'n'" in str(caught.value)

@@ -8,6 +8,12 @@ mutation) go to `rnn2jax.load` as they are.
 
 `exercise` returns the stage an input reached. Success and any `Rnn2JaxError` are fine; any other
 exception escapes, which is what the fuzzers and the regression tests catch.
+
+A *silent answer* escapes too (`SilentAnswer`): outputs that depend on memory the net never wrote, where
+real Caffe2 returns whatever that memory held. A net with a recurrent op that runs is compiled and run
+twice more, with the rows Caffe2 leaves uninitialised (state rows past the initial ones, gradient rows it
+does not zero) filled with two different values (`rnn2jax.ops.recurrent.coverage.filling_unwritten`);
+an output that differs between the two was answered where rnn2jax should have refused.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from google.protobuf.message import DecodeError
 
 import rnn2jax
 from rnn2jax.errors import Rnn2JaxError
+from rnn2jax.ops.recurrent.coverage import filling_unwritten
 from rnn2jax.proto import caffe2_pb2 as pb
 
 HINT_PREFIX = "fuzz.input."
@@ -32,6 +39,14 @@ MAX_FED_ELEMENTS = 1 << 16
 DTYPES = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "bool": np.bool_}
 RECURRENT = {"RecurrentNetwork", "RecurrentNetworkGradient"}
 CACHE_DIR = Path(__file__).resolve().parents[2] / ".fuzz-cache"
+
+
+# The two fills of the silent-answer check: a NaN and a large finite value, so that any dependence shows.
+POISONS = (float("nan"), 1.5e11)
+
+
+class SilentAnswer(AssertionError):
+    """Outputs that changed with the value of memory the net never wrote (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,8 @@ def exercise(data: bytes, verify: bool = True) -> str:
             inputs = {name: _draw(hints[name], rng) for name in fn.input_names if name in hints}
             outputs = jax.block_until_ready(fn(inputs))
             values = {**inputs, **{k: v for k, v in outputs.items() if isinstance(v, jax.Array)}}
+            if _has_recurrent(net):
+                check_no_silent_answer(net, init, inputs)
         if verify and _has_recurrent(net):
             stage = "verify"
             shapes = {n: h.shape for n, h in hints.items() if n not in values}
@@ -136,6 +153,31 @@ def exercise(data: bytes, verify: bool = True) -> str:
     except Rnn2JaxError:
         return f"refused at {stage}"
     return stage
+
+
+def check_no_silent_answer(net: rnn2jax.Net, init: rnn2jax.Net, inputs: dict[str, np.ndarray]) -> None:
+    """Run the net under both poisons (compiled afresh under each: the fill is traced in); raise
+    `SilentAnswer` naming the outputs that differ."""
+    answers = []
+    for poison in POISONS:
+        with filling_unwritten(poison):
+            fn = rnn2jax.compile(net, init_net=init, outputs=_written(net))
+            outputs = jax.block_until_ready(fn(inputs))
+        answers.append({k: np.asarray(v) for k, v in outputs.items() if isinstance(v, jax.Array)})
+    differ = [k for k in answers[0] if not _same(answers[0][k], answers[1].get(k))]
+    if differ:
+        raise SilentAnswer(
+            f"{net.where}: outputs {', '.join(differ)} depend on memory the net never wrote (they change with the "
+            "fill of the rows Caffe2 leaves uninitialised); rnn2jax should refuse this net"
+        )
+
+
+def _same(a: np.ndarray, b: np.ndarray | None) -> bool:
+    if b is None or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool(np.array_equal(a, b))
 
 
 def _exercise_bytes(data: bytes) -> str:

@@ -38,6 +38,7 @@ from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...netdef import Op
 from ..registry import LowerNet, register
 from .cell_vjp import lstm_cell_rows
+from .coverage import check_forward_rows, unwritten_fill
 from .fusion import FusedLSTM, find_fused_lstms
 from .spec import Alias, Link, check_link_rows, decode_spec, initial_rows
 
@@ -111,6 +112,8 @@ class RecurrentLowering:
                     "the last, step_workspaces, is an alias of a state)"
                 )
         self.step = lower(spec.step_net)
+        # lower(..., plain=True): the step net's ops as written, no fusion nor custom VJP (verify's reference)
+        self.plain = bool(getattr(self.step, "plain", False))
         self.state_of = {link.internal: link for link in spec.links if link.external in spec.states}
         written = {name for o in spec.step_net.ops for name in o.outputs}
         self.compact_links = all(self._compact(state, written) for state in spec.states)
@@ -119,7 +122,7 @@ class RecurrentLowering:
         self.scope_reads = self._scope_reads()
         sequences = {lk.internal for lk in spec.links if lk.external not in spec.states and lk.offset == 0}
         per_step = {lk.internal for lk in spec.links} | {spec.timestep}
-        self.fused = find_fused_lstms(spec.step_net, sequences, set(self.scratch_names), per_step)
+        self.fused = [] if self.plain else find_fused_lstms(spec.step_net, sequences, set(self.scratch_names), per_step)
 
     # -- analysis ------------------------------------------------------------------------------
 
@@ -214,6 +217,8 @@ class RecurrentLowering:
         scan = self._scan_rows if compact else self._scan_buffers
         constants: dict[str, Any] = {}
         buffers, scratches = scan(initial, self._fuse(externals, outer), outer, steps, key, constants)
+        # after tracing the step, so that a step op's own refusal (a shape that does not fit) comes first
+        check_forward_rows(spec, {state: rows.shape[0] for state, rows in initial.items()}, steps)
         values = {alias.dst: self._alias(alias, buffers, scope) for alias in spec.aliases}
         workspaces = self._workspaces(buffers, scratches, constants, outer) if spec.backward_step_net else {}
         results = []
@@ -336,7 +341,8 @@ class RecurrentLowering:
     def _scan_rows(self, initial, externals, outer, steps, key, constants):
         """The compact form: the carry is the current row of each state."""
         spec = self.spec
-        cell = lstm_cell_rows(self, initial, outer, steps)  # one recognised LSTM cell: its own VJP (cell_vjp.py)
+        # a recognised LSTM stack runs with its own VJP (cell_vjp.py), unless the lowering is plain
+        cell = None if self.plain else lstm_cell_rows(self, initial, outer, steps)
         if cell is not None:
             written, final, scratches = cell
             return {s: _CompactBuffer(initial[s], written[s], final[s]) for s in spec.states}, scratches
@@ -367,7 +373,7 @@ class RecurrentLowering:
         """The general form: the carry is every state tensor, read and written through link views."""
         spec = self.spec
         buffers0 = {
-            s: jnp.pad(rows, [(0, steps)] + [(0, 0)] * (rows.ndim - 1)) if steps else rows
+            s: _pad_rows(rows, steps) if steps else rows
             for s, rows in initial.items()
         }
 
@@ -416,6 +422,16 @@ class RecurrentLowering:
         if start == total:  # empty; built directly (XLA CPU crashes on an empty slice of a concatenate)
             return jnp.zeros((0, *buffer.shape[1:]), buffer.dtype)
         return buffer[start:]
+
+
+def _pad_rows(rows: jax.Array, steps: Any) -> jax.Array:
+    """A state's initial rows followed by the T rows the steps write. Caffe2 leaves those uninitialised:
+    they are zeros here, or the value of `coverage.filling_unwritten` (a test-only switch)."""
+    fill = unwritten_fill()
+    pad = [(0, steps)] + [(0, 0)] * (rows.ndim - 1)
+    if fill is None:
+        return jnp.pad(rows, pad)
+    return jnp.pad(rows, pad, constant_values=jnp.asarray(fill).astype(rows.dtype))
 
 
 def _scan(body: Any, init: Any, sequences: Mapping[str, jax.Array], steps: int) -> tuple[Any, Any]:

@@ -30,7 +30,8 @@ from jax import lax
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...netdef import Op
 from ..registry import LowerNet, register
-from .deferred import find_deferred
+from .coverage import check_backward_reads, check_gradient_rows, unwritten_fill
+from .deferred import NOTHING_DEFERRED, find_deferred
 from .forward import StateViews, rows_at
 from .spec import check_link_rows, check_timestep, decode_links, decode_spec, remapped_name
 
@@ -69,6 +70,13 @@ class RecurrentGradientLowering:
                 f"{num_forward_outputs} forward outputs as inputs, got {len(op.inputs)} inputs"
             )
         self.forward_inputs = op.inputs[num_go : num_go + self.num_forward_inputs]
+        for state, index in zip(spec.states, spec.initial_ids, strict=True):
+            if index >= self.num_forward_inputs:  # Caffe2 reads input(index + num_go): past the forward inputs
+                raise BadArgumentError(
+                    f"{op.where}: argument 'initial_recurrent_state_ids' names forward input #{index} for state "
+                    f"'{state}', but the op has {self.num_forward_inputs} forward inputs (after "
+                    f"{num_go} output gradients, one per 'outputs_with_grads' entry)"
+                )
         self.backward_links = decode_links(op, "backward_")
         self.state_grads = {s: remapped_name(op, s + "_grad") for s in spec.states}
         self.input_grad = remapped_name(op, self.forward_inputs[0] + "_grad")
@@ -89,7 +97,10 @@ class RecurrentGradientLowering:
         self.all_grads, self.last_grads = self._output_grads()
         self.compact = self._compact_links()
         protected = {link.internal for link in (*spec.links, *self.backward_links)} | {spec.timestep}
-        self.deferred = find_deferred(spec.backward_step_net.ops, [p.blob for p in self.params], protected)
+        if getattr(self.backward, "plain", False):  # lower(..., plain=True): every op of the step as written
+            self.deferred = NOTHING_DEFERRED
+        else:
+            self.deferred = find_deferred(spec.backward_step_net.ops, [p.blob for p in self.params], protected)
         self._terms_at = self.deferred.by_position
         self._forward_links = {link.internal: link for link in spec.links}
         per_external = Counter(link.external for link in self.backward_links)
@@ -156,7 +167,7 @@ class RecurrentGradientLowering:
         for j, alias in enumerate(self.spec.aliases):
             if j not in self.outputs_with_grads:
                 continue
-            k = self.outputs_with_grads.index(j)
+            k = len(self.outputs_with_grads) - 1 - self.outputs_with_grads[::-1].index(j)  # Caffe2 takes the last
             if alias.src not in self.spec.states or alias.offset not in (1, -1):
                 raise BadArgumentError(
                     f"{self.op.where}: output #{j} ('{alias.dst}') gets a gradient, but only aliases of a "
@@ -203,6 +214,8 @@ class RecurrentGradientLowering:
                     f"which is neither a recurrent state ({', '.join(spec.states)}) nor a blob defined before the op"
                 )
             check_link_rows(op, link, self._forward_source(link, states, outer).shape[0], steps)
+        check_backward_reads(op, spec, spec.backward_step_net, {s: v.shape[0] for s, v in states.items()}, steps)
+        self._check_gradient_rows(states, steps)
         # The gradient of each `_last` output goes to the last row of its state's gradient before the loop.
         last = {
             self.state_grads[s]: jnp.reshape(inputs[k], states[s].shape[1:]).astype(states[s].dtype)
@@ -262,10 +275,10 @@ class RecurrentGradientLowering:
             env = self._step_env(t, kept, states, outer)
             for g, name in compact.reads.items():
                 env[name] = rows[g]
-            for g, name in compact.writes.items():
-                env[name] = jnp.zeros_like(rows[g])
+            for g, name in compact.writes.items():  # row t: uninitialised in Caffe2 until the step writes it
+                env[name] = _unwritten_like(rows[g])
             if compact.input is not None:
-                env[compact.input] = jnp.zeros(row_shape, sequence.dtype)
+                env[compact.input] = _unwritten_like(jnp.zeros(row_shape, sequence.dtype))
             emitted = self._run_step(env, None, looped, kept)
             new = {g: self._as_rows(env[name], rows[g].shape, name, g) for g, name in compact.writes.items()}
             ys = {"operands": emitted}
@@ -283,13 +296,26 @@ class RecurrentGradientLowering:
         operands = self._stacked_operands(ys["operands"], scratch, states, outer, finals, steps)
         return rows, input_grad, looped, operands
 
+    def _check_gradient_rows(self, states: Mapping[str, Any], steps: Any) -> None:
+        """Refuse gradient rows no backward step writes (coverage.py), unless the test-only fill is on."""
+        if unwritten_fill() is not None:
+            return
+        gradients = {}
+        for state in self.spec.states:
+            rows = _initial_rows(states[state], steps)
+            if rows is not None:
+                gradients[self.state_grads[state]] = (rows, rows)
+        gradients[self.input_grad] = (0, steps)
+        accumulated = {self.state_grads[s] for s in self.all_grads}
+        check_gradient_rows(self.op, self.spec.backward_step_net, self.backward_links, gradients, accumulated, steps)
+
     def _scan_buffers(self, states, outer, sequence, last, params, per_step, scratch, steps):
         """The general form: whole gradient tensors, read and written through Caffe2's link views."""
         op = self.op
         # One gradient tensor per state (only its last row starts at zero in Caffe2; the others are written
         # before they are read), and the input sequence's gradient.
-        grads = {self.state_grads[s]: jnp.zeros_like(states[s]) for s in self.spec.states}
-        grads[self.input_grad] = jnp.zeros_like(sequence)
+        grads = {self.state_grads[s]: _unwritten_like(states[s], keep_last=True) for s in self.spec.states}
+        grads[self.input_grad] = _unwritten_like(sequence)
         for g, row in last.items():
             grads[g] = grads[g].at[-1].add(row)
         for link in self.backward_links:
@@ -355,6 +381,13 @@ class RecurrentGradientLowering:
         the same rows exist anyway (a forward link's tensor, a forward per-step blob, a gradient tensor
         whose rows hold it at the end)."""
         key = f"{position}:{name}"
+        if name not in env:  # checked here: the op itself runs (and would say so) only after the capture
+            step_op = self.spec.backward_step_net.ops[position]
+            raise MissingBlobError(
+                f"{step_op.where} reads '{name}', which is neither written by an earlier backward step op, nor "
+                f"linked (arguments 'link_internal', 'backward_link_internal' of {self.op.where}), nor a blob of "
+                "the forward step or an enclosing workspace"
+            )
         value = env[name]
         self._operand_shapes[key] = value.shape
         source = self._operand_source(position, name)
@@ -418,6 +451,24 @@ class RecurrentGradientLowering:
 
     def _forward_source(self, link, states, outer) -> jax.Array:
         return states[link.external] if link.external in states else outer[link.external]
+
+
+def _initial_rows(state: Any, steps: Any) -> int | None:
+    """A state tensor's rows beyond T (its L initial rows), or None when symbolic dims hide them."""
+    try:
+        return int(state.shape[0] - steps)
+    except Exception:  # jax's symbolic dimensions raise their own error types
+        return None
+
+
+def _unwritten_like(array: jax.Array, keep_last: bool = False) -> jax.Array:
+    """A gradient tensor as Caffe2 allocates it: uninitialised but for its zeroed last row (state gradients).
+    Zeros here, or the value of `coverage.filling_unwritten` (a test-only switch) outside that row."""
+    fill = unwritten_fill()
+    if fill is None:
+        return jnp.zeros_like(array)
+    filled = jnp.full_like(array, jnp.asarray(fill).astype(array.dtype))
+    return filled.at[-1].set(0) if keep_last and array.shape[0] else filled
 
 
 def _initial_gradient(state_grad: jax.Array, initial: jax.Array) -> jax.Array:
