@@ -16,8 +16,10 @@ from typing import Any
 import jax
 
 from .budget import check_value
+from .dtypes import in_caffe2_dtypes
 from .errors import MissingBlobError, Rnn2JaxError, ShapeError
 from .netdef import Net, Op
+from .ops.common import Dims, as_array
 from .ops.registry import OpDef, check_supported, lookup
 
 
@@ -39,18 +41,22 @@ def _describe(value: Any) -> str:
 class LoweredNet:
     """A net as a pure function `env -> env`; call it inside or outside `jax.jit`."""
 
-    def __init__(self, net: Net):
+    @in_caffe2_dtypes  # kernels are built here, some with constants of their own
+    def __init__(self, net: Net, *, plain: bool = False):
         check_supported(net)
         self.net = net
-        self._steps = tuple(_build(op) for op in net.ops)
+        self.plain = plain
+        self._steps = tuple(_build(op, plain) for op in net.ops)
         self.opdefs: tuple[OpDef, ...] = tuple(step.opdef for step in self._steps)
         self.inputs: tuple[str, ...] = tuple(self.reads_before_writes())
 
+    @in_caffe2_dtypes
     def __call__(self, env: Mapping[str, Any], *, key: jax.Array | None = None) -> dict[str, Any]:
         env = dict(env)
         self.run(env, key=key)
         return env
 
+    @in_caffe2_dtypes
     def run(
         self,
         env: MutableMapping[str, Any],
@@ -67,7 +73,12 @@ class LoweredNet:
             _run(step, env, key, self.inputs)
             if after_op is not None:
                 after_op(step.op, env)
+        for step in steps:  # symbolic dims kept as dims (ops/common.py Dims) leave the net as arrays
+            for name in step.op.outputs:
+                if isinstance(env.get(name), Dims):
+                    env[name] = env[name].array()
 
+    @in_caffe2_dtypes
     def abstract_outputs(self, position: int, env: Mapping[str, Any]) -> tuple[jax.ShapeDtypeStruct, ...]:
         """What the op at `position` would write (shapes and dtypes), checked as running it checks them,
         without computing it: for ops a rewrite moves out of a loop."""
@@ -117,9 +128,10 @@ class LoweredNet:
         return needed
 
 
-def _build(op: Op) -> _Step:
+def _build(op: Op, plain: bool) -> _Step:
     opdef = lookup(op)
-    kernel = opdef.build(op, lower) if opdef.carries_nets else opdef.build(op)
+    nested = _plain_lower if plain else lower  # a plain net's step nets are plain too
+    kernel = opdef.build(op, nested) if opdef.carries_nets else opdef.build(op)
     return _Step(op, opdef, kernel)
 
 
@@ -134,8 +146,13 @@ def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_
                 f"{op.where}: reads blob '{name}' before anything writes it; "
                 f"the net's inputs are: {', '.join(net_inputs) or '(none)'}"
             ) from None
+    keeps_dims = getattr(step.kernel, "dims_inputs", ())  # the inputs it reads as dims (Slice, fills)
+    args = [a if i in keeps_dims else as_array(a) for i, a in enumerate(args)]
     kwargs: dict[str, Any] = {}
     if step.opdef.scoped:
+        for name in getattr(step.kernel, "scope_reads", ()):
+            if isinstance(env.get(name), Dims):
+                env[name] = env[name].array()
         kwargs["scope"] = env
     if step.opdef.random:
         kwargs["key"] = jax.random.fold_in(key if key is not None else jax.random.key(0), op.index)
@@ -204,7 +221,7 @@ def _symbolic_dim_message(step: _Step, args: list[Any], error: Exception) -> str
 def _foldable(opdef: OpDef, args: list[Any]) -> bool:
     if opdef.random or opdef.scoped:
         return False
-    return not any(isinstance(a, jax.core.Tracer) for a in args)
+    return not any(isinstance(a, jax.core.Tracer | Dims) for a in args)  # symbolic dims are no constants
 
 
 def specialisation_key(static: Mapping[str, Any]) -> tuple:
@@ -212,6 +229,16 @@ def specialisation_key(static: Mapping[str, Any]) -> tuple:
     return tuple((name, value.dtype.str, value.shape, value.tobytes()) for name, value in static.items())
 
 
-def lower(net: Net) -> LoweredNet:
-    """The net as a pure function of a blob environment (see `LoweredNet`)."""
-    return LoweredNet(net)
+def lower(net: Net, *, plain: bool = False) -> LoweredNet:
+    """The net as a pure function of a blob environment (see `LoweredNet`).
+
+    `plain=True` lowers every op as written, recursively through step nets: none of rnn2jax's rewrites
+    of a recurrent step (the fused LSTM gates, the custom-VJP LSTM stack, the deferred parameter
+    gradients) and nothing rnn2jax wrote by hand about gradients, so `jax.grad` of it is JAX's own
+    differentiation of the ops. It computes the same values, more slowly; `rnn2jax.verify` uses it as
+    its reference. The choice is fixed when the net is lowered, so nothing else is affected."""
+    return LoweredNet(net, plain=plain)
+
+
+def _plain_lower(net: Net) -> LoweredNet:
+    return LoweredNet(net, plain=True)

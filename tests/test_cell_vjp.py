@@ -2,8 +2,9 @@
 
 Its gradients are checked against jax.grad of an LSTM written here in plain JAX from Caffe2's maths
 (LSTMUnit: gate order i, f, o, g; forget_bias on f; rows at or past their length keep or, with
-drop_states, zero their state) and against jax.grad of the plain differentiated scan (the path with
-the custom VJP switched off). A structural test checks the point of it: the reverse scan's body does
+drop_states, zero their state) and against jax.grad of the plain lowering (`lower(net, plain=True)`,
+verify's reference: the step net's ops as written, no fused step, no custom VJP; its jaxpr is checked
+to hold no custom_vjp call). A structural test checks the point of it: the reverse scan's body does
 one matmul, dh_prev = dgates @ W, and no weight-gradient matmul.
 """
 
@@ -20,7 +21,8 @@ import rnn2jax
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.errors import ShapeError
-from rnn2jax.ops.recurrent import cell_vjp
+from rnn2jax.load import load
+from rnn2jax.lower import lower
 from rnn2jax.ops.recurrent import forward as forward_module
 
 OUTPUTS = ("lstm/hidden_state_all", "lstm/hidden_state_last", "lstm/cell_state_all", "lstm/cell_state_last")
@@ -28,7 +30,8 @@ PARAMS = ("lstm/i2h_w", "lstm/i2h_b", "lstm/gates_t_w", "lstm/gates_t_b")
 
 
 def build(dim_in: int, hidden, lengths: bool, forget_bias: float, drop_states: bool, forward_only: bool):
-    """One LSTM (`hidden` an int) or a stack of them (`hidden` a list: Caffe2's MultiRNNCell)."""
+    """One LSTM (`hidden` an int) or a stack of them (`hidden` a list: Caffe2's MultiRNNCell), compiled;
+    `fn.plain(params, inputs)` runs the same net lowered plain (verify's reference)."""
     layers = 1 if isinstance(hidden, int) else len(hidden)
     states = [name for k in range(layers) for name in (f"h{k}", f"c{k}")]
     model = ModelHelper(name="cell_vjp")
@@ -37,7 +40,15 @@ def build(dim_in: int, hidden, lengths: bool, forget_bias: float, drop_states: b
         forget_bias=forget_bias, drop_states=drop_states, forward_only=forward_only,
     )  # fmt: skip
     outputs = [name for k in range(layers) for name in outputs_of(layers, k)]
-    return rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=outputs)
+    fn = rnn2jax.compile(model.net.Proto(), init_net=model.param_init_net.Proto(), outputs=outputs)
+    plain = lower(load(model.net.Proto()), plain=True)
+
+    def run_plain(params, inputs):
+        env = plain({**params, **inputs})
+        return {name: env[name] for name in outputs}
+
+    fn.plain = run_plain
+    return fn
 
 
 def outputs_of(layers: int, k: int) -> tuple[str, ...]:
@@ -152,6 +163,10 @@ def test_custom_vjp_equals_reference_and_plain_scan(case):
         outputs = fn.apply(p, d if lengths is None else d | {"seq_lengths": lengths})
         return loss_of(outputs, weights, case["used"]), outputs
 
+    def plain_loss(p, d):
+        outputs = fn.plain(p, d if lengths is None else d | {"seq_lengths": lengths})
+        return loss_of(outputs, weights, case["used"]), outputs
+
     def reference_loss(p, d):
         h0s, c0s = [d[f"h{k}"][0] for k in range(layers)], [d[f"c{k}"][0] for k in range(layers)]
         outputs = reference_stack(p, d["x"], h0s, c0s, lengths, case["forget_bias"], case["drop_states"])
@@ -161,10 +176,9 @@ def test_custom_vjp_equals_reference_and_plain_scan(case):
         return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(params, data)
 
     assert _path_taken(lambda p, d: compiled_loss(p, d)[0], params, data)
-    ours, expected = gradient(compiled_loss), gradient(reference_loss)
-    with cell_vjp.disabled():
-        assert not _path_taken(lambda p, d: compiled_loss(p, d)[0], params, data)
-        plain = gradient(compiled_loss)
+    assert not _path_taken(lambda p, d: plain_loss(p, d)[0], params, data)
+    assert not _custom_calls(jax.make_jaxpr(lambda p, d: plain_loss(p, d)[0])(params, data).jaxpr)
+    ours, expected, plain = gradient(compiled_loss), gradient(reference_loss), gradient(plain_loss)
     for got, want, other in zip(ours[0], expected[0], plain[0], strict=True):
         for name in want:
             assert_close(got[name], want[name])
@@ -189,6 +203,18 @@ def _path_taken(loss, params, data) -> bool:
     finally:
         forward_module.lstm_cell_rows = original
     return calls == [True]
+
+
+def _custom_calls(jaxpr) -> list[str]:
+    """The custom_vjp/custom_jvp primitives of a jaxpr, nested jaxprs included."""
+    found = [eqn.primitive.name for eqn in jaxpr.eqns if "custom" in eqn.primitive.name]
+    for eqn in jaxpr.eqns:
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", None)
+                if inner is not None:
+                    found += _custom_calls(inner if hasattr(inner, "eqns") else inner.jaxpr)
+    return found
 
 
 def _scans(jaxpr):
@@ -230,11 +256,13 @@ def test_reverse_scan_does_only_dh_prev_matmul():
     def loss(p, d):
         return jnp.sum(fn.apply(p, d | {"seq_lengths": jnp.full(batch, steps, jnp.int32)})[OUTPUTS[0]])
 
+    def plain_loss(p, d):
+        return jnp.sum(fn.plain(p, d | {"seq_lengths": jnp.full(batch, steps, jnp.int32)})[OUTPUTS[0]])
+
     assert _reverse_scan_dots(loss, params, data) == [((batch, hidden),)]
-    with cell_vjp.disabled():
-        plain = _reverse_scan_dots(loss, params, data)
-    # the plain scan's weight gradients, per gate block ([H, H], fusion.py) or whole ([4H, H])
-    assert any(shape in {(hidden, hidden), (4 * hidden, hidden)} for shapes in plain for shape in shapes)
+    plain = _reverse_scan_dots(plain_loss, params, data)
+    # the plain scan's weight gradient, whole ([4H, H]: the step's FC as written, no gate blocks)
+    assert any(shape == (4 * hidden, hidden) for shapes in plain for shape in shapes)
 
 
 def test_unused_outputs_get_no_state_gradient_rows():

@@ -208,9 +208,10 @@ def test_cli_export_an_export(mlp_export, tmp_path):
 
 def test_cli_verify_an_export(mlp_export, capsys):
     path, _, _ = mlp_export
-    assert main(["verify", str(path)]) == 1  # it reads the export's predict net, which has nothing to verify
+    assert main(["verify", str(path)]) == 2  # it reads the export's predict net, which has nothing to verify
     captured = capsys.readouterr()
-    assert "no RecurrentNetwork op" in captured.out and "error" not in captured.err
+    assert "nothing to verify" in captured.err and "it has no RecurrentNetwork op" in captured.err
+    assert captured.out == ""
 
 
 def test_cli_refuses_init_with_an_export(mlp_export, capsys):

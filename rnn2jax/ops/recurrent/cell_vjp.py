@@ -25,13 +25,14 @@ A single cell is the stack of one layer. The VJP:
 The maths is LSTMUnit's (rnn_units.lstm_state_update): gate order i, f, o, g; `forget_bias` added to
 f before its sigmoid; rows at or past their sequence length keep their state (or are zeroed with
 `drop_states`). Anything the recogniser does not cover returns None and the caller runs the plain
-scan, so an unusual net is never answered wrongly, only more slowly.
+scan, so an unusual net is never answered wrongly, only more slowly. `rnn2jax.verify` (and
+tests/test_cell_vjp.py) check this VJP against JAX's differentiation of that plain scan
+(`lower(net, plain=True)`), which never comes here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,19 +45,6 @@ from jax.custom_derivatives import SymbolicZero
 from ..common import matmul_precision
 from ..rnn_units import _sigmoid, _tanh
 from .fusion import _plain_fc
-
-_STATE = {"enabled": True}
-
-
-@contextmanager
-def disabled() -> Iterator[None]:
-    """Trace with the plain differentiated scan instead (tests compare the two paths)."""
-    saved = _STATE["enabled"]
-    _STATE["enabled"] = False
-    try:
-        yield
-    finally:
-        _STATE["enabled"] = saved
 
 
 @dataclass(frozen=True)
@@ -193,8 +181,9 @@ def lstm_cell_rows(
 ) -> tuple[dict, dict, dict] | None:
     """(written rows [T, N, H], final row [1, N, H], per-step scratches) of every state, computed by the
     custom-VJP stack; None when the net or the arrays are not the recognised case (the caller then runs
-    the plain scan, which also raises the errors a malformed net deserves)."""
-    if not _STATE["enabled"] or steps == 0:
+    the plain scan, which also raises the errors a malformed net deserves). `lower(net, plain=True)` never calls
+    it: the plain scan, differentiated by JAX, is the reference this VJP is checked against."""
+    if steps == 0:
         return None
     stack = recognise(lowering)
     if stack is None:
