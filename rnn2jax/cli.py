@@ -100,7 +100,7 @@ def _export(args: argparse.Namespace) -> int:
 def _codegen(args: argparse.Namespace) -> int:
     from .codegen.command import codegen
 
-    return codegen(args.net, args.init, args.params, args.output, args.db_root, args.db_type)
+    return codegen(args.net, args.init, args.params, args.output, args.db_root, args.db_type, args.input or [])
 
 
 def _export_dim(text: str) -> int | str:
@@ -272,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--steps", type=_positive, metavar="T", help="sequence length (see --batch)")
     check.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     check.add_argument("--seed", type=int, default=0)
-    check.add_argument("--fd", action="store_true", help="also compare with central finite differences")
+    check.add_argument(
+        "--fd", action="store_true", help="also compare with central finite differences, computed in float64"
+    )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument(
         "--caffe2",
@@ -343,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     codegen.add_argument("--params", metavar="P.npz", help="parameters by blob name (override the init net)")
     codegen.add_argument("--db-type", metavar="TYPE", help=_EXPORT_DB_TYPE_HELP)
     codegen.add_argument("--db-root", metavar="DIR", help="where the init net's databases (relative paths) are")
+    codegen.add_argument(
+        "--input", action="append", metavar="BLOB",
+        help="make BLOB an input of apply even though the init net or --params fill it (repeatable); what the "
+        "init net fills for one sample (shapes that follow the batch size or sequence length) already is",
+    )  # fmt: skip
     codegen.add_argument(
         "-o", "--output", required=True, metavar="MODEL.py", help="the module to write; MODEL.npz goes beside it"
     )

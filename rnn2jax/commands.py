@@ -4,13 +4,14 @@ files or export it as a standard `jax.export` artifact (StableHLO) that `rnn2jax
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from .compile import CompiledNet, as_net, compile, run_init_net
-from .errors import MissingBlobError, ParseError, Rnn2JaxError
+from .errors import MissingBlobError, ParseError, Rnn2JaxError, ShapeError
 from .files import atomic_write
 from .params import load_array, load_arrays, load_params, save_params
 from .progress import stage
@@ -23,10 +24,20 @@ def compile_with_params(
     seed: int = 0,
     db_root: str | None = None,
     db_type: str | None = None,
+    *,
+    inputs: Sequence[str] = (),
+    shapes: Mapping[str, Sequence[int | str]] | None = None,
+    batch: int | str | None = None,
+    steps: int | str | None = None,
 ) -> CompiledNet:
     """The net, with parameters from the init net and/or an `.npz` file (the file wins on a clash); an
     init net that Loads from databases reads them under `db_root`. A predictor export (a Caffe2 DB,
-    recognised by content unless `db_type` is given) brings its own init nets and parameters."""
+    recognised by content unless `db_type` is given) brings its own init nets, parameters and inputs.
+
+    What the init net or the file fills is a parameter unless the user makes it an input (rnn2jax/input_rule.py):
+    `inputs` names it (a value given for it, or a dtype), `shapes` gives its shape, or `batch`/`steps` decide
+    its shape. Its filled value is then the input's default (`CompiledNet.defaults`)."""
+    from .input_rule import filled_inputs
     from .predictor_commands import export_db_type, load_export
 
     kind = export_db_type(net_path, db_type)
@@ -40,7 +51,8 @@ def compile_with_params(
             values.update(run_init_net(init, seed, db_root))
     if params is not None:
         values.update(load_params(params))
-    return compile(net, params=values, seed=seed)
+    chosen = filled_inputs(net, values, named=inputs, shapes=shapes, batch=batch, steps=steps) if values else ()
+    return compile(net, params=values, seed=seed, inputs=chosen)
 
 
 def gather_inputs(named: Sequence[tuple[str, str]], bundle: str | None) -> dict[str, np.ndarray]:
@@ -61,10 +73,10 @@ def run(
     db_root: str | None = None,
     db_type: str | None = None,
 ) -> int:
-    fn = compile_with_params(net, init, params, db_root=db_root, db_type=db_type)
     inputs = gather_inputs(named, bundle)
-    check_missing(fn, inputs)
-    with stage(f"compiling and running {len(fn.net.ops)} ops"):
+    fn = compile_with_params(net, init, params, db_root=db_root, db_type=db_type, inputs=list(inputs))
+    check_missing(fn, {**fn.defaults, **inputs})
+    with stage(f"compiling and running {len(fn.net.ops)} ops"), filled_hint(fn, "--input BLOB=FILE.npy"):
         result = fn(inputs)
     outputs = {name: np.asarray(result[name]) for name in fn.output_names}  # in the net's order
     if output is not None:
@@ -73,6 +85,22 @@ def run(
     else:
         print(summarize(outputs))
     return 0
+
+
+@contextmanager
+def filled_hint(fn: CompiledNet, flags: str) -> Iterator[None]:
+    """A ShapeError while inputs meet what the init net or --params filled (breadbread's one-sample
+    `hidden_init` against a batch of 4) says which filled blobs the net reads, and how to make them inputs."""
+    try:
+        yield
+    except ShapeError as error:
+        filled = [n for n in fn.first_reader if n in fn.params and f"'{n}'" in str(error)]  # those it names
+        if not filled or not fn.input_names:
+            raise
+        raise ShapeError(
+            f"{error}; note: {', '.join(filled)} {'is' if len(filled) == 1 else 'are'} filled by the init net or "
+            f"--params and keep{'s' if len(filled) == 1 else ''} that value unless named as an input ({flags})"
+        ) from None
 
 
 def check_missing(fn: CompiledNet, given: Mapping[str, Any]) -> None:
@@ -136,14 +164,19 @@ def export(
     from .exporter import export_net, input_specs, parse_platforms
 
     targets = parse_platforms(platforms)  # before the work: an unknown platform is a typo
-    fn = compile_with_params(net, init, params, db_root=db_root, db_type=db_type)
+    fn = compile_with_params(
+        net, init, params, db_root=db_root, db_type=db_type, inputs=list(dtypes), shapes=shapes,
+        batch=batch, steps=steps,
+    )  # fmt: skip
+    _refuse_constant_export(fn, shapes, batch, steps, init, params)
     unknown_dtypes = [n for n in dtypes if n not in fn.input_names]
     if unknown_dtypes:
         raise MissingBlobError(
             f"--input-dtype for {', '.join(unknown_dtypes)}, which are not inputs of {fn.net.where}; "
             f"its inputs are: {', '.join(fn.input_names) or '(none)'}"
         )
-    shapes, dtypes = _complete_shapes(fn, shapes, dtypes, batch, steps)
+    with filled_hint(fn, "--input-shape BLOB=D0,D1,... or --batch/--steps"):
+        shapes, dtypes = _complete_shapes(fn, shapes, dtypes, batch, steps)
     specs = input_specs({n: shapes[n] for n in fn.input_names}, dtypes)
     with stage(f"tracing and lowering {len(fn.net.ops)} ops for {', '.join(targets)}"):
         exported = export_net(fn, specs, platforms=targets, params_as_input=params_as_input)
@@ -165,6 +198,29 @@ def export(
     return 0
 
 
+def _refuse_constant_export(
+    fn: CompiledNet,
+    shapes: Mapping[str, Sequence[int | str]],
+    batch: int | str | None,
+    steps: int | str | None,
+    init: str | None,
+    params: str | None,
+) -> None:
+    """An export asked for symbolic dims whose function would take no input at all (a constant function):
+    name the blobs the init net or --params filled, which are the inputs the user likely meant."""
+    symbols = [d for d in (batch, steps, *(d for s in shapes.values() for d in s)) if isinstance(d, str)]
+    if fn.input_names or not symbols:
+        return
+    filled = [n for n in fn.first_reader if n in fn.params]
+    sources = " and ".join(f for f, given in (("--init", init), ("--params", params)) if given) or "the parameters"
+    raise ShapeError(
+        f"{fn.net.where}: the export would take no inputs (a constant function), yet it was asked for symbolic "
+        f"dims {', '.join(dict.fromkeys(map(str, symbols)))}: {sources} fill every blob the net reads "
+        f"({', '.join(filled) or '(none)'}), and --batch/--steps change none of their shapes; name the inputs "
+        f"with --input-shape BLOB=D0,D1,... (e.g. --input-shape {filled[0] if filled else 'BLOB'}=...)"
+    )
+
+
 def _complete_shapes(
     fn: CompiledNet,
     shapes: Mapping[str, Sequence[int | str]],
@@ -175,13 +231,16 @@ def _complete_shapes(
     """Every input's shape and dtype: as given, the rest inferred from them, the parameters and
     `batch`/`steps` (lengths and indices are int32 unless --input-dtype says otherwise, the rest float32).
     Unknown names are refused first."""
-    from .shape_inference import infer_input_specs
+    from .shape_inference import infer_shapes
 
     fn._check_inputs({**{n: None for n in fn.input_names}, **shapes})  # unknown inputs, named
 
-    inferred = infer_input_specs(
-        fn.net, fn.params, dict(shapes), batch=batch, steps=steps, dtypes=dict(dtypes), flag="--input-shape"
+    # an input the init net filled keeps its value's shape unless given or batch/steps decide another
+    found = infer_shapes(
+        fn.net, fn.params, dict(shapes), batch=batch, steps=steps, dtypes=dict(dtypes), defaults=fn.defaults
     )
+    found.require_all("--input-shape")
+    inferred = found.inputs
     return {n: inferred[n].shape for n in fn.input_names}, {n: inferred[n].dtype for n in fn.input_names}
 
 

@@ -26,6 +26,7 @@ from .budget import check_array
 from .caffe2.opdef import create_operator
 from .compile import CompiledNet, compile, run_init_net
 from .errors import BadArgumentError, MissingBlobError
+from .input_rule import filled_inputs
 from .load import load
 from .netdef import Net
 from .oracle.session import caffe2_refused, open_oracle
@@ -112,7 +113,7 @@ def compare_blob(name: str, ours: Any, theirs: np.ndarray, rtol: float | None = 
             return result(float("inf"), float("inf"), False, f"rnn2jax gives {ours.dtype}")
         same = bool(np.array_equal(ours.astype(bytes), theirs.astype(bytes)))
         return result(0.0 if same else float("inf"), 0.0 if same else float("inf"), same)
-    if ours.dtype != jax.dtypes.canonicalize_dtype(theirs.dtype):  # int64 is int32 while x64 is off
+    if ours.dtype != theirs.dtype:
         return result(float("inf"), float("inf"), False, f"rnn2jax gives {ours.dtype}")
     if theirs.dtype.kind in "biu" or ours.size == 0:
         diff = np.abs(ours.astype(np.float64) - theirs.astype(np.float64)) if ours.size else np.zeros(0)
@@ -299,21 +300,27 @@ def compare(
     skip = {op.outputs[-1] for op in ir.ops if op.type == "RecurrentNetwork"}  # step workspaces: not tensors
     written = [n for n in dict.fromkeys(n for op in ir.ops for n in op.outputs) if n not in skip]
     order = [n for n in ir.external_outputs if n in written] + [n for n in written if n not in ir.external_outputs]
-    fn = compile(ir, params=values, outputs=order)
+    named = filled_inputs(ir, values, named=inputs or {}, shapes=shapes, batch=batch, steps=steps) if values else ()
+    fn = compile(ir, params=values, outputs=order, inputs=named)
     mutexes = [n for n in fn.input_names if fn.first_reader[n].type == "AtomicIter" and n not in (inputs or {})]
     if mutexes:  # a training net without the init net that made its mutex: make one on both sides
         made = pb.NetDef(name="mutexes", op=[create_operator("CreateMutex", [], [m]) for m in mutexes])
         values.update(run_init_net(load(made), seed))
         init_def = made if init_def is None else _merged(init_def, made)
-        fn = compile(ir, params=values, outputs=order)
+        fn = compile(ir, params=values, outputs=order, inputs=named)
     shapes = dict(shapes or {})
+    drawn = set(shapes)  # inputs drawn at random: the shapes given, and those batch/steps decide
     if batch is not None or steps is not None:
-        from .shape_inference import infer_input_specs
+        from .shape_inference import infer_shapes
 
         given = {n: np.shape(v) for n, v in (inputs or {}).items() if n in fn.input_names}
-        specs = infer_input_specs(fn.net, fn.params, {**given, **shapes}, batch=batch, steps=steps, flag="--shape")
-        shapes = {**{n: s.shape for n, s in specs.items()}, **shapes}
-    feeds = draw_inputs(fn, dict(inputs or {}), shapes, np.random.default_rng(seed))
+        found = infer_shapes(fn.net, fn.params, {**given, **shapes}, batch=batch, steps=steps, defaults=fn.defaults)
+        found.require_all("--shape")
+        drawn.update(found.replaced)
+        shapes = {**{n: s.shape for n, s in found.inputs.items()}, **shapes}
+    # an input the init net filled keeps that value unless it is drawn, or given (--input)
+    defaults = {n: v for n, v in fn.defaults.items() if n not in drawn}
+    feeds = draw_inputs(fn, {**defaults, **(inputs or {})}, shapes, np.random.default_rng(seed))
 
     oracle, owned = open_oracle(caffe2)
     try:
@@ -328,8 +335,6 @@ def compare(
                 if name in opaque or not _is_array(value):
                     continue  # a mutex: Caffe2 keeps the one its init net made
                 value = np.asarray(value)
-                if name in made_by_caffe2 and made_by_caffe2[name].dtype != value.dtype:
-                    value = value.astype(made_by_caffe2[name].dtype)  # int64 counters (int32 here without x64)
                 fed[name] = value
             reads = list(fn.first_reader)
             theirs = oracle.run(

@@ -69,15 +69,18 @@ def inspect_db(path: str | os.PathLike, db_type: str) -> str:
 
 
 def convert_params(path: str | os.PathLike, db_type: str, output: str | os.PathLike) -> list[str]:
-    """Write the DB's numeric tensors to an .npz file (an `output` ending in .npz) or an Orbax checkpoint
-    directory (any other `output`), one entry per blob; returns the names of the string blobs left out
-    (neither format holds them without pickles)."""
+    """Write the DB's tensors to an .npz file (an `output` ending in .npz) or an Orbax checkpoint directory
+    (any other `output`), one entry per blob; returns the names of the string blobs left out. An .npz keeps
+    string tensors as fixed-width bytes (`rnn2jax.load_params` gives them back as Caffe2 strings; a string
+    ending in a NUL byte is refused, naming it); an Orbax checkpoint holds numbers only, and neither holds a
+    std::string blob (not a tensor), so those are left out."""
     blobs = read_blobs(path, db_type)
-    params = {n: v for n, v in blobs.items() if isinstance(v, np.ndarray) and v.dtype.kind != "O"}
+    to_npz = os.fspath(output).endswith(".npz")
+    params = {n: v for n, v in blobs.items() if isinstance(v, np.ndarray) and (v.dtype.kind != "O" or to_npz)}
     skipped = [n for n in blobs if n not in params]
     if not params:
-        raise StorageError(f"DB '{os.fspath(path)}' ({db_type}) holds no numeric tensors to convert")
-    if os.fspath(output).endswith(".npz"):
+        raise StorageError(f"DB '{os.fspath(path)}' ({db_type}) holds no tensors to convert")
+    if to_npz:
         save_params(params, output)
     else:
         save_orbax(params, output)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ParseError
+from .errors import ParseError, StorageError
 from .files import atomic_write
 from .netdef import Net
 
@@ -45,18 +45,51 @@ def save_params(params: Mapping[str, Any], path: PathLike) -> None:
     try:
         with atomic_write(path) as file, zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name, value in params.items():
-                array = np.asarray(value)
-                if array.dtype == object:
-                    raise ParseError(f"cannot save blob '{name}' to '{os.fspath(path)}': it is not an array")
+                array = _storable(name, value, path)
                 with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
                     np.lib.format.write_array(entry, array, allow_pickle=False)
     except OSError as error:
         raise ParseError(f"cannot write '{os.fspath(path)}': {error.strerror or error}") from None
 
 
+def _storable(name: str, value: Any, path: PathLike) -> np.ndarray:
+    """`value` as an array `.npz` holds without pickles: numbers as they are, Caffe2 strings (an object
+    array of bytes) as fixed-width bytes ('S'). NumPy's 'S' drops trailing NUL bytes, so a string ending
+    in one is refused rather than shortened."""
+    array = np.asarray(value)
+    if array.dtype != object:
+        return array
+    where = f"cannot save blob '{name}' to '{os.fspath(path)}'"
+    items = []
+    for index, item in np.ndenumerate(array):
+        if isinstance(item, str):
+            item = item.encode()
+        if not isinstance(item, bytes | np.bytes_):
+            raise StorageError(f"{where}: element {list(index)} is a {type(item).__name__}, not a string")
+        if item.endswith(b"\0"):
+            raise StorageError(
+                f"{where}: string element {list(index)} ({bytes(item)[:32]!r}) ends in a NUL byte, which .npz "
+                "fixed-width bytes cannot keep (NumPy strips trailing NULs on reading)"
+            )
+        items.append(bytes(item))
+    width = max((len(b) for b in items), default=0) or 1
+    return np.array(items, dtype=f"S{width}").reshape(array.shape)
+
+
 def load_params(path: PathLike) -> dict[str, np.ndarray]:
-    """Read an `.npz` file (as `save_params` or `np.savez` wrote it): blob name -> array."""
-    return load_arrays(path, what="parameter file")
+    """Read an `.npz` file (as `save_params` or `np.savez` wrote it): blob name -> array. Fixed-width
+    bytes ('S') come back as Caffe2 strings: object arrays of `bytes`, as the workspace holds them."""
+    return {name: as_caffe2_strings(v) for name, v in load_arrays(path, what="parameter file").items()}
+
+
+def as_caffe2_strings(array: np.ndarray) -> np.ndarray:
+    """An 'S' array as an object array of bytes (Caffe2's strings); any other array as it is."""
+    if array.dtype.kind != "S":
+        return array
+    strings = np.empty(array.shape, dtype=object)
+    for index, item in np.ndenumerate(array):
+        strings[index] = bytes(item)
+    return strings
 
 
 def load_arrays(path: PathLike, what: str = "array file") -> dict[str, np.ndarray]:

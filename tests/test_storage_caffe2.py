@@ -160,3 +160,48 @@ def test_caffe2_bfloat16_saved_floats_load(caffe2, tmp_path):
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).astype(np.uint32)
     assert_bit_equal(got, rounded.view(np.float32))
     assert not np.array_equal(got, x)  # the test's values do lose bits
+
+
+@given(
+    values=st.lists(st.binary(max_size=6), max_size=6),
+    shape=st.sampled_from(["flat", "2d"]),
+)
+def test_caffe2_string_tensor_round_trips_through_convert_params(caffe2, tmp_path_factory, values, shape):
+    """Real Caffe2's GivenTensorStringFill + Save write a vocabulary beside a weight; `convert-params` puts
+    it in the .npz as fixed-width bytes (no pickles) and `load_params` gives back Caffe2's strings, every
+    byte (NULs inside included). A string ending in a NUL byte, which 'S' arrays cannot keep, is refused by
+    name and no file is written."""
+    from rnn2jax.cli import main
+
+    folder = tmp_path_factory.mktemp("strings")
+    db, out = folder / "vocab.minidb", folder / "params.npz"
+    dims = [len(values)] if shape == "flat" or len(values) % 2 else [2, len(values) // 2]
+    fill = create_operator("GivenTensorStringFill", [], ["vocab"], shape=dims, values=values)
+    weight = create_operator("GivenTensorFill", [], ["w"], shape=[3], values=[0.5, -1.0, 2.0])
+    save = create_operator("Save", ["vocab", "w"], [], db=str(db), db_type="minidb", absolute_path=1)
+    caffe2.run([("ops", [fill, weight, save])], {}, [])
+    code = main(["convert-params", str(db), "-o", str(out)])
+    ending = [i for i, v in enumerate(values) if v.endswith(b"\x00")]
+    if ending:
+        assert code == 2 and not out.exists()
+        return
+    assert code == 0
+    with np.load(out, allow_pickle=False) as archive:
+        assert archive["vocab"].dtype.kind == "S"
+    params = rnn2jax.load_params(out)
+    want = np.empty(len(values), dtype=object)
+    want[:] = values
+    assert_bit_equal(params["vocab"], want.reshape(dims))
+    assert_bit_equal(params["w"], np.array([0.5, -1.0, 2.0], np.float32))
+
+
+def test_convert_params_names_a_string_ending_in_nul(caffe2, tmp_path, capsys):
+    from rnn2jax.cli import main
+
+    db = tmp_path / "vocab.minidb"
+    fill = create_operator("GivenTensorStringFill", [], ["vocab"], shape=[3], values=[b"a", b"b\x00c", b"end\x00"])
+    save = create_operator("Save", ["vocab"], [], db=str(db), db_type="minidb", absolute_path=1)
+    caffe2.run([("ops", [fill, save])], {}, [])
+    assert main(["convert-params", str(db), "-o", str(tmp_path / "p.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "blob 'vocab'" in err and "element [2]" in err and "NUL byte" in err
