@@ -92,6 +92,8 @@ def check_array(where: str, blob: str, shape: Sequence[int], dtype: Any) -> None
     """Refuse, with a `ResourceError`, an array of `shape` and `dtype` that would take more than the budget.
 
     `where` locates the op ("net 'n', op #0 (ConstantFill)"); `blob` is the array's blob name."""
+    if not all(isinstance(d, int | np.integer) for d in shape):
+        return  # a symbolic dimension (jax.export shape polymorphism): its size is known only when called
     dtype = np.dtype(dtype)
     size = math.prod(int(d) for d in shape) * dtype.itemsize
     budget = memory_budget()

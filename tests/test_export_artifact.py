@@ -86,7 +86,7 @@ def artifacts(tmp_path_factory):
 
 # A fresh interpreter (-I: no PYTHONPATH, no user site, no current directory on sys.path) in which
 # importing rnn2jax fails: the artifacts must run on jax and numpy alone.
-SERVE = r"""
+NO_RNN2JAX = r"""
 import importlib.abc
 import sys
 
@@ -98,6 +98,10 @@ class NoRnn2jax(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, NoRnn2jax())
+"""
+SERVE = (
+    NO_RNN2JAX
+    + r"""
 import json
 
 import jax
@@ -138,6 +142,7 @@ else:
 assert not any(m.partition(".")[0] == "rnn2jax" for m in sys.modules), sorted(sys.modules)
 print(json.dumps({"baked": list(baked.platforms), "given": list(given.platforms)}))
 """
+)
 
 
 @needs_bread
@@ -191,7 +196,7 @@ def test_load_exported_calls_by_name_and_names_what_does_not_fit(artifacts):
     inputs = _inputs(2, 3, seed=5)
     want = rnn2jax.compile(BREAD, params=weights)(inputs)
     loose = {k: v.astype(np.float64) if k != "seq_lengths" else v.tolist() for k, v in inputs.items()}
-    got = model(**loose)  # keyword arguments; float64 and a list are cast as NumPy casts them (same kind)
+    got = model(**loose)  # keyword arguments; float64 and a list holding exactly the values are converted
     _assert_outputs({k: np.asarray(v) for k, v in got.items()}, want, "load_exported")
     _assert_outputs({k: np.asarray(v) for k, v in per_weights(weights, inputs).items()}, want, "params")
 
@@ -230,6 +235,18 @@ def test_load_exported_calls_by_name_and_names_what_does_not_fit(artifacts):
         rnn2jax.InputTypeError,
         lambda: model({**x, "seq_lengths": x["seq_lengths"] + 0.5}),
         "'seq_lengths' must be an array of int32, got float64",
+    )
+    error(  # converted only when every value survives: never rounded or wrapped on the way in
+        rnn2jax.InputTypeError,
+        lambda: model({**x, "input_blob": x["input_blob"].astype(np.float64) + 1e-9}),
+        "'input_blob' must be an array of float32, got float64",
+        "cannot all hold exactly",
+    )
+    error(
+        rnn2jax.InputTypeError,
+        lambda: model({**x, "seq_lengths": x["seq_lengths"].astype(np.int64) + 2**32}),
+        "'seq_lengths' must be an array of int32, got int64",
+        "cannot all hold exactly",
     )
     error(rnn2jax.InputTypeError, lambda: model(list(x.values())), "must be a mapping")
     error(rnn2jax.InputTypeError, lambda: model(x, x), "model(inputs)")
@@ -406,3 +423,128 @@ def test_shape_ops_take_symbolic_dims(tmp_path, capsys):
     err = capsys.readouterr().err
     for part in ("net 'slice', op #0 (Slice)", "cannot run with symbolic dims", "'x' (float32[T,4])", "'T' < '2'"):
         assert part in err, err
+
+
+# ------------------------------------------------------------------------------------------------
+# Every cell the builders make (tests/test_caffe2_cells.py's CELLS: LSTM and its options, MILSTM, the
+# layer-norm cells, GRU in both forms, BasicRNN, stacks, dropout, the attention cells), exported with
+# symbolic T and N (and the encoder length L of the attention cells), run in one fresh process without
+# rnn2jax at three sizes each, against rnn2jax.compile of the same net at the same inputs.
+
+# The sizes the nets are built at: T, N and L differ from every other dim, so they are found by value.
+CELL_SIZES = {"T": 6, "N": 7, "D": 2, "H": 3, "L": 5, "E": 4}
+CELL_CASES = ((1, 3, 2), (4, 1, 1), (2, 2, 3))  # (T, N, L): T = 1, N = 1 and L = 1 among them
+# One jax.jit per case over every cell's call: three XLA compilations instead of 75 (the test's cost).
+SERVE_CELLS = (
+    NO_RNN2JAX
+    + r"""
+import jax
+import numpy as np
+
+folder, data_path, out_path = sys.argv[1:]
+data = dict(np.load(data_path))
+cases = {}
+for key, value in data.items():
+    case, cell, name = key.split("|")
+    cases.setdefault(case, {}).setdefault(cell, {})[name] = value
+exported = {}
+for cell in {cell for calls in cases.values() for cell in calls}:
+    with open(f"{folder}/{cell}.bin", "rb") as file:
+        exported[cell] = jax.export.deserialize(bytearray(file.read()))
+outputs = {}
+for case, calls in cases.items():
+    results = jax.jit(lambda calls: {cell: exported[cell].call(inputs) for cell, inputs in calls.items()})(calls)
+    for cell, result in results.items():
+        assert isinstance(result, dict), type(result)
+        outputs.update({f"{case}|{cell}|{name}": np.asarray(value) for name, value in result.items()})
+np.savez(out_path, **outputs)
+assert not any(m.partition(".")[0] == "rnn2jax" for m in sys.modules), sorted(sys.modules)
+"""
+)
+
+
+def _cell_dim(blob: str, axis: int, size: int) -> int | str:
+    if blob in ("x", "dec_in") and axis == 0:
+        return "T"
+    if blob == "enc" and axis == 0:
+        return "L"
+    return "N" if size == CELL_SIZES["N"] else size
+
+
+def _cell_inputs(shapes: dict, dtypes: dict, case: tuple[int, int, int], seed: int) -> dict[str, np.ndarray]:
+    """Random inputs at (T, N, L) = `case`: sequence lengths from 0 to T + 1 (beyond T counts as T, in
+    Caffe2 too), encoder lengths from 1 to L."""
+    rng = np.random.default_rng(seed)
+    sizes = dict(zip("TNL", case, strict=True))
+    inputs = {}
+    for name, dims in shapes.items():
+        shape = tuple(sizes.get(d, d) for d in dims)
+        if dtypes[name].kind == "i":
+            low, high = (1, sizes["L"]) if name == "enc_len" else (0, sizes["T"] + 1)
+            inputs[name] = rng.integers(low, high + 1, shape).astype(dtypes[name])
+        else:
+            inputs[name] = (0.5 * rng.standard_normal(shape)).astype(dtypes[name])
+    return inputs
+
+
+def test_every_builder_cell_exports_with_symbolic_t_and_n_and_runs_in_plain_jax(tmp_path):
+    from rnn2jax.caffe2.python.core import reset_net_names
+    from rnn2jax.exporter import export_net, input_specs
+    from test_caffe2_cells import CELLS, FORMS, random_params
+
+    data, compiled = {}, {}
+    for index, cell in enumerate(CELLS):
+        forms = [FORMS[(index + k) % len(FORMS)] for k in range(4)]  # initial states 1-D, 2-D and 3-D
+        s = {**CELL_SIZES, "forms": forms, "use_lengths": index % 3 != 2, "lengths": [1] * 7, "seed": index}
+        reset_net_names()
+        rng = np.random.default_rng(index)
+        built = CELLS[cell](s, rng)
+        params = random_params(built.model, rng)  # every blob the init net fills: no need to run it
+        fn = rnn2jax.compile(built.model.net.Proto(), params=params, outputs=built.outputs)
+        assert sorted(fn.input_names) == sorted(built.inputs) and not fn.static_params, cell
+        shapes = {n: [_cell_dim(n, a, d) for a, d in enumerate(v.shape)] for n, v in built.inputs.items()}
+        assert shapes[next(iter(shapes))][:2] == ["T", "N"], shapes  # the sequence input
+        dtypes = {n: v.dtype for n, v in built.inputs.items()}
+        exported = export_net(fn, input_specs(shapes, dtypes), platforms=("cpu",))
+        (tmp_path / f"{cell}.bin").write_bytes(exported.serialize())
+        compiled[cell] = fn
+        for k, case in enumerate(CELL_CASES):
+            data.update({f"{k}|{cell}|{n}": v for n, v in _cell_inputs(shapes, dtypes, case, seed=k).items()})
+    np.savez(tmp_path / "data.npz", **data)
+    # The plain-JAX process runs while this one computes the references (one jit per case, as there).
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-c", SERVE_CELLS, str(tmp_path), str(tmp_path / "data.npz"), str(tmp_path / "out.npz")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    want = {}
+    for k in range(len(CELL_CASES)):
+        calls = {cell: {n: v for n, v in data.items() if n.startswith(f"{k}|{cell}|")} for cell in compiled}
+        calls = {cell: {n.split("|")[2]: v for n, v in inputs.items()} for cell, inputs in calls.items()}
+        results = jax.jit(lambda calls: {c: compiled[c].apply(compiled[c].params, x) for c, x in calls.items()})(calls)
+        want.update({f"{k}|{cell}|{n}": np.asarray(v) for cell, out in results.items() for n, v in out.items()})
+    _, stderr = child.communicate(timeout=600)
+    assert child.returncode == 0, stderr
+    with np.load(tmp_path / "out.npz") as saved:
+        got = dict(saved)
+    assert sorted(got) == sorted(want) and len({key.split("|")[1] for key in got}) == len(CELLS)
+    for key, value in want.items():
+        k, cell, name = key.split("|")
+        where = f"{cell} {name} at (T, N, L) = {CELL_CASES[int(k)]}"
+        assert got[key].shape == value.shape, where
+        np.testing.assert_allclose(got[key], value, **TOLERANCE, err_msg=where)
+
+
+def test_a_broadcast_that_depends_on_a_symbolic_size_is_refused_naming_the_op_and_blobs(tmp_path, capsys):
+    """[N, 3] * [2, 3] (numpy broadcasting) fits only when N is 1 or 2: the export cannot decide it."""
+    (tmp_path / "mul.pbtxt").write_text(
+        'name: "mul" op { input: "x" input: "w" output: "y" type: "Mul" } external_input: "x" external_output: "y"'
+    )
+    np.savez(tmp_path / "w.npz", w=np.ones((2, 3), np.float32))
+    base = ["export", str(tmp_path / "mul.pbtxt"), "--params", str(tmp_path / "w.npz"), "-o", str(tmp_path / "m.bin")]
+    assert main([*base, "--input-shape", "x=N,3"]) == 2
+    err = capsys.readouterr().err
+    for part in ("net 'mul', op #0 (Mul)", "'x' [N, 3] and 'w' [2, 3]", "for every size of their symbolic dims"):
+        assert part in err, err
+    assert main([*base, "--input-shape", "x=1,3"]) == 0  # with a size it broadcasts
+    x = np.arange(3, dtype=np.float32).reshape(1, 3)
+    np.testing.assert_array_equal(np.asarray(load_exported(tmp_path / "m.bin")(x=x)["y"]), np.broadcast_to(x, (2, 3)))

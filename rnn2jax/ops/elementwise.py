@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
-from .common import canonical_dtype
+from .common import broadcast_shapes, is_symbolic
 from .registry import Kernel, register
 
 # Caffe2's `NumericTypes` (elementwise_ops.h); the float-only ops also run on CUDA half. (Caffe2's CPU
@@ -28,7 +28,7 @@ _FLOAT_DOUBLE = frozenset(np.dtype(t) for t in (np.float32, np.float64))
 
 def _check_dtypes(op: Op, arrays: Sequence[jax.Array], allowed: frozenset[np.dtype], kind: str) -> None:
     """Caffe2 dispatches on the first input's type among `allowed`; the others must match it."""
-    dtypes = [canonical_dtype(a.dtype) for a in arrays]
+    dtypes = [np.dtype(a.dtype) for a in arrays]
     for name, dtype in zip(op.inputs, dtypes, strict=False):
         if dtype not in allowed:
             raise ShapeError(
@@ -110,11 +110,12 @@ def _numpy_shape(
 ) -> tuple[int, ...]:
     a_name, b_name = names or (op.inputs[0], op.inputs[1])
     try:
-        return tuple(np.broadcast_shapes(a_shape, b_shape))
+        return broadcast_shapes(a_shape, b_shape)
     except ValueError:
+        every = " for every size of their symbolic dims" if is_symbolic((*a_shape, *b_shape)) else ""
         raise ShapeError(
             f"{op.where}: '{a_name}' {list(a_shape)} and '{b_name}' {list(b_shape)} do not "
-            "broadcast (numpy rules, broadcast=0); old nets set broadcast=1 for Caffe2's legacy mode"
+            f"broadcast{every} (numpy rules, broadcast=0); old nets set broadcast=1 for Caffe2's legacy mode"
         ) from None
 
 

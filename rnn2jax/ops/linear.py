@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..netdef import Op
-from .common import canonical_axis, matmul_precision, size_from_dim, size_to_dim
+from .common import broadcast_shapes, canonical_axis, is_symbolic, matmul_precision, size_from_dim, size_to_dim
 from .registry import Kernel, register
 
 
@@ -178,11 +178,12 @@ def _swap_last(x: jax.Array, trans: bool) -> jax.Array:
 def _batch_shape(op: Op, a_batch: tuple[int, ...], b_batch: tuple[int, ...]) -> tuple[int, ...]:
     """NumPy broadcasting of the batch dims (right-aligned; equal or 1)."""
     try:
-        return tuple(np.broadcast_shapes(a_batch, b_batch))
+        return broadcast_shapes(a_batch, b_batch)
     except ValueError:
+        every = " for every size of their symbolic dims" if is_symbolic((*a_batch, *b_batch)) else ""
         raise ShapeError(
             f"{op.where}: batch dims {list(a_batch)} of '{op.inputs[0]}' and {list(b_batch)} of "
-            f"'{op.inputs[1]}' do not broadcast"
+            f"'{op.inputs[1]}' do not broadcast{every}"
         ) from None
 
 
