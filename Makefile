@@ -11,9 +11,11 @@ CAFFE2_VENV := .venv-caffe2
 CAFFE2_STAMP := $(CAFFE2_VENV)/.installed
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 600
-# Caffe2's own RNN test files (caffe2/python/operator_test/<name>.py in the real-Caffe2 venv) run on rnn2jax's caffe2.
+# Caffe2's own test files (caffe2/python/operator_test/<name>.py in the real-Caffe2 venv) run on rnn2jax's caffe2.
+# The last four hold serialized goldens of ops whose inputs Caffe2 requires as int64 (Expand's shape,
+# FlexibleTopK's k, NumpyTile's repeats, SegmentOneHot's indices): they pass only if int64 stays int64.
 CAFFE2_UPSTREAM_TESTS := rnn_cell_test recurrent_network_test gru_test basic_rnn_test pack_rnn_sequence_op_test \
-	layer_norm_op_test
+	layer_norm_op_test expand_op_test flexible_top_k_test numpy_tile_op_test one_hot_ops_test
 
 .PHONY: demo test test-caffe2-api lint fuzz clean bench
 BENCH_ARGS ?=
@@ -49,18 +51,25 @@ test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --rootdir=. -c pyproject.toml -p rnn2jax.caffe2.pytest_plugin \
 		-p tests.caffe2_upstream --caffe2-source "$$src" tests/caffe2_api "$$tmp"
 
-# Both fuzzers side by side for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=1800`): atheris over the corpus in
-# tests/fuzz/corpus (grown in place), and the hypothesis mutation fuzzer. Escapes land in tests/fuzz/crashes,
-# which the suite replays.
+# Both fuzzers side by side for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=1800 FUZZ_SEED=7`): atheris over the
+# corpus in tests/fuzz/corpus (grown in place), and the hypothesis mutation fuzzer, both seeded with FUZZ_SEED
+# (random when unset; each log prints the seed). Escapes and silent answers land in tests/fuzz/crashes, which
+# the suite replays; the last lines give executions, escapes, silent answers, crashes and hangs.
+FUZZ_SEED ?= $(shell python3 -c 'import random; print(random.randrange(2**31))')
 fuzz: $(STAMP)
 	mkdir -p tests/fuzz/corpus tests/fuzz/crashes
-	$(BIN)/python tests/fuzz/fuzz_mutations.py --seconds $(FUZZ_SECONDS) > fuzz-mutations.log 2>&1 & \
-	PATH=$(BIN):$$PATH $(BIN)/python tests/fuzz/fuzz_nets.py -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 \
-		-rss_limit_mb=8192 -print_final_stats=1 -artifact_prefix=tests/fuzz/crashes/ \
+	$(BIN)/python tests/fuzz/fuzz_mutations.py --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED) > fuzz-mutations.log 2>&1 & \
+	PATH=$(BIN):$$PATH $(BIN)/python tests/fuzz/fuzz_nets.py -seed=$(FUZZ_SEED) -max_total_time=$(FUZZ_SECONDS) \
+		-max_len=65536 -timeout=20 -rss_limit_mb=8192 -print_final_stats=1 -artifact_prefix=tests/fuzz/crashes/ \
 		tests/fuzz/corpus tests/fuzz/seeds > fuzz-atheris.log 2>&1; \
 	atheris=$$?; wait $$!; mutations=$$?; \
-	tail -6 fuzz-mutations.log; grep -E '^(#[0-9]+ +DONE|stat::|Done|==[0-9]+== ERROR)' fuzz-atheris.log; \
-	test $$atheris -eq 0 -a $$mutations -eq 0
+	tail -20 fuzz-mutations.log | sed -n '/executions in/,$$p'; \
+	grep -E '^(#[0-9]+ +DONE|stat::|Done|==[0-9]+== ERROR)' fuzz-atheris.log; \
+	echo "fuzz_nets (seed $(FUZZ_SEED)): $$(grep -cE 'saved to .*/escape-' fuzz-atheris.log) escapes," \
+		"$$(grep -cE 'saved to .*/silent-' fuzz-atheris.log) silent answers," \
+		"$$(grep -cE 'deadly signal|ERROR: libFuzzer: (out-of-memory|fuzz target exited)' fuzz-atheris.log) crashes," \
+		"$$(grep -c 'ERROR: libFuzzer: timeout' fuzz-atheris.log) hangs"; \
+	test $$atheris -eq 0 -a $$mutations -eq 0 && ! grep -qE 'saved to .*/(escape|silent)-' fuzz-atheris.log
 
 # `make bench`: rnn2jax's compiled Caffe2 RNN nets against PyTorch, hand-written JAX and real Caffe2, checked
 # equal and then timed; writes benchmarks/results/latest.json and prints it as Markdown for the README.

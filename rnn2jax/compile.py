@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from .budget import check_array, format_bytes, memory_budget
+from .dtypes import caffe2_dtypes, check_not_narrowed, in_caffe2_dtypes
 from .errors import InputTypeError, MissingBlobError, ParseError, ResourceError
 from .load import load
 from .lower import LoweredNet, lower, specialisation_key
@@ -27,7 +28,7 @@ from .netdef import Net, Op, Plan
 from .ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
 from .ops.registry import overlay
 from .params import PathLike, resolve_params, run_storage_init_net, save_params, uses_storage
-from .sharding import replicate, shard_inputs
+from .sharding import check_batch_axes, replicate, shard_inputs
 from .user_ops import as_opdefs
 
 Arrays = dict[str, jax.Array]
@@ -44,6 +45,7 @@ def as_net(source: Any, what: str = "net") -> Net:
     return loaded
 
 
+@in_caffe2_dtypes
 def run_init_net(init_net: Any, seed: int = 0, db_root: PathLike | None = None) -> Arrays:
     """Run an init net once, eagerly: every blob it writes, by name (random fills seeded by `seed`).
 
@@ -92,6 +94,7 @@ class CompiledNet:
 
     MAX_SPECIALISATIONS = 32
 
+    @in_caffe2_dtypes
     def __init__(
         self,
         net: Net,
@@ -100,21 +103,24 @@ class CompiledNet:
         jit: bool = True,
         mesh: Mesh | None = None,
         batch_axes: Mapping[str, int | None] | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ):
         self.net = net
         self.mesh = mesh
-        self._batch_axes = dict(batch_axes or {})
+        self._batch_axes = check_batch_axes(batch_axes, f"{net.where}: compile")
         self._lowered: LoweredNet = lower(net)
         self.params: Arrays = {k: _as_array(v, f"{net.where}: parameter '{k}'") for k, v in params.items()}
         # blob -> the op that reads it before anything writes it: what names a missing input
         self.first_reader: dict[str, Op] = self._lowered.reads_before_writes()
         self.input_names: tuple[str, ...] = tuple(n for n in self.first_reader if n not in self.params)
+        # inputs an init net (or params=) also filled: a call that does not give them uses these values
+        self.defaults: dict[str, Any] = {n: v for n, v in (defaults or {}).items() if n in self.input_names}
         if output_names is None:
             output_names = net.external_outputs or _leaf_outputs(net)
         self.output_names: tuple[str, ...] = _blob_names(output_names, f"{net.where}: outputs=")
         self._check_outputs()
         if mesh is not None:
-            self.params = replicate(mesh, self.params)
+            self.params = replicate(mesh, self.params, f"{net.where}: compile")
         # Nets with ops that check values only known at run time (traced Gather indices, lengths) run
         # under checkify, and a failed check is raised after the call (ops/checks.py).
         self._runtime_checks = any(op.type in CHECKED_OP_TYPES for op in net.walk())
@@ -136,9 +142,18 @@ class CompiledNet:
             )
 
     def apply(self, params: Mapping[str, Any], inputs: Mapping[str, Any], key: jax.Array | None = None) -> Arrays:
-        """The net as a pure function of its parameters and inputs (and a PRNG key for random ops)."""
-        env = self._lowered({**self._arrays(params, "params"), **self._arrays(inputs, "inputs")}, key=key)
-        return {name: env[name] for name in self.output_names}
+        """The net as a pure function of its parameters and inputs (and a PRNG key for random ops).
+
+        It runs with Caffe2's dtypes (64-bit types on) wherever it is called. Under a caller's own `jax.jit`
+        with x64 off, JAX narrows 64-bit arguments before they get here: a parameter held as int64 or float64
+        that arrives narrowed is refused rather than used with its values wrapped."""
+        for name, value in _given_items(params):
+            held = self.params.get(name)
+            if held is not None and hasattr(value, "dtype"):
+                check_not_narrowed(f"{self.net.where}: apply's params", name, held.dtype, value.dtype)
+        with caffe2_dtypes():
+            env = self._lowered({**self._arrays(params, "params"), **self._arrays(inputs, "inputs")}, key=key)
+            return {name: env[name] for name in self.output_names}
 
     def _arrays(self, given: Any, what: str) -> Mapping[str, Any]:
         """`apply`'s arguments checked at trace time: a mapping of blob names to arrays (tracers pass)."""
@@ -164,31 +179,49 @@ class CompiledNet:
                 return array
         return _as_array(value, f"{self.net.where}: {what} '{name}'")
 
+    @in_caffe2_dtypes
     def __call__(self, inputs: Mapping[str, Any] | None = None, /, **named: Any) -> Arrays:
+        given = self._given(inputs, named)
+        for name, value in given.items():
+            shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+            if shape is not None and dtype is not None:  # an array: its size is known before copying it
+                check_array(self.first_reader[name].where, name, shape, _jax_dtype(dtype))
+        with xla_out_of_memory(self.net.where):
+            executable, params, arrays = self._prepared(given)
+            result = executable(params, arrays)
+            if self._runtime_checks:
+                error, result = result
+                raise_failed(error)
+            return result
+
+    @in_caffe2_dtypes
+    def lower(self, inputs: Mapping[str, Any] | None = None, /, **named: Any) -> jax.stages.Lowered:
+        """The program a call with these inputs runs, lowered but not compiled: `.as_text()` is its StableHLO,
+        `.compile()` the executable (`.cost_analysis()`, `.memory_analysis()`)."""
+        executable, params, arrays = self._prepared(self._given(inputs, named))
+        return (executable if self._jit else jax.jit(executable)).lower(params, arrays)
+
+    def _given(self, inputs: Any, named: Mapping[str, Any]) -> dict[str, Any]:
+        """A call's inputs, checked by name, with the defaults for those it does not give."""
         if inputs is not None and not isinstance(inputs, Mapping):
             raise InputTypeError(
                 f"{self.net.where}: inputs must be a mapping of blob name -> array (or keyword arguments), "
                 f"got a {type(inputs).__name__}; the net's inputs are: {', '.join(self.input_names) or '(none)'}"
             )
         given = {**(inputs or {}), **named}
-        self._check_inputs(given)
-        for name, value in given.items():
-            shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-            if shape is not None and dtype is not None:  # an array: its size is known before copying it
-                check_array(self.first_reader[name].where, name, shape, _jax_dtype(dtype))
-        with xla_out_of_memory(self.net.where):
-            arrays = {name: _as_array(value, f"{self.net.where}: input '{name}'") for name, value in given.items()}
-            # Static values are read on the host, in the dtype given (int64 stays int64, as Caffe2 sees it).
-            static = {name: np.asarray(given[name]) for name in self.static_inputs}
-            arrays = {name: value for name, value in arrays.items() if name not in static}
-            if self.mesh is not None:
-                arrays = shard_inputs(self.mesh, arrays, self._batch_axes, self.net.where)
-            params = {k: v for k, v in self.params.items() if k not in self.static_params}
-            result = self._executable(static)(params, arrays)
-            if self._runtime_checks:
-                error, result = result
-                raise_failed(error)
-            return result
+        self._check_inputs({**self.defaults, **given})
+        return {**{n: v for n, v in self.defaults.items() if n not in given}, **given}
+
+    def _prepared(self, given: Mapping[str, Any]) -> tuple[Any, Arrays, Arrays]:
+        """(the jitted net specialised to the static inputs' values, its parameters, its array inputs)."""
+        arrays = {name: _as_array(value, f"{self.net.where}: input '{name}'") for name, value in given.items()}
+        # Static values are read on the host, in the dtype given (int64 stays int64, as Caffe2 sees it).
+        static = {name: np.asarray(given[name]) for name in self.static_inputs}
+        arrays = {name: value for name, value in arrays.items() if name not in static}
+        if self.mesh is not None:
+            arrays = shard_inputs(self.mesh, arrays, self._batch_axes, self.net.where)
+        params = {k: v for k, v in self.params.items() if k not in self.static_params}
+        return self._executable(static), params, arrays
 
     def _executable(self, static: Mapping[str, np.ndarray]) -> Callable[..., Any]:
         """The jitted net specialised to the values of the static inputs (and static parameters)."""
@@ -248,6 +281,11 @@ class CompiledNet:
         )
 
 
+def _given_items(given: Any) -> list[tuple[Any, Any]]:
+    """The (name, value) pairs of a mapping, or none for anything else (`_arrays` names the mistake)."""
+    return list(given.items()) if isinstance(given, Mapping) else []
+
+
 def _how_read(op: Any, name: str) -> str:
     """Where `op` reads blob `name`: an input, or (a step net's scope read) the argument naming it."""
     if name in op.inputs:
@@ -272,9 +310,9 @@ def _blob_names(names: Any, what: str) -> tuple[str, ...]:
 
 
 def _jax_dtype(dtype: Any) -> Any:
-    """The dtype an input becomes on the device (float64 -> float32 unless x64 is on)."""
+    """The dtype an input keeps on the device (its own: rnn2jax runs with 64-bit types on)."""
     try:
-        return jax.dtypes.canonicalize_dtype(np.dtype(dtype))
+        return np.dtype(dtype)
     except (TypeError, ValueError):
         return np.dtype(np.uint8)  # not a NumPy dtype: _as_array names it; count it as one byte per element
 
@@ -306,6 +344,7 @@ def _as_array(value: Any, what: str) -> jax.Array:
         raise InputTypeError(f"{what} must be an array of numbers (NumPy or JAX): {error}") from None
 
 
+@in_caffe2_dtypes
 def compile(
     net: Any,
     init_net: Any = None,
@@ -318,6 +357,7 @@ def compile(
     batch_axes: Mapping[str, int | None] | None = None,
     db_root: PathLike | None = None,
     custom_ops: Any = None,
+    inputs: Sequence[str] | None = None,
 ) -> CompiledNet:
     """Compile a Caffe2 net into a `CompiledNet`.
 
@@ -332,6 +372,9 @@ def compile(
     meaning replicate.
     `custom_ops` adds ops for this call only: a list of `rnn2jax.custom_op(...)`, or a mapping of op type to
     builder (see `rnn2jax.register_op` for the contract and for registering ops for good).
+    `inputs` names blobs that are inputs even though the init net or `params` fill them (an init net that
+    sets up one sample's data, say): the filled values become the inputs' `defaults`, which a call that
+    does not give them uses (`rnn2jax.input_rule` says how the command line picks them).
     """
     if params is not None and not isinstance(params, Mapping | str | os.PathLike):
         raise InputTypeError(
@@ -344,4 +387,24 @@ def compile(
         values.update(
             {k: np.asarray(v) if not isinstance(v, jax.Array) else v for k, v in resolve_params(params).items()}
         )
-        return CompiledNet(net, values, outputs, jit=jit, mesh=mesh, batch_axes=batch_axes)
+        reads = lower(net).reads_before_writes()
+        # strings the net never reads (a vocabulary saved beside the weights) are no parameters of it
+        values = {n: v for n, v in values.items() if n in reads or getattr(v, "dtype", None) != np.dtype(object)}
+        defaults = _take_inputs(net, values, inputs, reads)
+        return CompiledNet(net, values, outputs, jit=jit, mesh=mesh, batch_axes=batch_axes, defaults=defaults)
+
+
+def _take_inputs(
+    net: Net, values: dict[str, Any], inputs: Sequence[str] | None, reads: Mapping[str, Op]
+) -> dict[str, Any]:
+    """Move the blobs named in `inputs` out of `values` (the parameters): their values, as defaults."""
+    if inputs is None:
+        return {}
+    names = _blob_names(inputs, f"{net.where}: inputs=")
+    unread = [n for n in names if n not in reads]
+    if unread:
+        raise MissingBlobError(
+            f"{net.where}: inputs= names {', '.join(unread)}, which the net does not read before writing; "
+            f"the blobs it reads first are: {', '.join(reads) or '(none)'}"
+        )
+    return {n: values.pop(n) for n in names if n in values}

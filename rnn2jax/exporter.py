@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from .compile import CompiledNet
+from .dtypes import in_caffe2_dtypes
 from .errors import BadArgumentError, Rnn2JaxError, ShapeError
 
 # What jax.export lowers for (its names; "gpu" is not one: CUDA and ROCm are lowered separately).
@@ -66,6 +67,7 @@ def input_specs(shapes: Mapping[str, Sequence[Dim]], dtypes: Mapping[str, Any]) 
     return specs
 
 
+@in_caffe2_dtypes
 def export_net(
     fn: CompiledNet,
     specs: Mapping[str, jax.ShapeDtypeStruct],
@@ -74,7 +76,9 @@ def export_net(
     params_as_input: bool = False,
 ) -> jax.export.Exported:
     """`fn` traced once for `specs` and lowered for every platform. The parameters are constants of the
-    StableHLO unless `params_as_input`; those whose values decide shapes stay constants either way."""
+    StableHLO unless `params_as_input`; those whose values decide shapes stay constants either way.
+    64-bit inputs, parameters and outputs keep their dtypes: the artifact's caller needs x64 for them
+    (`load_exported` turns it on for its calls)."""
     _refuse_static_inputs(fn)
     static = fn.static_params
     names = fn.output_names

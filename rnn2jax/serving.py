@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .dtypes import caffe2_dtypes
 from .errors import InputTypeError, MissingBlobError, ParseError, ShapeError
 
 LEGACY_MAGIC = b"rnn2jax-exported 1\n"
@@ -56,6 +57,10 @@ class ExportedNet:
         self.input_names: tuple[str, ...] = tuple(self.inputs)
 
     def __call__(self, *args: Any, **named: Any) -> dict[str, jax.Array]:
+        with caffe2_dtypes():  # an export's int64/float64 arguments and results keep their dtypes
+            return self._call(args, named)
+
+    def _call(self, args: tuple[Any, ...], named: dict[str, Any]) -> dict[str, jax.Array]:
         takes = 2 if self.params is not None else 1
         if len(args) > takes or (self.params is not None and not args):
             usage = "model(params, inputs)" if self.params is not None else "model(inputs) or model(**inputs)"
@@ -103,9 +108,7 @@ class ExportedNet:
             except (TypeError, ValueError) as error:
                 raise InputTypeError(f"{self.where}: {kind} '{name}' must be an array of {want}: {error}") from None
         if value.dtype != want:
-            if not np.can_cast(value.dtype, want, casting="same_kind"):
-                raise InputTypeError(f"{self.where}: {kind} '{name}' must be an array of {want}, got {value.dtype}")
-            value = value.astype(want)
+            value = self._converted(kind, name, value, want)
         expected = "[" + ", ".join(str(d) for d in spec.shape) + "]"
         if value.ndim != len(spec.shape):
             raise ShapeError(
@@ -133,6 +136,21 @@ class ExportedNet:
                     f"{symbol} = {seen[0]}; the export expects {expected}"
                 )
         return value
+
+    def _converted(self, kind: str, name: str, value: Any, want: np.dtype) -> Any:
+        """`value` as `want` when every element keeps its value exactly (int32 data for an int64 input, say);
+        otherwise an error: a narrowing conversion (float64 to float32, a large int64) would lose values."""
+        refusal = InputTypeError(f"{self.where}: {kind} '{name}' must be an array of {want}, got {value.dtype}")
+        if not np.can_cast(value.dtype, want, casting="same_kind"):
+            raise refusal
+        converted = np.asarray(value).astype(want)
+        with np.errstate(invalid="ignore"):
+            exact = np.array_equal(converted.astype(value.dtype), np.asarray(value), equal_nan=value.dtype.kind == "f")
+        if not exact:
+            raise InputTypeError(
+                f"{refusal}, whose values {want} cannot all hold exactly; convert it yourself if the loss is meant"
+            )
+        return converted
 
     def __repr__(self) -> str:
         params = "" if self.params is None else f"params={len(self.params)}, "

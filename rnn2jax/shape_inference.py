@@ -23,6 +23,7 @@ import numpy as np
 
 from .blob_roles import integer_blobs
 from .compile import as_net
+from .dtypes import in_caffe2_dtypes
 from .errors import BadArgumentError, InputTypeError, MissingBlobError, Rnn2JaxError, ShapeError
 from .lower import LoweredNet, lower
 from .netdef import Net, Op
@@ -65,6 +66,7 @@ class ShapeInference:
             raise ShapeError(message + "".join(f" ({obstacle})" for obstacle in self.obstacles))
 
 
+@in_caffe2_dtypes
 def infer_input_specs(
     net: Any,
     params: Mapping[str, Any],
@@ -89,6 +91,7 @@ def infer_input_specs(
     return found.inputs
 
 
+@in_caffe2_dtypes
 def infer_shapes(
     net: Any,
     params: Mapping[str, Any],

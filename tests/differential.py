@@ -1,11 +1,11 @@
 """Differential testing against real Caffe2: run the same OperatorDefs in Caffe2 (through the oracle worker)
 and in rnn2jax, and assert they agree.
 
-Agreement means: the same output blobs with the same shapes; dtypes equal up to JAX's canonicalisation
-(int64 is int32 while x64 is off); integer, bool and string outputs exactly equal; float outputs within
-`rtol` of Caffe2's, measured against the output's own scale (`|got - want| <= rtol * (|want| + max|want|)`,
-so an element that cancels to nearly zero is judged against the magnitudes that produced it). Where Caffe2
-refuses an input (an enforce failure), rnn2jax must raise an `Rnn2JaxError` too.
+Agreement means: the same output blobs with the same shapes and exactly Caffe2's dtypes; integer, bool and
+string outputs exactly equal; float outputs within `rtol` of Caffe2's, measured against the output's own
+scale (`|got - want| <= rtol * (|want| + max|want|)`, so an element that cancels to nearly zero is judged
+against the magnitudes that produced it). Where Caffe2 refuses an input (an enforce failure), rnn2jax must
+raise an `Rnn2JaxError` too.
 """
 
 from __future__ import annotations
@@ -74,8 +74,7 @@ def assert_blob_equal(
         assert got.dtype.kind in "SOU", f"{name}: dtype {got.dtype}, Caffe2 gives strings"
         np.testing.assert_array_equal(got.astype(bytes), want.astype(bytes), err_msg=name)
         return
-    expected_dtype = jax.dtypes.canonicalize_dtype(want.dtype)
-    assert got.dtype == expected_dtype, f"{name}: dtype {got.dtype}, Caffe2 gives {want.dtype}"
+    assert got.dtype == want.dtype, f"{name}: dtype {got.dtype}, Caffe2 gives {want.dtype}"
     if want.dtype.kind in "biu":
         np.testing.assert_array_equal(got, want, err_msg=f"{name}: differs from Caffe2")
         return

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from rnn2jax.caffe2.opdef import create_net, create_operator
+from rnn2jax.dtypes import caffe2_dtypes
 from rnn2jax.load import load
 from rnn2jax.lower import lower
 
@@ -78,9 +79,11 @@ def run_op(
     key: jax.Array | None = None,
     **args: Any,
 ) -> tuple[np.ndarray, ...]:
-    """Run a single `op_type` op on `inputs`, under `jax.jit` or eagerly; outputs as NumPy arrays."""
+    """Run a single `op_type` op on `inputs`, under `jax.jit` or eagerly; outputs as NumPy arrays. The jit runs
+    with 64-bit types on, as rnn2jax's own do (else JAX would narrow int64 inputs at its boundary)."""
     fn = forward(op_type, len(inputs), num_outputs, **args)
     if jit:
         fn = jax.jit(fn)
-    outs = fn(*inputs, key=key if key is not None else jax.random.key(0))
+    with caffe2_dtypes():
+        outs = fn(*inputs, key=key if key is not None else jax.random.key(0))
     return tuple(np.asarray(o) for o in outs)

@@ -191,10 +191,9 @@ def _compare_values(ours: Mapping[str, np.ndarray], theirs: Mapping[str, np.ndar
     for name, expected in theirs.items():
         got = np.asarray(ours[name])
         assert got.shape == expected.shape, name
-        if expected.dtype == np.int64:
-            # The optimizer counter: int64 in Caffe2; int32 here while JAX's x64 mode is off.
-            assert got.dtype.kind == "i", name
-            np.testing.assert_array_equal(got.astype(np.int64), expected, err_msg=name)
+        if expected.dtype == np.int64:  # the optimizer counter
+            assert got.dtype == np.int64, name
+            np.testing.assert_array_equal(got, expected, err_msg=name)
         else:
             assert got.dtype == expected.dtype, name
             # rtol 1e-5 as asked; atol for entries that pass through zero (float32 sums in another order)

@@ -396,8 +396,7 @@ def test_infer_shapes_and_types_from_workspace_blobs_matches_caffe2():
         "b": FLOAT, "cat": FLOAT, "fc": FLOAT, "r": FLOAT, "ri": INT32, "rs": FLOAT,
         "shp": INT64, "split": INT32, "w": FLOAT, "x": FLOAT, "xt": FLOAT,
     }  # fmt: skip
-    # Shape's int64 output is int32 here (JAX's x64 mode is off): docs/caffe2-differences.md, "Known limits".
-    assert types == {**caffe2_types, "shp": INT32}
+    assert types == caffe2_types
     assert workspace.Blobs() == ["b", "w", "x"]  # nothing ran
 
 

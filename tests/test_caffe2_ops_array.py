@@ -3,7 +3,6 @@ control ops) against real Caffe2 (see tests/differential.py)."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -318,8 +317,7 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_array(caffe2, case, data):
-    with jax.enable_x64(True):  # int64/float64 inputs keep their types, as in Caffe2
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)
 
 
 # Makers the cases above do not reach (no float output to flow back from, or ops not lowered here): the

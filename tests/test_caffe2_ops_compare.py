@@ -3,7 +3,6 @@ Caffe2, in both broadcast modes. None has a gradient (Caffe2's makers refuse; so
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -54,8 +53,7 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_compare(caffe2, case, data):
-    with jax.enable_x64(True):  # int64/float64 inputs keep their types, as in Caffe2
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)
 
 
 @pytest.mark.parametrize("op_type", list(CASES))

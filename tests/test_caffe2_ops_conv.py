@@ -13,7 +13,6 @@ argument vectors).
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -227,5 +226,4 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_conv(caffe2, case, data):
-    with jax.enable_x64(True):  # float64/int64 inputs keep their types, as in Caffe2
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)

@@ -3,7 +3,6 @@ SumReduceLike, Scale, Clip and the unary math ops) and their gradients against r
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -119,9 +118,8 @@ def draw_sum(data: st.DataObject):
 def test_sum_gradient_is_pass_through(caffe2, data):
     """Sum's gradient is no op: every input's gradient is the output's (builder compared too)."""
     op, inputs = draw_sum(data)
-    with jax.enable_x64(True):
-        if check_op(caffe2, op, inputs) is not None:
-            assert check_gradient(caffe2, op, inputs) == []
+    if check_op(caffe2, op, inputs) is not None:
+        assert check_gradient(caffe2, op, inputs) == []
 
 
 def draw_sum_reduce_like(data: st.DataObject):
@@ -185,5 +183,4 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_elementwise(caffe2, case, data):
-    with jax.enable_x64(True):  # int64/float64 inputs keep their types, as in Caffe2
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)

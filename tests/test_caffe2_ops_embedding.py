@@ -4,7 +4,6 @@ Caffe2 (see tests/differential.py). NumPy references of the quantizers are in te
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -266,8 +265,7 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_embedding(caffe2, case, data):
-    with jax.enable_x64(True):  # int64 lengths stay int64 (and are refused, as by Caffe2)
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)
 
 
 _NO_GRADIENT = [t for t in CASES if t not in _GRADIENT_OPS and "Gradient" not in t and t != "GatherFused8BitRowwise"]

@@ -3,13 +3,12 @@ Im2Col/Col2Im, BatchPermutation, IntegralImage) against real Caffe2 (see tests/d
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, cases, invalid, make_op, run_case
+from differential import Case, arrays, cases, check_op, invalid, make_op, run_case
 
 
 def side(data, low=1, high=3):
@@ -265,5 +264,14 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_image(caffe2, case, data):
-    with jax.enable_x64(True):  # float64 inputs keep their type, as in Caffe2 (which refuses them)
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_batch_permutation_reads_int64_indices_only_of_an_empty_batch(caffe2, n):
+    """Caffe2 reads the indices as int32 only when the batch is nonempty: int64 indices of an empty batch
+    run, of a nonempty one are refused (both sides must agree; a `make test` draw found the empty case)."""
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    inputs = {"x": x, "indices": np.arange(n, dtype=np.int64)[::-1].copy()}
+    want = check_op(caffe2, make_op("BatchPermutation", ["x", "indices"], ["y"]), inputs)
+    assert (want is not None) == (n == 0)

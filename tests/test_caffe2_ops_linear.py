@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -111,15 +110,14 @@ def test_matmul_gradient_other_axes(caffe2, data):
     refuse the shapes or compute something else. The builder emits the same ops (compared byte for
     byte), and rnn2jax runs each of them as Caffe2 does."""
     op, inputs = draw_matmul(data, axis_one=False)
-    with jax.enable_x64(True):
-        want = check_op(caffe2, op, inputs)
-        if want is None:
-            return
-        g_out = {"Y_grad": np.random.default_rng(0).standard_normal(want["Y"].shape).astype(want["Y"].dtype)}
-        c2_ops, _ = caffe2.gradient_for_op(op, ["Y_grad"])
-        assert_same_ops(get_gradient_for_op(op, ["Y_grad"])[0], c2_ops)
-        for grad_op in c2_ops:
-            check_op(caffe2, grad_op, {**inputs, **g_out})
+    want = check_op(caffe2, op, inputs)
+    if want is None:
+        return
+    g_out = {"Y_grad": np.random.default_rng(0).standard_normal(want["Y"].shape).astype(want["Y"].dtype)}
+    c2_ops, _ = caffe2.gradient_for_op(op, ["Y_grad"])
+    assert_same_ops(get_gradient_for_op(op, ["Y_grad"])[0], c2_ops)
+    for grad_op in c2_ops:
+        check_op(caffe2, grad_op, {**inputs, **g_out})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -222,5 +220,4 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_linear(caffe2, case, data):
-    with jax.enable_x64(True):  # float64/int64 inputs keep their types (Caffe2 refuses doubles here)
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)

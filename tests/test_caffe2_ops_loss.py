@@ -5,7 +5,6 @@ against real Caffe2."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -291,5 +290,4 @@ def test_sigmoid_xent_empty_rows(op_type):
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_loss(caffe2, case, data):
-    with jax.enable_x64(True):  # float64/int64 inputs keep their types, as in Caffe2
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -114,8 +113,7 @@ def test_layer_norm_double(caffe2, data):
     """LayerNorm runs in double in Caffe2 (LayerNormGradient and Dropout do not; rnn2jax accepts doubles
     there on purpose, for its float64 verification mode, rnn2jax/verify.py)."""
     op, inputs = draw_layer_norm(data)
-    with jax.enable_x64(True):
-        check_op(caffe2, op, {name: value.astype(np.float64) for name, value in inputs.items()})
+    check_op(caffe2, op, {name: value.astype(np.float64) for name, value in inputs.items()})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -423,5 +421,4 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_norm(caffe2, case, data):
-    with jax.enable_x64(True):  # float64 stays float64, as in Caffe2
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)

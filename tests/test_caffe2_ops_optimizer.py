@@ -5,7 +5,6 @@ the net `CreateMutex -> AtomicIter` in both, and the iteration counter is compar
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -179,8 +178,7 @@ def test_matches_caffe2(caffe2, case, data):
         want = caffe2.run([("ops", ops)], inputs, fetch=["iter"])
         assert_blobs_equal(run_rnn2jax(ops, inputs, ["iter"]), want)
         return
-    with jax.enable_x64(True):  # int64 counters stay int64; Caffe2's double steps stay double
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)
 
 
 def test_iter_without_input_starts_at_one(caffe2):
@@ -495,8 +493,7 @@ CASES.update(OPTIMIZER_CASES)
 @pytest.mark.parametrize("case", OPTIMIZER_CASES.values(), ids=OPTIMIZER_CASES.keys())
 @given(data=st.data())
 def test_optimizers_match_caffe2(caffe2, case, data):
-    with jax.enable_x64(True):  # int64 indices and counters keep their types, as in Caffe2
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)
 
 
 def _repeated_rows_op(op_type):
@@ -544,5 +541,4 @@ def test_sparse_updates_repeat_rows_in_order(caffe2, op_type):
     """Caffe2 updates a row named twice twice, the second time from the first's result (its loops run in
     place); rnn2jax's rounds do the same, under jit."""
     op, inputs = _repeated_rows_op(op_type)
-    with jax.enable_x64(True):
-        assert check_op(caffe2, op, inputs) is not None
+    assert check_op(caffe2, op, inputs) is not None

@@ -10,7 +10,6 @@ dilation, a pad as large as the kernel, a 4-D image.
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -90,8 +89,7 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=list(CASES))
 @given(data=st.data())
 def test_caffe2_pool(caffe2, case, data):
-    with jax.enable_x64(True):  # int64/float64 inputs keep their types, as in Caffe2
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -132,7 +130,6 @@ def test_pooling_matches_a_numpy_reference(include_pad):
         create_operator("MaxPoolGradient", ["X", "Ymax", "dY"], ["dXmax"], **args),
         create_operator("AveragePoolGradient", ["X", "Yavg", "dY"], ["dXavg"], **args),
     ]
-    with jax.enable_x64(True):
-        got = run_rnn2jax(ops, {"X": x, "dY": dy}, ["Ymax", "Yavg", "dXmax", "dXavg"])
+    got = run_rnn2jax(ops, {"X": x, "dY": dy}, ["Ymax", "Yavg", "dXmax", "dXavg"])
     for name, want in (("Ymax", y_max), ("Yavg", y_avg), ("dXmax", dx_max), ("dXavg", dx_avg)):
         np.testing.assert_allclose(got[name], want, rtol=1e-12, err_msg=name)

@@ -4,7 +4,6 @@ conversions against real Caffe2 (see tests/differential.py)."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -315,8 +314,7 @@ CASES = cases(
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 @given(data=st.data())
 def test_matches_caffe2(caffe2, case, data):
-    with jax.enable_x64(True):  # int64 inputs keep their type, as in Caffe2
-        run_case(caffe2, case, data)
+    run_case(caffe2, case, data)
 
 
 @pytest.mark.parametrize("op_type", ["LengthsSum", "LengthsMean"])

@@ -42,7 +42,7 @@ def float64():
     saved = dict(PRECISION)
     PRECISION.update(dtype=np.float64, tight=(1e-10, 1e-12), loose=(1e-10, 1e-12))
     try:
-        with jax.enable_x64(True):
+        with jax.enable_x64(True):  # the test's own float64 references (NumPy-style JAX) need it
             yield
     finally:
         PRECISION.update(saved)

@@ -9,6 +9,7 @@ net (found by running it op by op). Every blob the net computes is then compared
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -231,6 +232,9 @@ def test_dper_net_compiles_whole_and_agrees_with_caffe2(caffe2, seed=0, batch=5)
     compiled = rnn2jax.compile(net, params=params, outputs=list(dict.fromkeys(written)), custom_ops=STAND_INS)
     got = compiled(inputs)
     assert compiled.specialisations == 1
+    # float32 work stays float32 in rnn2jax's 64-bit scope: no float64 anywhere in the program (its int64 ids
+    # are int64, as in Caffe2, and compared below with their dtypes)
+    assert not re.search(r"[<x]f64>", compiled.lower(inputs).as_text())
 
     want = caffe2.run([("net", caffe2_net(net_proto, tokens))], {**inputs, **params}, fetch=list(got))
     assert set(want) == set(got)

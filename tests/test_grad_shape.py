@@ -13,6 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 from helpers import run_op
 from rnn2jax.caffe2.opdef import create_net, create_operator
+from rnn2jax.dtypes import caffe2_dtypes
 from rnn2jax.errors import BadArgumentError, ShapeError
 from rnn2jax.load import load
 from rnn2jax.lower import lower
@@ -45,7 +46,8 @@ def vjp(fn, primals, cotangents):
     def grads(primals, cotangents):
         return jax.vjp(outputs, *primals)[1](tuple(cotangents))
 
-    return [np.asarray(g) for g in jax.jit(grads)(primals, cotangents)]
+    with caffe2_dtypes():  # as rnn2jax runs: a float64 cotangent stays float64 at the jit's boundary
+        return [np.asarray(g) for g in jax.jit(grads)(primals, cotangents)]
 
 
 def check_vjp(jit: bool, got, fn, primals, cotangents, tolerance: float = 0.0) -> None:

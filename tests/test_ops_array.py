@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -39,8 +38,7 @@ def test_top_k_matches_reference(data, jit):
     axis = data.draw(st.integers(0, len(shape) - 1))
     k = data.draw(st.integers(1, 5))
     op = make_op("TopK", ["x"], ["v", "i", "f"], k=k, axis=axis)
-    with jax.enable_x64(True):
-        got = run_rnn2jax([op], {"x": x}, ["v", "i", "f"], jit=jit)
+    got = run_rnn2jax([op], {"x": x}, ["v", "i", "f"], jit=jit)
     values, indices, flat = top_k_reference(x, k, axis)
     np.testing.assert_array_equal(got["v"], values)
     np.testing.assert_array_equal(got["i"], indices)
@@ -59,8 +57,7 @@ def test_top_k_gradient_scatters_back(data):
         if indices[pos] >= 0:
             want[(*pos[:-1], indices[pos])] = grad[pos]
     op = make_op("TopKGradient", ["g", "i", "x"], ["dx"], k=k)
-    with jax.enable_x64(True):
-        got = run_rnn2jax([op], {"g": grad, "i": indices.astype(np.int64), "x": x}, ["dx"])
+    got = run_rnn2jax([op], {"g": grad, "i": indices.astype(np.int64), "x": x}, ["dx"])
     np.testing.assert_array_equal(got["dx"], want)
 
 
@@ -76,8 +73,7 @@ def test_flexible_top_k_matches_reference(data):
         values.append(v)
         indices.append(i)
     op = make_op("FlexibleTopK", ["x", "k"], ["v", "i"])
-    with jax.enable_x64(True):
-        got = run_rnn2jax([op], {"x": x, "k": ks}, ["v", "i"], jit=False)
+    got = run_rnn2jax([op], {"x": x, "k": ks}, ["v", "i"], jit=False)
     np.testing.assert_array_equal(got["v"], np.concatenate(values))
     np.testing.assert_array_equal(got["i"], np.concatenate(indices))
 

@@ -18,7 +18,7 @@ from rnn2jax.load import load
 from rnn2jax.lower import lower
 from rnn2jax.proto import caffe2_pb2 as pb
 
-INT64 = np.dtype(jax.dtypes.canonicalize_dtype(np.int64))  # int32 unless JAX's x64 mode is on
+INT64 = np.dtype(np.int64)  # the iteration counter's dtype, as in Caffe2
 F32 = {"rtol": 1e-5, "atol": 1e-6}
 
 small_shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4)

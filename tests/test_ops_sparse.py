@@ -3,7 +3,6 @@ byte hash and LengthsTopK's per-segment ranking (see also tests/test_caffe2_ops_
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given
@@ -40,8 +39,7 @@ def test_index_hash_matches_reference(dtype, data):
     seed = data.draw(st.integers(-(2**40), 2**40))
     modulo = data.draw(st.integers(1, info.max))
     op = create_operator("IndexHash", ["x"], ["y"], seed=seed, modulo=modulo)
-    with jax.enable_x64(True):
-        got = run_rnn2jax([op], {"x": ids}, ["y"], jit=False)["y"]
+    got = run_rnn2jax([op], {"x": ids}, ["y"], jit=False)["y"]
     np.testing.assert_array_equal(got, index_hash_reference(ids, seed, modulo))
 
 

@@ -64,7 +64,7 @@ def test_default_budget_is_half_of_physical_memory():
     "op_type, args, dtype",
     [
         ("ConstantFill", {"value": 1.0}, "float32"),
-        ("ConstantFill", {"value": 1}, "int32"),  # int64, which JAX makes int32 without x64
+        ("ConstantFill", {"value": 1}, "int64"),  # an integer value makes an int64 fill, as in Caffe2
         ("XavierFill", {}, "float32"),
         ("GaussianFill", {}, "float32"),
         ("UniformFill", {}, "float32"),
@@ -79,10 +79,11 @@ def test_huge_fill_in_an_init_net_is_refused_in_milliseconds(op_type, args, dtyp
     error = refused_quickly(lambda: rnn2jax.compile(predict, init_net=init))
     message = str(error)
     assert message.startswith(f"net 'n', op #0 ({op_type}): blob 'x' of shape [1099511627776, 5] {dtype} needs ")
-    assert "20.0 TiB" in message
+    itemsize = np.dtype(dtype).itemsize
+    assert f"{20 * itemsize // 4}.0 TiB" in message
     assert f"over the memory budget of {budget.format_bytes(rnn2jax.memory_budget())}" in message
     assert budget.ENV_VAR in message
-    assert error.size == 2**40 * 5 * 4 and error.budget == rnn2jax.memory_budget()
+    assert error.size == 2**40 * 5 * itemsize and error.budget == rnn2jax.memory_budget()
 
 
 def test_huge_fill_in_the_net_itself_is_refused_at_compile():
@@ -156,12 +157,12 @@ def test_an_intermediate_blob_over_the_budget_is_refused_before_xla_allocates(ji
     np.testing.assert_array_equal(fn(a=a, b=b)["y"], a @ b)
 
 
-def test_float64_inputs_count_as_the_dtype_jax_makes_them():
+def test_float64_inputs_count_as_float64():
     net = create_net("n", [create_operator("Relu", ["data"], ["y"])], external_outputs=["y"])
     fn = rnn2jax.compile(net)
-    rnn2jax.set_memory_budget(400)
-    fn(data=np.ones((100,), np.float64))  # 800 bytes in NumPy, 400 as JAX's float32
-    with pytest.raises(ResourceError):
+    rnn2jax.set_memory_budget(800)
+    fn(data=np.ones((100,), np.float64))  # 800 bytes: float64 stays float64
+    with pytest.raises(ResourceError, match=r"'data' of shape \[101\] float64 needs 808 B"):
         fn(data=np.ones((101,), np.float64))
 
 

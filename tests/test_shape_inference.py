@@ -130,7 +130,8 @@ def test_batch_and_steps_replace_the_data_an_init_net_fills():
     kept = infer_shapes(PREDICT, {}, {}, defaults=defaults)
     assert kept.replaced == () and kept.blobs["LSTM/i2h"] == InputSpec((1, 1, 4 * HIDDEN), "float32")
     # a 1-D initial state is repeated over the batch: it fits any batch and stays
-    one_d = infer_shapes(PREDICT, {}, {}, batch=4, steps=7, defaults={**defaults, "cell_init": np.zeros(HIDDEN)})
+    one_d_state = {**defaults, "cell_init": np.zeros(HIDDEN, np.float32)}
+    one_d = infer_shapes(PREDICT, {}, {}, batch=4, steps=7, defaults=one_d_state)
     assert "cell_init" not in one_d.replaced and "hidden_init" in one_d.replaced
 
 

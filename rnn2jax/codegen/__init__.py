@@ -116,6 +116,11 @@ def _module(net: Net, root: _Root, writer: Writer, results: list, static: Sequen
     apply = [
         "def apply(params, inputs):",
         f'    """Net {net.name!r}: the parameters and INPUTS by blob name -> OUTPUTS by blob name.{note}"""',
+        "    with jax.enable_x64(True):  # Caffe2's int64 and float64 stay 64-bit; every array has its dtype",
+        "        return _net(params, inputs)",
+        "",
+        "",
+        "def _net(params, inputs):",
         *bindings,
         *writer.lines,
         "    return {",

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..netdef import Op
-from ..ops.common import canonical_dtype, data_type_arg
+from ..ops.common import data_type_arg
 from ..ops.elementwise import _legacy_axis
 from ..ops.fill import _constant_fill_dtype, _shape_source
 from ..ops.shape import _concat_split_axis, _sorted_dims
@@ -108,7 +108,7 @@ def _cast(w: Writer, op: Op, xs: list[str]) -> str:
     to = data_type_arg(op, "to")
     if to == np.bool_:
         return f"jnp.asarray({xs[0]}) != 0"
-    return f"jnp.asarray({xs[0]}).astype(jnp.{canonical_dtype(to).name})"
+    return f"jnp.asarray({xs[0]}).astype(jnp.{np.dtype(to).name})"
 
 
 @emitter("Concat", "DepthConcat")
@@ -228,7 +228,7 @@ def _slice(w: Writer, op: Op, xs: list[str]) -> Call:
 
 @emitter("ConstantFill")
 def _constant_fill(w: Writer, op: Op, xs: list[str]) -> Call:
-    dtype = f"jnp.{canonical_dtype(_constant_fill_dtype(op)).name}"
+    dtype = f"jnp.{np.dtype(_constant_fill_dtype(op)).name}"
     arg = op.args.get("value")
     value = literal(0 if arg is None else arg.value)
     if len(xs) > 1 or (xs and op.ints("extra_shape", ())):

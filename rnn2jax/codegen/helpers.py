@@ -150,7 +150,7 @@ def reshape(x, shape):
     if -1 in dims:
         known = math.prod(d for d in dims if d != -1)
         dims[dims.index(-1)] = total // known if known else 0
-    return jnp.reshape(x, dims), np.asarray(x.shape, jax.dtypes.canonicalize_dtype(np.int64))
+    return jnp.reshape(x, dims), np.asarray(x.shape, np.int64)
 ''',
 )
 
@@ -224,7 +224,7 @@ _helper(
 def shape_of(x, axes=()):
     """Caffe2's Shape: the dims (or those at `axes`) as a NumPy array, known while tracing."""
     dims = [x.shape[a] for a in axes] if axes else list(x.shape)
-    return np.asarray(dims, jax.dtypes.canonicalize_dtype(np.int64))
+    return np.asarray(dims, np.int64)
 ''',
 )
 

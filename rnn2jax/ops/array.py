@@ -20,7 +20,7 @@ from jax import lax
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
 from ..proto import caffe2_pb2 as pb
-from .common import canonical_axis, canonical_dtype, size_from_dim, size_to_dim
+from .common import canonical_axis, size_from_dim, size_to_dim
 from .fill import _convert, _filler
 from .registry import Kernel, register
 
@@ -34,13 +34,13 @@ _INDEX = frozenset(np.dtype(t) for t in (np.int32, np.int64))
 
 def _check_dtype(op: Op, index: int, x: Any, allowed: frozenset[np.dtype], kind: str) -> None:
     """Caffe2's typed dispatch (`DispatchHelper<TensorTypes<...>>`, `data<T>()`) refuses other dtypes."""
-    if np.dtype(x.dtype) not in {canonical_dtype(d) for d in allowed}:
+    if np.dtype(x.dtype) not in {np.dtype(d) for d in allowed}:
         raise ShapeError(f"{op.where}: input '{op.inputs[index]}' has dtype {x.dtype}; {op.type} needs {kind}")
 
 
 def _is_int64(x: Any) -> bool:
-    """Whether `x` holds what Caffe2 reads as int64 (int32 when JAX runs without x64)."""
-    return np.dtype(x.dtype) == canonical_dtype(np.int64)
+    """Whether `x` holds what Caffe2 reads as int64."""
+    return np.dtype(x.dtype) == np.dtype(np.int64)
 
 
 def _check_int64(op: Op, index: int, x: Any) -> None:
@@ -197,7 +197,7 @@ def expand_gradient(op: Op) -> Kernel:
 @register("Size", shape_only=True)
 def size(op: Op) -> Kernel:
     """The input's element count, an int64 scalar (a constant: shapes are static)."""
-    return lambda x: np.asarray(math.prod(x.shape), canonical_dtype(np.int64))
+    return lambda x: np.asarray(math.prod(x.shape), np.dtype(np.int64))
 
 
 @register("FlattenToVec")
@@ -342,7 +342,7 @@ def diagonal_fill(op: Op) -> Kernel:
     The shape comes as for every filler (filler_op.h): argument `shape`, the input's shape, or its values."""
     dtype = _diagonal_dtype(op)
     arg = op.args.get("value")
-    value = np.zeros((), canonical_dtype(dtype)) if arg is None else _convert(op, "value", arg.value, dtype)
+    value = np.zeros((), np.dtype(dtype)) if arg is None else _convert(op, "value", arg.value, dtype)
 
     def check(shape: tuple[int, ...]) -> None:
         if len(shape) < 2:
@@ -358,7 +358,7 @@ def diagonal_fill(op: Op) -> Kernel:
         flat[::step] = True
         return jnp.where(jnp.asarray(flat.reshape(shape)), value, jnp.zeros((), value.dtype))
 
-    return _filler(op, fill, check, canonical_dtype(dtype))
+    return _filler(op, fill, check, np.dtype(dtype))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -432,7 +432,7 @@ def top_k(op: Op) -> Kernel:
             raise ShapeError(f"{op.where}: axis {axis} is out of range for an input of rank {x.ndim}")
         n = x.shape[ax]
         vals, idx = _sorted_desc(_move_to_last(x, ax))
-        vals, idx = vals[..., :k], idx[..., :k].astype(canonical_dtype(np.int64))
+        vals, idx = vals[..., :k], idx[..., :k].astype(np.dtype(np.int64))
         if k > n:
             pad = [(0, 0)] * (x.ndim - 1) + [(0, k - n)]
             vals, idx = jnp.pad(vals, pad), jnp.pad(idx, pad, constant_values=-1)
@@ -523,7 +523,7 @@ def flexible_top_k(op: Op) -> Kernel:
         rows, cols = _flexible_positions(ks)
         flat = jnp.reshape(x, (ks.size, x.shape[-1]))
         vals, idx = _sorted_desc(flat)
-        return vals[rows, cols], idx[rows, cols].astype(canonical_dtype(np.int64))
+        return vals[rows, cols], idx[rows, cols].astype(np.dtype(np.int64))
 
     return kernel
 
@@ -635,7 +635,7 @@ def weight_scale(op: Op) -> Kernel:
         if it.size < 1:
             raise ShapeError(f"{op.where}: iter '{op.inputs[1]}' is empty")
         step = jnp.reshape(it, (-1,))[0] + 1
-        largest = np.iinfo(step.dtype).max  # int32 without x64
+        largest = np.iinfo(step.dtype).max
         hit = (step % min(stepsize, largest) == 0) & (step < min(upper, largest))
         return jnp.where(hit, w * np.float32(scale), w)
 

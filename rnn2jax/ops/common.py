@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
@@ -23,16 +24,58 @@ def size_from_dim(shape: Sequence[int], k: int) -> int:
     return math.prod(shape[k:])
 
 
+def is_symbolic(shape: Sequence[object]) -> bool:
+    """Whether a shape has a jax.export symbolic dim (shape polymorphism), whose size is known only per call."""
+    return not all(isinstance(d, int | np.integer) for d in shape)
+
+
+def broadcast_shapes(*shapes: Sequence[object]) -> tuple:
+    """NumPy's broadcast of `shapes`, also for symbolic dims (a symbol broadcasts against 1 and itself).
+    ValueError when they do not broadcast, or, with symbolic dims, when that depends on their sizes."""
+    if any(is_symbolic(s) for s in shapes):
+        return tuple(jnp.broadcast_shapes(*(tuple(s) for s in shapes)))
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+class Dims:
+    """A 1-D integer blob whose values are dims, some of them symbolic (jax.export shape polymorphism): what
+    Shape writes for an input of symbolic shape. Kept as dims, not as a traced array, so the ops that read
+    shape values (Slice on it, then a fill's `input_as_shape`) still know them; any other op, and the net's
+    outputs, get `array()` (lower.py)."""
+
+    __slots__ = ("dtype", "values")
+
+    def __init__(self, values: Sequence[object], dtype: np.dtype | type):
+        self.values, self.dtype = tuple(values), np.dtype(dtype)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self.values),)
+
+    @property
+    def ndim(self) -> int:
+        return 1
+
+    def array(self) -> jax.Array:
+        """The dims as a traced array (a symbolic dim is only known inside the exported function)."""
+        return jnp.asarray(jnp.stack([jnp.asarray(v) for v in self.values]), dtype=self.dtype)
+
+    @staticmethod
+    def of(values: Sequence[object], dtype: np.dtype | type) -> Dims | np.ndarray:
+        """`values` as a constant array when every one is a size, else as `Dims`."""
+        return Dims(values, dtype) if is_symbolic(values) else np.asarray(values, dtype=np.dtype(dtype))
+
+
+def as_array(value: object) -> object:
+    """`value`, a `Dims` made an array."""
+    return value.array() if isinstance(value, Dims) else value
+
+
 def canonical_axis(op: Op, axis: int, ndim: int, what: str = "axis") -> int:
     """Caffe2's `canonical_axis_index_`: a negative axis counts from the end; out of range is an error."""
     if not -ndim <= axis < ndim:
         raise ShapeError(f"{op.where}: {what} {axis} is out of range for an input of rank {ndim}")
     return axis + ndim if axis < 0 else axis
-
-
-def canonical_dtype(dtype: np.dtype | type) -> np.dtype:
-    """The dtype JAX will actually use (int64 -> int32 and float64 -> float32 unless x64 is on)."""
-    return np.dtype(jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
 
 
 _DATA_TYPE_NAMES = {

@@ -18,7 +18,7 @@ import numpy as np
 from ..budget import check_array
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
-from .common import TRACED_SHAPE_HINT, canonical_dtype, data_type_arg, shape_arg
+from .common import TRACED_SHAPE_HINT, Dims, data_type_arg, shape_arg
 from .registry import Kernel, register
 
 Shape = tuple[int, ...]
@@ -40,6 +40,8 @@ def _dims_arg(op: Op, name: str) -> Shape:
 def _concrete_dims(op: Op, x: Any) -> Shape:
     """The values of an `input_as_shape` input: they decide the output's shape, so they must be known."""
     blob = op.inputs[0]
+    if isinstance(x, Dims):  # Shape's output for an input of symbolic shape: sizes >= 1 and symbols (>= 1)
+        return x.values
     try:
         values = np.asarray(x)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
@@ -99,6 +101,7 @@ def _filler(op: Op, fill: Fill, check: Callable[[Shape], None] | None = None, dt
         shape = static if static is not None else checked(shape_of(inputs[0]))
         return fill(shape, key, *inputs[1:])
 
+    kernel.dims_inputs = _input_as_shape(op)  # type: ignore[attr-defined]
     return kernel
 
 
@@ -115,26 +118,24 @@ def _scalar_input(op: Op, index: int, x: Any, dtype: np.dtype) -> jax.Array:
 
 
 def _convert(op: Op, name: str, values: Any, dtype: np.dtype) -> np.ndarray:
-    """`values` (argument `name`: a number or a list of them) as `dtype`, then as the dtype JAX uses for it.
+    """`values` (argument `name`: a number or a list of them) as `dtype`.
 
     Like Caffe2's argument readers, integers must be representable (losslessly) in the target type;
-    bools are `value != 0`. A value that only fits because x64 is enabled is an error without it."""
-    target = canonical_dtype(dtype)
+    bools are `value != 0`."""
     raw = np.asarray(values)
     if dtype == np.bool_:
         return raw != 0
     if dtype.kind in "iu":
         if raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.trunc(raw))):
             raise BadArgumentError(f"{op.where}: argument '{name}' must hold integers for {dtype}")
-        for limit, hint in ((dtype, ""), (target, " (64-bit integers need jax_enable_x64)")):
-            info = np.iinfo(limit)
-            if raw.size and (raw.min() < info.min or raw.max() > info.max):
-                raise BadArgumentError(
-                    f"{op.where}: argument '{name}' has values outside the {limit} range [{info.min}, {info.max}]{hint}"
-                )
-        return raw.astype(target)
+        info = np.iinfo(dtype)
+        if raw.size and (raw.min() < info.min or raw.max() > info.max):
+            raise BadArgumentError(
+                f"{op.where}: argument '{name}' has values outside the {dtype} range [{info.min}, {info.max}]"
+            )
+        return raw.astype(dtype)
     with np.errstate(over="ignore"):
-        return raw.astype(dtype).astype(target)
+        return raw.astype(dtype)
 
 
 def _check_count(op: Op, count: int) -> Callable[[Shape], None]:
@@ -185,7 +186,7 @@ def constant_fill(op: Op) -> Kernel:
     if arg is not None and arg.kind not in ("f", "i"):
         raise BadArgumentError(f"{op.where}: argument 'value' must be a number (field f or i), got field {arg.kind}")
     dtype = _constant_fill_dtype(op)
-    target = canonical_dtype(dtype)
+    target = np.dtype(dtype)
     value = np.zeros((), target) if arg is None else _convert(op, "value", arg.value, dtype)
 
     def fill(shape: Shape, _key: Any, *value_input: Any) -> jax.Array:

@@ -587,12 +587,14 @@ def col2im(op: Op) -> Kernel:
 
 
 def _check_permutation(op: Op, index: int, indices: Any, n: int) -> None:
-    if np.dtype(indices.dtype) != np.dtype(np.int32):
-        raise ShapeError(f"{op.where}: indices '{op.inputs[index]}' must be int32, got {indices.dtype}")
+    """Caffe2 checks the rank and the length first, and reads the indices as int32 only for a nonempty batch
+    (an empty one takes indices of any type)."""
     if indices.ndim != 1 or indices.shape[0] != n:
         raise ShapeError(f"{op.where}: indices {list(indices.shape)} must be 1-D with one entry per row ({n})")
     if not indices.size:
         return
+    if np.dtype(indices.dtype) != np.dtype(np.int32):
+        raise ShapeError(f"{op.where}: indices '{op.inputs[index]}' must be int32, got {indices.dtype}")
     message = f"{literal(op.where)}: index {{bad}} is out of the range [0, {n}) of the batch"
     bad = (indices < 0) | (indices >= n)
     if isinstance(indices, jax.core.Tracer):

@@ -20,7 +20,6 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
 from .checks import enforce, first_bad, literal, runtime_checked
-from .common import canonical_dtype
 from .elementwise import FLOATING, NUMERIC, _check_dtypes, _legacy_axis, _legacy_b_shape, binary, unary
 from .registry import Kernel, register
 
@@ -310,7 +309,7 @@ def is_member_of(op: Op) -> Kernel:
 
     def kernel(x):
         _check_dtypes(op, (x,), BITWISE, "int32, int64 and bool")
-        if dtype and _DTYPE_CODES.get(dtype) != canonical_dtype(x.dtype):
+        if dtype and _DTYPE_CODES.get(dtype) != np.dtype(x.dtype):
             return jnp.zeros(x.shape, jnp.bool_)
         if x.dtype == jnp.bool_:
             wanted = {bool(v) for v in values}
@@ -706,7 +705,7 @@ def square_root_divide(op: Op) -> Kernel:
 
     def kernel(data, scale):
         _check_dtypes(op, (data,), FLOATING, _FLOAT_KIND)
-        if canonical_dtype(scale.dtype) not in _SCALE_TYPES:
+        if np.dtype(scale.dtype) not in _SCALE_TYPES:
             raise ShapeError(f"{op.where}: SCALE '{op.inputs[1]}' must be float, int32 or int64, got {scale.dtype}")
         if data.ndim == 0 or scale.ndim == 0:
             raise ShapeError(f"{op.where}: DATA and SCALE must have at least one dimension")

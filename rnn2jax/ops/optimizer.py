@@ -5,7 +5,7 @@ sparse row-wise forms, Lars, ClipTensorByScaling, SparseNormalize), as pure func
 Caffe2 updates these blobs in place (`AtomicIter(mutex, iter) -> iter`, `WeightedSum(w, ONE, g, lr)
 -> w`, `SparseAdagrad(w, h, indices, g, lr) -> (w, h)`); here an in-place op simply rebinds the blob to
 a new array. Mutexes do not exist in a pure function: CreateMutex makes a placeholder that AtomicIter
-ignores. The counter is int64 in Caffe2, int32 here unless JAX's x64 mode is on (caffe2/sgd/iter_op.h,
+ignores. The counter is int64, as in Caffe2 (caffe2/sgd/iter_op.h,
 learning_rate_op.h, learning_rate_functors.h, adam_op.h, adagrad_op.h, momentum_sgd_op.h, ...;
 caffe2/operators/utility_ops.h for WeightedSum).
 """
@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
-from .common import canonical_dtype, size_from_dim
+from .common import size_from_dim
 from .registry import Kernel, register
 
 # --------------------------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def iter_(op: Op) -> Kernel:
             return _increment(op, counter[0])
         if op.outputs[0] in scope:
             return _increment(op, scope[op.outputs[0]])
-        return jnp.ones((1,), canonical_dtype(np.int64))  # decided per call: x64 may be on or off
+        return jnp.ones((1,), np.int64)
 
     return kernel
 
@@ -116,7 +116,7 @@ class _Args:
 
 def _double(x: Any) -> Any:
     """Caffe2 computes parts of some schedules in double (its `1.`, `0.5` and std::pow(float, int))."""
-    return jnp.asarray(x).astype(canonical_dtype(np.float64))
+    return jnp.asarray(x).astype(np.float64)
 
 
 def _step(a: _Args) -> Schedule:
@@ -645,7 +645,7 @@ def _adam_args(op: Op) -> tuple[float, float, Any]:
 
 
 def _adam_correction(beta1: float, beta2: float, it: Any, dtype: Any) -> Any:
-    t = it.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32) + 1
+    t = it.astype(jnp.int64) + 1
     return (jnp.sqrt(1 - _power(beta2, t)) / (1 - _power(beta1, t))).astype(dtype)
 
 

@@ -537,7 +537,7 @@ def reduce_front_weighted_sum_gradient(op: Op) -> Kernel:
 
     def kernel(scalars, grad, shape):
         dims = _concrete(op, shape, 2)
-        _check_type(op, dims, 2, "SOURCE_SHAPE", INDEX_TYPES)  # int64 in Caffe2; int32 when x64 is off
+        _check_type(op, dims, 2, "SOURCE_SHAPE", INDEX_TYPES)
         _check_type(op, scalars, 0, "SCALARS", FLOATS)
         _check_type(op, grad, 1, "dY", FLOATS)
         dims = tuple(int(d) for d in dims.ravel())

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
-from .common import canonical_axis, canonical_dtype
+from .common import canonical_axis
 from .registry import Kernel, register
 
 # (row index, column index, per-row int input or None) -> True where the element is replaced.
@@ -77,7 +77,7 @@ def _per_row(op: Op, what: str, values: jax.Array, rows: int, empty: bool) -> ja
     """The first `rows` entries of the lengths/centers input (read flat, as Caffe2 does), as a column;
     None for an empty input, whose mask Caffe2 never evaluates."""
     name = op.inputs[1]
-    if canonical_dtype(values.dtype) != np.dtype(np.int32):
+    if np.dtype(values.dtype) != np.dtype(np.int32):
         raise ShapeError(f"{op.where}: {what} input '{name}' must be int32, got {values.dtype}")
     if empty:
         return None
@@ -107,7 +107,7 @@ def sequence_mask(op: Op) -> Kernel:
         raise BadArgumentError(f"{op.where}: mode {mode!r} needs a second input ({_NEEDS_INPUT[mode]})")
 
     def kernel(x, per_row=None):
-        if canonical_dtype(x.dtype) not in _FLOATS:
+        if np.dtype(x.dtype) not in _FLOATS:
             raise ShapeError(
                 f"{op.where}: input '{op.inputs[0]}' has dtype {x.dtype}; SequenceMask needs float"
             )

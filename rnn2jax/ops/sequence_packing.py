@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
 from .checks import literal, runtime_check, runtime_checked
-from .common import TRACED_SHAPE_HINT, canonical_axis, canonical_dtype
+from .common import TRACED_SHAPE_HINT, canonical_axis
 from .registry import Kernel, register
 
 # --------------------------------------------------------------------------------------------------
@@ -365,7 +365,7 @@ def _arg_reduce(op: Op, reduce: Any) -> Kernel:
         ax = canonical_axis(op, axis, x.ndim)
         if x.shape[ax] == 0:
             raise ShapeError(f"{op.where}: input '{op.inputs[0]}' is empty along axis {axis}")
-        return reduce(x, axis=ax, keepdims=keepdims).astype(canonical_dtype(np.int64))
+        return reduce(x, axis=ax, keepdims=keepdims).astype(np.dtype(np.int64))
 
     return kernel
 

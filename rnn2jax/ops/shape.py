@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
-from .common import TRACED_SHAPE_HINT, canonical_axis, canonical_dtype, data_type_arg, size_from_dim, size_to_dim
+from .common import TRACED_SHAPE_HINT, Dims, canonical_axis, data_type_arg, size_from_dim, size_to_dim
 from .registry import Kernel, register
 
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -38,8 +38,8 @@ def _shape_constant(values: Sequence[Any], dtype: type) -> Any:
     """A shape-valued output as a concrete NumPy array in the dtype JAX would use; under `jax.export`
     with symbolic dims (shape polymorphism) it can only be a traced array of those dims."""
     if all(isinstance(v, int | np.integer) for v in values):
-        return np.asarray(values, dtype=canonical_dtype(dtype))
-    return jnp.asarray(jnp.stack([jnp.asarray(v) for v in values]), dtype=canonical_dtype(dtype))
+        return np.asarray(values, dtype=np.dtype(dtype))
+    return jnp.asarray(jnp.stack([jnp.asarray(v) for v in values]), dtype=np.dtype(dtype))
 
 
 def _concrete_ints(op: Op, value: Any, what: str, hint: str) -> np.ndarray:
@@ -216,7 +216,7 @@ def shape(op: Op) -> Kernel:
 
     def kernel(x):
         dims = [x.shape[canonical_axis(op, a, x.ndim, "axes entry")] for a in axes] if axes else list(x.shape)
-        return _shape_constant(dims, np.int64)
+        return Dims.of(dims, np.int64)  # symbolic dims stay dims for the Slice and fills that read them
 
     return kernel
 
@@ -450,8 +450,11 @@ def slice_(op: Op) -> Kernel:
 
     def kernel(x, *bound_blobs):
         lo, hi = _slice_bounds(op, x.shape, arguments, bound_blobs)
+        if isinstance(x, Dims):  # a 1-D blob of symbolic dims (Shape's): slice the dims themselves
+            return Dims.of(x.values[lo[0] : hi[0]], x.dtype)
         return jax.lax.slice(x, lo, hi)
 
+    kernel.dims_inputs = (0,)  # type: ignore[attr-defined]
     return kernel
 
 
@@ -487,7 +490,7 @@ def slice_gradient(op: Op) -> Kernel:
 @register("Cast")
 def cast(op: Op) -> Kernel:
     """Argument `to` (a TensorProto.DataType or its name). Float to int truncates toward zero (C++
-    static_cast); to bool is x != 0. int64/double become int32/float32 unless JAX's x64 mode is on."""
+    static_cast); to bool is x != 0."""
     to = data_type_arg(op, "to")
     if to is None:
         raise BadArgumentError(f"{op.where}: missing required argument 'to' (the data type to cast to)")
@@ -495,7 +498,7 @@ def cast(op: Op) -> Kernel:
         raise BadArgumentError(f"{op.where}: Cast to BYTE is not supported (Caffe2's Cast aborts on it)")
     if to == np.bool_:
         return lambda x: jnp.asarray(x) != 0
-    dtype = canonical_dtype(to)
+    dtype = np.dtype(to)
     return lambda x: jnp.asarray(x).astype(dtype)
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..netdef import Op
 from .checks import enforce, first_bad, literal, runtime_checked
-from .common import canonical_dtype, size_from_dim
+from .common import size_from_dim
 from .registry import Kernel, register
 
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -88,7 +88,7 @@ def _check_lengths_cover(op: Op, lengths: Any, position: int, rows: int, exact: 
         f"{literal(op.where)}: lengths '{name}' has a negative value {{bad}}",
         bad=first_bad(lengths, negative),
     )
-    total = jnp.sum(lengths.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32))
+    total = jnp.sum(lengths.astype(jnp.int64))
     relation = "equal" if exact else "be at most"
     enforce(
         total == rows if exact else total <= rows,
@@ -725,7 +725,7 @@ def boolean_mask(op: Op) -> Kernel:
         if data.shape[0] != mask.size:
             raise ShapeError(f"{op.where}: MASK has {mask.size} entries for DATA's {data.shape[0]} rows")
         index = np.flatnonzero(mask)
-        return _gather_rows(data, index), index.astype(canonical_dtype(np.int64))
+        return _gather_rows(data, index), index.astype(np.dtype(np.int64))
 
     return kernel
 
@@ -779,7 +779,7 @@ def unique(op: Op) -> Kernel:
     def kernel(x):
         x = _static_ints(op, x, 0, "X", ndim=None)
         values, inverse = np.unique(x.reshape(-1), return_inverse=True)
-        return values.astype(canonical_dtype(x.dtype)), inverse.reshape(x.shape).astype(np.int32)
+        return values.astype(np.dtype(x.dtype)), inverse.reshape(x.shape).astype(np.int32)
 
     return kernel
 
@@ -814,7 +814,7 @@ def find_duplicate_elements(op: Op) -> Kernel:
             if value in seen and value == value:
                 duplicates.append(i)
             seen.add(value)
-        return np.asarray(duplicates, canonical_dtype(np.int64))
+        return np.asarray(duplicates, np.dtype(np.int64))
 
     return kernel
 
@@ -847,7 +847,7 @@ def index_hash(op: Op) -> Kernel:
         for i in range(dtype.itemsize):
             byte = ((raw >> (8 * i)) & 0xFF).astype(np.int8).astype(dtype)  # C++ int8_t bytes
             hashed = hashed * 65537 + byte
-        wide = hashed.astype(np.int64) if bits == 64 or jax.config.jax_enable_x64 else hashed
+        wide = hashed.astype(np.int64)
         result = jax.lax.rem(wide, jnp.asarray(modulo, wide.dtype))
         return jnp.where(result >= 0, result, result + modulo).astype(dtype)
 
@@ -1128,7 +1128,7 @@ def merge_id_lists(op: Op) -> Kernel:
             lists.append(np.split(values, np.cumsum(lengths)[:-1]) if lengths.size else [])
         merged = [np.unique(np.concatenate(parts)) for parts in zip(*lists, strict=True)]
         out_lengths = np.asarray([m.size for m in merged], np.int32)
-        out_type = canonical_dtype(value_type)
+        out_type = np.dtype(value_type)
         out = np.concatenate(merged).astype(out_type) if merged else np.zeros((0,), out_type)
         return out_lengths, out
 
@@ -1162,7 +1162,7 @@ def _partition(op: Op, keys: np.ndarray, xs: tuple, first: int, parts: int, pack
         picked = np.flatnonzero(shard == j)
         own = (flat[picked] - j) // parts if pack else flat[picked]
         rows = [_gather_rows(x.reshape(flat.size, *x.shape[keys.ndim :]), picked) for x in xs]
-        shards.append([own.astype(canonical_dtype(keys.dtype)), *rows])
+        shards.append([own.astype(np.dtype(keys.dtype)), *rows])
     return shards
 
 

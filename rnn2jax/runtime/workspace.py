@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..dtypes import in_caffe2_dtypes
 from ..errors import BadArgumentError, InputTypeError, MissingBlobError, WorkspaceError
 from ..load import load
 from ..netdef import Net, Plan
@@ -105,6 +106,7 @@ class Workspace:
 
     # -- blobs ---------------------------------------------------------------------------------------
 
+    @in_caffe2_dtypes
     def feed(self, name: str, value: Any) -> None:
         """Set a blob to an array (a NumPy or JAX array, or anything `np.asarray` takes; strings become
         object arrays of bytes, as Caffe2 holds them)."""
@@ -149,6 +151,7 @@ class Workspace:
 
     # -- nets ----------------------------------------------------------------------------------------
 
+    @in_caffe2_dtypes
     def create_net(self, net: Any, overwrite: bool = False) -> str:
         """Create a net (anything `rnn2jax.load` takes) under its name, checking that the blobs it reads
         exist and creating those it writes; returns the name."""
@@ -167,6 +170,7 @@ class Workspace:
     def has_net(self, name: str) -> bool:
         return name in self._nets
 
+    @in_caffe2_dtypes
     def run_net(self, name: str, num_iter: int = 1) -> None:
         """Run a created net `num_iter` times."""
         executor = self._nets.get(name)
@@ -177,6 +181,7 @@ class Workspace:
         for _ in range(num_iter):
             executor.run(self)
 
+    @in_caffe2_dtypes
     def run(self, net: Any) -> None:
         """Run a net once without keeping it (Caffe2's RunNetOnce). Its compiled form is cached, so
         running the same net again (the same `Net`, message or bytes) compiles nothing unless the
@@ -186,6 +191,7 @@ class Workspace:
         check_inputs_exist(executor, self)
         executor.run(self)
 
+    @in_caffe2_dtypes
     def run_plan(
         self,
         plan: Any,

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ...dtypes import in_caffe2_dtypes
 from ...errors import MissingBlobError, Rnn2JaxError, ShapeError
 from ...load import load
 from ...lower import LoweredNet
@@ -21,6 +22,7 @@ from ...netdef import DATA_TYPES
 from ...runtime.workspace import Workspace
 
 
+@in_caffe2_dtypes
 def infer_shapes_and_types(
     workspace: Workspace,
     nets: Sequence[Any],
