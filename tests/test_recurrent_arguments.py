@@ -381,7 +381,7 @@ GRADIENT_CASES = [
         zero=("lstm/gates_t_b_grad",),
     ),
     Case("backward_step_net missing", drop_arg("backward_step_net"), REFUSES, B, "backward_step_net"),
-    Case("backward_step_net empty", step_net_ops("backward_step_net", lambda o: False), REFUSES, zero=tuple(GRADS)),
+    Case("backward_step_net empty", step_net_ops("backward_step_net", lambda o: False), REFUSES, U, "backward_link"),
     Case("outputs_with_grads negative (gradient op)", set_ints("outputs_with_grads", [-1]), ACCEPTS),
     Case(
         "initial_recurrent_state_ids past the forward inputs (gradient op)",
@@ -474,3 +474,34 @@ def assert_depends_on_memory(case: Case, caffe2) -> None:
 def test_the_table_has_30_distinct_cases():
     assert len({c.name for c in ALL_CASES}) == len(ALL_CASES) >= 30
     assert all(c.rnn2jax is not None for c in ALL_CASES if c.caffe2 in (REFUSES, UNDEFINED) and not c.zero)
+
+
+def _drop_cell_gradient_link(op: pb.OperatorDef) -> None:
+    """The backward link that writes row t of the cell state's gradient (`lstm/cell_t_prev_grad`, offset 0)
+    is gone: step t still reads row t + 1 of it (`lstm/cell_state_grad`, offset 1), which no step writes."""
+    keep = [i for i, name in enumerate(arg(op, "backward_link_internal").strings) if name != b"lstm/cell_t_prev_grad"]
+    for name in ("backward_link_internal", "backward_link_external", "backward_link_offset"):
+        a = arg(op, name)
+        values = [(a.strings or a.ints)[i] for i in keep]
+        del (a.strings if a.strings else a.ints)[:]
+        (a.strings if name != "backward_link_offset" else a.ints).extend(values)
+
+
+def test_gradient_rows_no_backward_step_writes_are_refused_where_caffe2_reads_memory(caffe2):
+    """Caffe2 zeroes only the last row of a state's gradient: with the link that writes the cell gradient's
+    rows gone, its gradients are whatever the gradient tensor's memory held (fed first, 1.5e11 or -7: Caffe2
+    resizes the blob in place). rnn2jax refuses, naming the row, the gradient and the link argument."""
+    answers = []
+    for value in (1.5e11, -7.0):
+        memory = {f"{CELL}_grad": np.full((T + 1, N, H), value, np.float32)}
+        op = forward_op()
+        grad = gradient_op(op)
+        _drop_cell_gradient_link(grad)
+        answers.append(caffe2.run([("op", op), ("op", grad)], {**feeds(), **memory}, GRADS))
+    assert any(not np.array_equal(answers[0][n], answers[1][n]) for n in GRADS), "Caffe2's answer is defined"
+    op = forward_op()
+    grad = gradient_op(op)
+    _drop_cell_gradient_link(grad)
+    refusal = r"row 1 of gradient 'lstm/lstm/cell_t_prev_states_grad'.*'lstm/cell_state_grad' \(argument 'backward_link"
+    with pytest.raises(UnwrittenStateError, match=refusal + r".*uninitialised"):
+        in_rnn2jax([op, grad], GRADS)
