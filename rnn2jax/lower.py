@@ -146,6 +146,7 @@ def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_
                 f"{op.where}: reads blob '{name}' before anything writes it; "
                 f"the net's inputs are: {', '.join(net_inputs) or '(none)'}"
             ) from None
+    _check_no_step_workspaces(step, args, env)
     keeps_dims = getattr(step.kernel, "dims_inputs", ())  # the inputs it reads as dims (Slice, fills)
     args = [a if i in keeps_dims else as_array(a) for i, a in enumerate(args)]
     kwargs: dict[str, Any] = {}
@@ -186,6 +187,22 @@ _TRACED_VALUE_ERRORS = (
     jax.errors.TracerIntegerConversionError,
     jax.errors.TracerBoolConversionError,
 )
+
+
+def _check_no_step_workspaces(step: _Step, args: list[Any], env: Mapping[str, Any]) -> None:
+    """A RecurrentNetwork's step_workspaces (its forward pass, kept for the backward step net) is read only
+    by its RecurrentNetworkGradient, as the input the kernel names in `workspace_inputs`: anywhere else (an
+    op's input, a step net's read from the enclosing net) it is no tensor, and named as such."""
+    op = step.op
+    allowed = getattr(step.kernel, "workspace_inputs", ())
+    reads = [(n, v) for i, (n, v) in enumerate(zip(op.inputs, args, strict=True)) if i not in allowed]
+    reads += [(n, env.get(n)) for n in getattr(step.kernel, "scope_reads", ())]
+    for name, value in reads:
+        if isinstance(value, Mapping):
+            raise ShapeError(
+                f"{op.where}: blob '{name}' is a RecurrentNetwork's step_workspaces (its forward pass, which only "
+                "its RecurrentNetworkGradient reads, as its last input), not a tensor"
+            )
 
 
 def _traced_value_message(step: _Step, error: Exception) -> str:

@@ -94,6 +94,7 @@ class RecurrentGradientLowering:
         local = {link.internal for link in (*spec.links, *self.backward_links)} | {spec.timestep}
         local |= {name for o in spec.step_net.ops for name in o.outputs}
         self.scope_reads = tuple(n for n in self.backward.inputs if n not in local)
+        self.workspace_inputs = (len(op.inputs) - 1,)  # the forward op's step_workspaces (lower.py checks the rest)
         self.all_grads, self.last_grads = self._output_grads()
         self.compact = self._compact_links()
         protected = {link.internal for link in (*spec.links, *self.backward_links)} | {spec.timestep}
