@@ -59,10 +59,6 @@ def _valid_rows(
     `index` is seq_lengths' position among the op's inputs (for messages)."""
     if seq_lengths is None:
         return None
-    if not hasattr(seq_lengths, "dtype"):  # another op's step_workspaces, say (the fused step reads blobs directly)
-        raise ShapeError(
-            f"{op.where}: seq_lengths '{op.inputs[index]}' is a {type(seq_lengths).__name__}, not a tensor"
-        )
     if seq_lengths.size != batch:
         raise ShapeError(
             f"{op.where}: seq_lengths '{op.inputs[index]}' has {seq_lengths.size} entries for a batch "
