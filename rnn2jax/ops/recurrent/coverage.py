@@ -31,6 +31,9 @@ from .spec import Link, RecurrentSpec
 # A symbolic T (jax.export) is checked as this many steps: larger than any offset or window that fits.
 _SYMBOLIC_STEPS = 2**40
 
+# Concrete T replayed exactly up to this many steps (past the links' reach every T behaves alike).
+_REPLAYED_STEPS = 4096
+
 _FILL: ContextVar[float | None] = ContextVar("rnn2jax_unwritten_fill", default=None)
 
 
@@ -207,7 +210,7 @@ def check_gradient_rows(
     if t_count == 0 or not gradients:
         return
     reach = 2 * max((abs(link.offset) + link.window for link in links), default=1) + 4
-    t_count = min(t_count, max(reach, 4096 if _as_int(steps) is not None else reach))
+    t_count = min(t_count, max(reach, _REPLAYED_STEPS) if _as_int(steps) is not None else reach)
     first = {name: _first_writers(backward, [lk for lk in links if lk.external == name]) for name in gradients}
     defined = {name: {t_count + extra - 1} if extra else set() for name, (extra, _) in gradients.items()}
     for t in range(t_count - 1, -1, -1):
