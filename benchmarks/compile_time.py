@@ -183,7 +183,7 @@ def dper_case() -> Case:
     import test_dper_net as dper
     from google.protobuf import text_format
 
-    from rnn2jax.load import load
+    from rnn2jax.ir.loader import load
     from rnn2jax.ops.registry import overlay
 
     if not dper.NET.exists():

@@ -21,7 +21,7 @@ import numpy as np
 from models import MODELS, Model, Nets, caffe2_nets, random_params
 
 import rnn2jax
-from rnn2jax.compile import run_init_net
+from rnn2jax.compiler.compiled_net import run_init_net
 
 
 @dataclass

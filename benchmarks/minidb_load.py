@@ -29,7 +29,7 @@ LOADER = r"""
 import json, sys, time
 import numpy as np
 import rnn2jax
-from rnn2jax.runtime.storage import read_blobs
+from rnn2jax.storage import read_blobs
 
 def status(field):  # from /proc/self/status, in bytes; VmHWM is the peak RSS of this process image
     # (getrusage's ru_maxrss would carry over the parent's peak across fork and exec)

@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import rnn2jax  # noqa: E402
 from rnn2jax.caffe2.python.model_helper import ModelHelper  # noqa: E402
 from rnn2jax.caffe2.python.rnn_cell import LSTM  # noqa: E402
-from rnn2jax.sharding import batch_specs  # noqa: E402
+from rnn2jax.compiler.sharding import batch_specs  # noqa: E402
 
 
 def caffe2_lstm_net(dim_in: int, hidden: int, layers: int):

@@ -6,10 +6,7 @@ out = fn(data=x)
 """
 
 import importlib
-import sys
-import types
 
-from .budget import memory_budget, set_memory_budget
 from .errors import (
     BadArgumentError,
     InputTypeError,
@@ -25,49 +22,42 @@ from .errors import (
     UnwrittenStateError,
     WorkspaceError,
 )
+from .ir.budget import memory_budget, set_memory_budget
 
 # The API is imported on first use, so that `import rnn2jax.serving` (which runs an exported model with
 # jax alone) does not pull in the protobuf importer and the op lowerings.
 _API = {
-    "CompiledNet": "compile",
-    "compile": "compile",
-    "load": "load",
-    "lower": "lower",
-    "Net": "netdef",
-    "Op": "netdef",
-    "Plan": "netdef",
-    "load_params": "params",
-    "load_model": "runtime.predictor",
-    "VerificationReport": "verify",
-    "verify": "verify",
+    "CompiledNet": "compiler.compiled_net",
+    "compile": "compiler.compiled_net",
+    "load": "ir.loader",
+    "lower": "lowering.interpreter",
+    "Net": "ir.netdef",
+    "Op": "ir.netdef",
+    "Plan": "ir.netdef",
+    "load_params": "runtime.params",
+    "load_model": "serving.predictor",
+    "VerificationReport": "checking.verification",
+    "verify": "checking.verification",
     "Workspace": "runtime.workspace",
-    "describe_blobs": "runtime.storage",
-    "read_blobs": "runtime.storage",
-    "write_blobs": "runtime.storage",
-    "custom_op": "user_ops",
-    "register_op": "user_ops",
+    "describe_blobs": "storage",
+    "read_blobs": "storage",
+    "write_blobs": "storage",
+    "custom_op": "lowering.user_ops",
+    "register_op": "lowering.user_ops",
 }
 
 
-class _Package(types.ModuleType):
-    def __getattr__(self, name: str):
-        if name not in _API:
-            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
-        for attr, module in _API.items():  # all at once, as an eager `from .x import y` would
-            self.__dict__[attr] = getattr(importlib.import_module(f".{module}", self.__name__), attr)
-        return self.__dict__[name]
-
-    def __setattr__(self, name: str, value) -> None:
-        # Importing submodule rnn2jax.compile (or .load, .lower, .verify) must not hide the function.
-        if name in _API and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-    def __dir__(self):
-        return sorted({*super().__dir__(), *_API})
+def __getattr__(name: str):
+    """The API names, imported on first use (PEP 562); all at once, as an eager `from .x import y` would."""
+    if name not in _API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    for attr, module in _API.items():
+        globals()[attr] = getattr(importlib.import_module(f".{module}", __name__), attr)
+    return globals()[name]
 
 
-sys.modules[__name__].__class__ = _Package
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})
 
 __all__ = [
     "BadArgumentError",

@@ -137,8 +137,8 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
 
 def generate(python: str | Path) -> str:
     from rnn2jax.caffe2.grad_makers import _MAKERS
+    from rnn2jax.checking.oracle import Caffe2Oracle
     from rnn2jax.ops.registry import REGISTRY, supported
-    from rnn2jax.oracle import Caffe2Oracle
 
     supported("FC")  # loads every op family
     with Caffe2Oracle(python) as oracle:

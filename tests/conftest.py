@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from rnn2jax.checking.oracle import Caffe2Oracle, find_python39
 from rnn2jax.errors import Rnn2JaxError
-from rnn2jax.oracle import Caffe2Oracle, find_python39
 
 settings.register_profile(
     "default",

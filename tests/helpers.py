@@ -11,9 +11,9 @@ import jax
 import numpy as np
 
 from rnn2jax.caffe2.opdef import create_net, create_operator
-from rnn2jax.dtypes import caffe2_dtypes
-from rnn2jax.load import load
-from rnn2jax.lower import lower
+from rnn2jax.ir.dtypes import caffe2_dtypes
+from rnn2jax.ir.loader import load
+from rnn2jax.lowering.interpreter import lower
 
 REALNETS = Path(__file__).resolve().parents[2] / "shared" / "realnets"
 # The breadbread character LSTM's weights (what its init net Loads from a database that is not published):

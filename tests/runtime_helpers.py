@@ -10,7 +10,7 @@ import numpy as np
 import rnn2jax
 from differential import assert_blobs_equal
 from rnn2jax.caffe2.opdef import create_net, create_operator
-from rnn2jax.oracle import Caffe2Error
+from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb
 
 op = create_operator

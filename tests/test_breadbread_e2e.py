@@ -17,8 +17,8 @@ import rnn2jax
 from helpers import BREADBREAD_WEIGHTS, REALNETS
 from reference import lstm
 from rnn2jax.cli import main
+from rnn2jax.ir.wire import parse_message
 from rnn2jax.proto import caffe2_pb2 as pb
-from rnn2jax.wire import parse_message
 
 TRAIN_PLAN = REALNETS / "breadbread_lstmdemo_train_plan.pbtxt"
 TEST_PLAN = REALNETS / "breadbread_lstmdemo_test_plan.pbtxt"

@@ -27,8 +27,8 @@ from rnn2jax.caffe2.python.predictor import predictor_exporter, predictor_py_uti
 from rnn2jax.caffe2.python.predictor_constants import predictor_constants
 from rnn2jax.errors import StorageError
 from rnn2jax.proto import metanet_pb2
-from rnn2jax.runtime.predictor import load_model, read_meta_net_def
-from rnn2jax.runtime.storage import read_blobs
+from rnn2jax.serving.predictor import load_model, read_meta_net_def
+from rnn2jax.storage import read_blobs
 
 INPUTS = ("x", "lengths", "h0", "c0")
 

@@ -37,7 +37,7 @@ from hypothesis.control import currently_in_test_context
 
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.model_helper import ModelHelper
-from rnn2jax.oracle import Caffe2Error, Caffe2Oracle
+from rnn2jax.checking.oracle import Caffe2Error, Caffe2Oracle
 from rnn2jax.proto import caffe2_pb2 as pb
 from tests.recipes import Recipe
 

@@ -45,8 +45,8 @@ from rnn2jax.caffe2.python.rnn_cell import (
     LSTMCell,
     MultiRNNCell,
 )
+from rnn2jax.checking.oracle import Caffe2Error, Caffe2Oracle
 from rnn2jax.errors import ShapeError, UnwrittenStateError
-from rnn2jax.oracle import Caffe2Error, Caffe2Oracle
 from rnn2jax.proto import caffe2_pb2 as pb
 
 FORMS = ("1-D", "2-D", "3-D")

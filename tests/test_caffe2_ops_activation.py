@@ -12,7 +12,7 @@ from differential import Case, arrays, cases, invalid, run_case, shapes
 from rnn2jax.caffe2.opdef import create_operator
 
 # Caffe2's CPU kernels take float32 only. rnn2jax accepts doubles on purpose (its float64 verification
-# mode, rnn2jax/verify.py), so the refused dtypes drawn are integers.
+# mode, rnn2jax/checking/verification.py), so the refused dtypes drawn are integers.
 OTHER = (np.int32, np.int64)
 
 

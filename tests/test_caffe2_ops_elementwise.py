@@ -16,7 +16,7 @@ NUMERIC = (np.int32, np.int64, np.float32, np.float64)
 FLOATS = (np.float32, np.float64)
 INTS = (np.int32, np.int64)
 # Abs/Exp/Log/Clip: Caffe2 refuses doubles, rnn2jax accepts them on purpose (its float64 verification
-# mode, rnn2jax/verify.py), so they are drawn in float32 and refused dtypes are integers.
+# mode, rnn2jax/checking/verification.py), so they are drawn in float32 and refused dtypes are integers.
 FLOAT32 = (np.float32,)
 
 

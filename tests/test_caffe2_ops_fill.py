@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from differential import Case, cases, make_op, run_case, run_rnn2jax, shapes
+from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import BadArgumentError
-from rnn2jax.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb
 
 DT = pb.TensorProto

@@ -15,7 +15,7 @@ from rnn2jax.caffe2.grad_makers import get_gradient_for_op
 from rnn2jax.caffe2.opdef import create_operator
 
 # Caffe2 refuses doubles here; rnn2jax accepts them on purpose (its float64 verification mode,
-# rnn2jax/verify.py), so they are not drawn: ints stand for the dtypes both refuse.
+# rnn2jax/checking/verification.py), so they are not drawn: ints stand for the dtypes both refuse.
 FLOATS = (np.float32,)
 
 

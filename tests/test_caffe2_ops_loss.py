@@ -17,7 +17,7 @@ from rnn2jax.errors import ShapeError
 
 def _float_dtype(data: st.DataObject):
     """float32, or (invalid) int32. Caffe2 refuses doubles too, but rnn2jax accepts them on purpose (its
-    float64 verification mode, rnn2jax/verify.py), so they are not drawn."""
+    float64 verification mode, rnn2jax/checking/verification.py), so they are not drawn."""
     return np.int32 if invalid(data) else np.float32
 
 

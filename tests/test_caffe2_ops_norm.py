@@ -111,7 +111,7 @@ def draw_c10_layer_norm(data: st.DataObject):
 @given(data=st.data())
 def test_layer_norm_double(caffe2, data):
     """LayerNorm runs in double in Caffe2 (LayerNormGradient and Dropout do not; rnn2jax accepts doubles
-    there on purpose, for its float64 verification mode, rnn2jax/verify.py)."""
+    there on purpose, for its float64 verification mode, rnn2jax/checking/verification.py)."""
     op, inputs = draw_layer_norm(data)
     check_op(caffe2, op, {name: value.astype(np.float64) for name, value in inputs.items()})
 

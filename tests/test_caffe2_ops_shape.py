@@ -20,8 +20,8 @@ from differential import (
     shapes,
 )
 from rnn2jax.caffe2.grad_makers import GradientError, get_gradient_for_op
+from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import BadArgumentError, Rnn2JaxError
-from rnn2jax.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb
 
 DT = pb.TensorProto

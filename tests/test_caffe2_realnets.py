@@ -17,9 +17,9 @@ import rnn2jax
 from differential import assert_blob_equal, assert_same_ops, run_rnn2jax
 from helpers import REALNETS
 from rnn2jax.caffe2.grad_makers import get_gradient_for_op, has_gradient_maker
-from rnn2jax.netdef import Net
+from rnn2jax.ir.netdef import Net
+from rnn2jax.ir.wire import parse_message
 from rnn2jax.proto import caffe2_pb2 as pb
-from rnn2jax.wire import parse_message
 
 PREDICT = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"
 TRAIN_PLAN = REALNETS / "breadbread_lstmdemo_train_plan.pbtxt"

@@ -21,8 +21,8 @@ import rnn2jax
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.errors import ShapeError
-from rnn2jax.load import load
-from rnn2jax.lower import lower
+from rnn2jax.ir.loader import load
+from rnn2jax.lowering.interpreter import lower
 from rnn2jax.ops.recurrent import forward as forward_module
 
 OUTPUTS = ("lstm/hidden_state_all", "lstm/hidden_state_last", "lstm/cell_state_all", "lstm/cell_state_last")

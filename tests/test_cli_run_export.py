@@ -16,8 +16,7 @@ import pytest
 
 import rnn2jax
 from helpers import BREADBREAD_WEIGHTS, REALNETS
-from rnn2jax import progress
-from rnn2jax.cli import main
+from rnn2jax.cli import main, progress
 from rnn2jax.errors import InputTypeError, ParseError
 from rnn2jax.serving import load_exported
 
@@ -133,7 +132,7 @@ def _serve_in_fresh_process(model: Path, inputs: dict[str, np.ndarray], tmp_path
     script = f"""
 import sys, numpy as np
 import rnn2jax.serving
-assert 'rnn2jax.netdef' not in sys.modules and 'rnn2jax.load' not in sys.modules, sorted(sys.modules)
+assert 'rnn2jax.ir.netdef' not in sys.modules and 'rnn2jax.ir.loader' not in sys.modules, sorted(sys.modules)
 assert not any(m.startswith(('rnn2jax.ops', 'rnn2jax.proto', 'google.protobuf')) for m in sys.modules)
 model = rnn2jax.serving.load_exported({str(model)!r})
 inputs = dict(np.load({str(tmp_path / "serve_in.npz")!r}))

@@ -29,9 +29,9 @@ from helpers import BREADBREAD_WEIGHTS, REALNETS
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.cli import main
-from rnn2jax.codegen import generate, write_module
 from rnn2jax.errors import BadArgumentError, UnsupportedOpError
-from rnn2jax.params import load_params, save_params
+from rnn2jax.runtime.params import load_params, save_params
+from rnn2jax.serving.codegen import generate, write_module
 from test_caffe2_cells import CELLS, random_params
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from google.protobuf import text_format
 
 import rnn2jax
 from differential import assert_blob_equal
-from rnn2jax.load import load
+from rnn2jax.ir.loader import load
 from rnn2jax.proto import caffe2_pb2 as pb
 
 NET = Path(__file__).resolve().parents[2] / "shared" / "realnets" / "dper_train_net_lstm_pooling.pbtxt"

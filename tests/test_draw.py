@@ -23,7 +23,7 @@ import rnn2jax
 from helpers import REALNETS
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.cli import main
-from rnn2jax.netdef import Net, Op
+from rnn2jax.ir.netdef import Net, Op
 from rnn2jax.proto import caffe2_pb2 as pb
 from test_caffe2_cells import CELLS, sizes, training_net
 

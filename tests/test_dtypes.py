@@ -20,11 +20,11 @@ import rnn2jax
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.caffe2.python import workspace
 from rnn2jax.caffe2.python.core import reset_net_names
-from rnn2jax.codegen import generate, write_module
 from rnn2jax.errors import InputTypeError
-from rnn2jax.exporter import export_net, input_specs
 from rnn2jax.proto import caffe2_pb2 as pb
 from rnn2jax.serving import ExportedNet
+from rnn2jax.serving.codegen import generate, write_module
+from rnn2jax.serving.exporter import export_net, input_specs
 from test_caffe2_cells import CELLS, random_params, training_net
 
 NUMERIC = [np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.bool_]

@@ -15,6 +15,7 @@ from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
+from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import (
     BadArgumentError,
     InputTypeError,
@@ -24,7 +25,6 @@ from rnn2jax.errors import (
     ShapeError,
     UnwrittenStateError,
 )
-from rnn2jax.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb
 
 T, N, D, H = 2, 2, 2, 3

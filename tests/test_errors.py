@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import rnn2jax
 from helpers import REALNETS
 from rnn2jax.caffe2.opdef import create_net, create_operator
-from rnn2jax.netdef import Net, Plan
+from rnn2jax.ir.netdef import Net, Plan
 from rnn2jax.proto import caffe2_pb2 as pb
 
 REAL_NET = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"

@@ -15,7 +15,7 @@ import pytest
 
 import rnn2jax
 from rnn2jax.caffe2.python.attention import AttentionType
-from rnn2jax.lower import LoweredNet
+from rnn2jax.lowering.interpreter import LoweredNet
 from rnn2jax.proto import caffe2_pb2 as pb
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -489,7 +489,7 @@ def _cell_inputs(shapes: dict, dtypes: dict, case: tuple[int, int, int], seed: i
 
 def test_every_builder_cell_exports_with_symbolic_t_and_n_and_runs_in_plain_jax(tmp_path):
     from rnn2jax.caffe2.python.core import reset_net_names
-    from rnn2jax.exporter import export_net, input_specs
+    from rnn2jax.serving.exporter import export_net, input_specs
     from test_caffe2_cells import CELLS, FORMS, random_params
 
     data, compiled = {}, {}

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from rnn2jax.files import atomic_write
+from rnn2jax.ir.files import atomic_write
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])

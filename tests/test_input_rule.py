@@ -1,4 +1,4 @@
-"""One rule for what is an input (rnn2jax/input_rule.py), on the real breadbread LSTM, whose init net fills
+"""One rule for what is an input (rnn2jax/checking/input_rule.py), on the real breadbread LSTM, whose init net fills
 its data inputs for a one-sample setup besides Loading the weights: the commands of docs/serving.md and
 docs/codegen.md run as written (their ```sh blocks, file names substituted) and give the inputs the docs
 name, with the values of a NumPy LSTM written here; `run` uses the init net's values as defaults; an export
@@ -277,7 +277,7 @@ def test_compare_follows_the_rule(caffe2):
     at [4, 3], a given value makes it an input with that value, and otherwise the filled value is used;
     real Caffe2 runs the same arrays each time and agrees."""
     from rnn2jax.caffe2.opdef import create_net, create_operator
-    from rnn2jax.compare import compare
+    from rnn2jax.checking.comparison import compare
 
     net = create_net("fc", [create_operator("FC", ["x", "w", "b"], ["y"])])
     fills = {"x": ([1, 3], [1.0, 2.0, 3.0]), "w": ([2, 3], [1.0, 0.0, -1.0, 2.0, 1.0, 0.0]), "b": ([2], [0.5, -0.5])}

@@ -9,7 +9,7 @@ from google.protobuf import text_format
 import rnn2jax
 from helpers import REALNETS
 from rnn2jax.caffe2.opdef import create_net, create_operator, make_argument, make_tensor
-from rnn2jax.netdef import Net, Plan
+from rnn2jax.ir.netdef import Net, Plan
 from rnn2jax.proto import caffe2_pb2 as pb
 
 REAL_FILES = sorted(REALNETS.glob("*.pbtxt")) if REALNETS.is_dir() else []

@@ -321,7 +321,7 @@ def test_matmul_precision_is_float32_unless_the_user_sets_jax_default_matmul_pre
     `jax_default_matmul_precision`, which then rules."""
     import jax
 
-    from rnn2jax.netdef import Op
+    from rnn2jax.ir.netdef import Op
     from rnn2jax.ops.registry import lookup
 
     inputs = {"FC": ((2, 3), (4, 3), (4,)), "MatMul": ((2, 3), (3, 4)), "BatchMatMul": ((2, 2, 3), (2, 3, 4))}[op_type]

@@ -16,8 +16,8 @@ from hypothesis.extra import numpy as hnp
 from helpers import run_op
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import BadArgumentError, ShapeError
-from rnn2jax.load import load
-from rnn2jax.lower import lower
+from rnn2jax.ir.loader import load
+from rnn2jax.lowering.interpreter import lower
 
 THRESHOLD = 1e-20  # Caffe2's kLOG_THRESHOLD
 F32 = {"rtol": 1e-5, "atol": 1e-6}

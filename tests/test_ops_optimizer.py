@@ -14,8 +14,8 @@ from hypothesis.extra import numpy as hnp
 from helpers import run_op
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import BadArgumentError, ShapeError
-from rnn2jax.load import load
-from rnn2jax.lower import lower
+from rnn2jax.ir.loader import load
+from rnn2jax.lowering.interpreter import lower
 from rnn2jax.proto import caffe2_pb2 as pb
 
 INT64 = np.dtype(np.int64)  # the iteration counter's dtype, as in Caffe2

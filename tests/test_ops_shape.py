@@ -15,8 +15,8 @@ import rnn2jax
 from helpers import run_op
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import BadArgumentError, ShapeError
-from rnn2jax.load import load
-from rnn2jax.lower import lower
+from rnn2jax.ir.loader import load
+from rnn2jax.lowering.interpreter import lower
 
 INT64 = np.dtype(np.int64)  # Caffe2's int64, kept by rnn2jax
 

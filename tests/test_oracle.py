@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from differential import arrays
 from rnn2jax.caffe2.opdef import create_net, create_operator
-from rnn2jax.oracle import Caffe2Error, Caffe2Oracle, OracleCrashedError, OracleUnavailableError
+from rnn2jax.checking.oracle import Caffe2Error, Caffe2Oracle, OracleCrashedError, OracleUnavailableError
 from rnn2jax.proto import caffe2_pb2 as pb
 
 

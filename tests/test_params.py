@@ -9,8 +9,8 @@ import pytest
 import rnn2jax
 from helpers import REALNETS
 from rnn2jax.errors import ParseError, StorageError, UnsupportedOpError
-from rnn2jax.params import EXTERNAL_STORAGE_OPS, load_params, save_params
 from rnn2jax.runtime.host_ops import lookup_host_op
+from rnn2jax.runtime.params import EXTERNAL_STORAGE_OPS, load_params, save_params
 
 PREDICT = "rnn2jax/examples/mlp_predict_net.pbtxt"
 INIT = "rnn2jax/examples/mlp_init_net.pbtxt"

@@ -8,7 +8,7 @@ import pytest
 import rnn2jax
 from helpers import REALNETS
 from reference import lstm
-from rnn2jax.netdef import Net
+from rnn2jax.ir.netdef import Net
 
 DPER = REALNETS / "dper_train_net_lstm_pooling.pbtxt"
 BREADBREAD = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"

@@ -13,14 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rnn2jax
-from rnn2jax import budget
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
-from rnn2jax.compare import draw_inputs
-from rnn2jax.compile import run_init_net
+from rnn2jax.checking.comparison import draw_inputs
+from rnn2jax.compiler.compiled_net import run_init_net
 from rnn2jax.errors import BadArgumentError, ResourceError, Rnn2JaxError
+from rnn2jax.ir import budget
 
 HUGE = [2**40, 5]  # 20 TiB of float32
 

@@ -99,7 +99,7 @@ def test_create_net_and_run_net_match_caffe2(caffe2):
 def test_create_net_needs_the_blobs_it_reads_as_caffe2_does(caffe2):
     reader = net("reader", op("Add", ["c", "missing"], ["d"]))
     feeds = {"c": np.zeros(1, np.float32)}
-    from rnn2jax.oracle import Caffe2Error
+    from rnn2jax.checking.oracle import Caffe2Error
 
     with pytest.raises(Caffe2Error, match="non-existing input blob: missing"):
         caffe2.run([("create_net", reader)], feeds, None)

@@ -19,9 +19,9 @@ from test_verify import DPER, dper_shapes
 import rnn2jax
 from helpers import REALNETS
 from rnn2jax.caffe2.python.core import reset_net_names
+from rnn2jax.checking.shape_inference import InputSpec, infer_input_specs, infer_shapes, runnable_part
 from rnn2jax.cli import main
 from rnn2jax.errors import ShapeError
-from rnn2jax.shape_inference import InputSpec, infer_input_specs, infer_shapes, runnable_part
 from test_caffe2_cells import CELLS, random_params, sizes
 
 needs_realnets = pytest.mark.skipif(not PREDICT.exists(), reason=f"real nets folder {REALNETS} is absent")

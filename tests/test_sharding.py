@@ -85,7 +85,7 @@ def test_one_device_mesh_is_the_plain_net():
 
 @pytest.mark.parametrize(("shape", "axis"), [((), None), ((5,), 0), ((4, 3), 0), ((7, 4, 3), 1)])
 def test_default_batch_axis(shape, axis):
-    from rnn2jax.sharding import default_batch_axis
+    from rnn2jax.compiler.sharding import default_batch_axis
 
     assert default_batch_axis(np.zeros(shape)) == axis
 

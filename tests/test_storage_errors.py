@@ -13,7 +13,7 @@ import pytest
 
 import rnn2jax
 from rnn2jax.proto import caffe2_pb2 as pb
-from rnn2jax.runtime.storage import db as db_module
+from rnn2jax.storage import db as db_module
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:

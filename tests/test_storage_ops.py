@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 import rnn2jax
 from rnn2jax.caffe2.opdef import create_net, create_operator
+from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import BadArgumentError, MissingBlobError, Rnn2JaxError, StorageError
-from rnn2jax.oracle import Caffe2Error
 from rnn2jax.proto import caffe2_pb2 as pb
-from rnn2jax.runtime.storage import db as db_module
+from rnn2jax.storage import db as db_module
 from rnn2jax.runtime.storage_ops import checkpoint_name
 
 op = create_operator
@@ -201,7 +201,7 @@ def test_save_replaces_an_old_db_and_a_failed_save_keeps_it(tmp_path, monkeypatc
 
 
 def test_save_failing_midway_leaves_no_partial_file(tmp_path, monkeypatch):
-    from rnn2jax.runtime.storage import minidb
+    from rnn2jax.storage import minidb
 
     original = minidb._Writer.put
 
@@ -432,7 +432,7 @@ def _lstm_net_and_weights_db(folder):
     from rnn2jax.caffe2.python.core import reset_net_names
     from rnn2jax.caffe2.python.model_helper import ModelHelper
     from rnn2jax.caffe2.python.rnn_cell import LSTM
-    from rnn2jax.compile import run_init_net
+    from rnn2jax.compiler.compiled_net import run_init_net
 
     reset_net_names()
     model = ModelHelper(name="lstm_db")

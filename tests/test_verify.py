@@ -20,11 +20,11 @@ from rnn2jax.caffe2.opdef import create_operator
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
+from rnn2jax.checking.verification import _OpCheck, _prepare, reference_jaxprs
 from rnn2jax.cli import main
 from rnn2jax.errors import BadArgumentError
-from rnn2jax.lower import lower
+from rnn2jax.lowering.interpreter import lower
 from rnn2jax.proto import caffe2_pb2 as pb
-from rnn2jax.verify import _OpCheck, _prepare, reference_jaxprs
 from test_caffe2_cells import CELLS, random_params
 
 DPER = REALNETS / "dper_train_net_lstm_pooling.pbtxt"

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..netdef import DATA_TYPES
+from ..ir.netdef import DATA_TYPES
 from ..proto import caffe2_pb2 as pb
 
 _DTYPE_TO_DATA_TYPE = {np.dtype(v): k for k, v in DATA_TYPES.items() if k != pb.TensorProto.BYTE}

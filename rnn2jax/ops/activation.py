@@ -11,14 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .elementwise import FLOATING, unary
 from .registry import Kernel, register
 
 # Caffe2's CPU build registers every op here, and its gradient, for float32 only ("Unsupported type of
 # tensor" / "Tensor type mismatch" otherwise). Integers are refused here too; other float types are
-# accepted on purpose (float64 for rnn2jax's verification mode, rnn2jax/verify.py).
+# accepted on purpose (float64 for rnn2jax's verification mode, rnn2jax/checking/verification.py).
 
 
 @register("Sigmoid")

@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .fill import _convert, _filler

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import DATA_TYPES, Op
+from ..ir.netdef import DATA_TYPES, Op
 from ..proto import caffe2_pb2 as pb
 
 

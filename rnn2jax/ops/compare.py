@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..netdef import Op
+from ..ir.netdef import Op
 from .elementwise import binary, unary
 from .registry import Kernel, register
 

@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .common import matmul_precision
 from .registry import Kernel, register
 
@@ -211,7 +211,7 @@ def channel_axis(ndim: int, nhwc: bool) -> int:
 
 def check_float(op: Op, *values: jax.Array) -> None:
     """Caffe2 registers these ops for float only (float64 is accepted here for rnn2jax's float64
-    verification mode, rnn2jax/verify.py); every input shares the first one's dtype."""
+    verification mode, rnn2jax/checking/verification.py); every input shares the first one's dtype."""
     for name, value in zip(op.inputs, values, strict=False):
         if np.dtype(value.dtype) not in FLOATS:
             raise ShapeError(f"{op.where}: input '{name}' has dtype {value.dtype}; {op.type} takes float tensors")

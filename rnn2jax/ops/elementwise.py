@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .common import broadcast_shapes, is_symbolic
 from .registry import Kernel, register
 
 # Caffe2's `NumericTypes` (elementwise_ops.h); the float-only ops also run on CUDA half. (Caffe2's CPU
 # build registers Abs/Exp/Log/Clip for float32 only, Scale/Sqrt for float32 and double; doubles are
-# accepted here on purpose, for rnn2jax's float64 verification mode, rnn2jax/verify.py.)
+# accepted here on purpose, for rnn2jax's float64 verification mode, rnn2jax/checking/verification.py.)
 NUMERIC = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))
 FLOATING = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 

@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
 from .registry import Kernel, register
 

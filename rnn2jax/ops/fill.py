@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..budget import check_array
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.budget import check_array
+from ..ir.netdef import Op
 from .common import TRACED_SHAPE_HINT, Dims, data_type_arg, shape_arg
 from .registry import Kernel, register
 

@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .conv import geometry
 from .registry import Kernel, register

@@ -11,14 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .common import broadcast_shapes, canonical_axis, is_symbolic, matmul_precision, size_from_dim, size_to_dim
 from .registry import Kernel, register
 
 
 def _check_float_inputs(op: Op, arrays: Sequence[jax.Array]) -> None:
     """Float inputs of one dtype. (Caffe2's CPU build registers these ops for float32 only; doubles are
-    accepted here on purpose, for rnn2jax's float64 verification mode, rnn2jax/verify.py.)"""
+    accepted here on purpose, for rnn2jax's float64 verification mode, rnn2jax/checking/verification.py.)"""
     for name, a in zip(op.inputs, arrays, strict=False):
         if getattr(a, "dtype", None) is None:
             raise ShapeError(f"{op.where}: input '{name}' is a {type(a).__name__}, not a tensor")

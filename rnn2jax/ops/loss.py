@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .registry import Kernel, register
@@ -36,7 +36,7 @@ def _shape(x: Any) -> list[int]:
 
 def _check_float(op: Op, x: Any, position: int) -> None:
     """Caffe2's CPU loss kernels are registered for float32 only (a double is "Tensor type mismatch");
-    doubles are accepted here on purpose, for rnn2jax's float64 verification mode (rnn2jax/verify.py)."""
+    doubles are accepted here on purpose, for rnn2jax's float64 verification mode (rnn2jax/checking/verification.py)."""
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ShapeError(f"{op.where}: input '{op.inputs[position]}' must be a float tensor, got {x.dtype}")
 

@@ -4,7 +4,7 @@ products and distances (DotProduct, CosineSimilarity, L1Distance...) and the val
 EnforceFinite, ReplaceNaN).
 
 Dtypes follow Caffe2's CPU registrations; where Caffe2 registers float32 only, other float types are
-accepted on purpose (rnn2jax's float64 verification mode, rnn2jax/verify.py) and integers are refused.
+accepted on purpose (rnn2jax's float64 verification mode, rnn2jax/checking/verification.py) and integers are refused.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .checks import enforce, first_bad, literal, runtime_checked
 from .elementwise import FLOATING, NUMERIC, _check_dtypes, _legacy_axis, _legacy_b_shape, binary, unary
 from .registry import Kernel, register

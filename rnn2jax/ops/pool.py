@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 
 from ..errors import ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .conv import Geometry, Window, check_float, check_image, geometry, resolve, spatial_axes
 from .registry import Kernel, register
 

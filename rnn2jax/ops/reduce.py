@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .registry import Kernel, register
 

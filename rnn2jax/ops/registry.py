@@ -1,22 +1,29 @@
-"""The op registry: Caffe2 op type -> how to lower it.
+"""The op registry: Caffe2 op type -> one record (`OpDef`) holding every facet of the op.
 
 An entry's `build(op)` reads and checks the op's arguments once, before any tracing, and returns a
 kernel: a function of the op's input arrays that returns its output arrays (one array or a tuple).
 Kernels are pure `jax.numpy` code; they may return more outputs than an op names (optional outputs
 such as Reshape's `old_shape`): the interpreter keeps as many as the op lists.
+
+The other facets of an op live in the same family module as its lowering, attached to the same record:
+its input roles (`Roles`), its shape rule, its builder gradient maker (Caffe2's REGISTER_GRADIENT), its
+codegen emitter. A family module first states which facets its ops have none of (`declare_family`), then
+registers each op (`register`) and attaches the facets it has (`facet`). A facet is a value, or an
+`Absent` saying why the op has none; `UNSTATED` (never said) is what the scoreboard test refuses.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from ..errors import BadArgumentError, UnsupportedOpError
-from ..netdef import Net, Op
+from ..errors import BadArgumentError, RegistrationError, UnsupportedOpError
+from ..ir.netdef import Net, Op
 
 Kernel = Callable[..., Any]
 Builder = Callable[..., Kernel]  # build(op), or build(op, lower) for an op that `carries_nets`
@@ -36,6 +43,51 @@ class NetFunction(Protocol):
 LowerNet = Callable[[Net], NetFunction]
 
 UNBOUNDED = 1 << 30
+
+
+@dataclass(frozen=True)
+class Absent:
+    """A facet an op has none of, and why (the scoreboard prints the reason). Falsy, like a missing value."""
+
+    why: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNSTATED = Absent("unstated")  # what a facet nobody stated holds; the scoreboard test fails on it
+
+Positions = tuple[int, ...] | slice | Callable[[Op], Iterable[int]]
+
+
+def _positions(positions: Positions, op: Op) -> list[int]:
+    if callable(positions):
+        return [p for p in positions(op) if p < len(op.inputs)]
+    if isinstance(positions, slice):
+        return list(range(len(op.inputs)))[positions]
+    return [p for p in positions if p < len(op.inputs)]
+
+
+@dataclass(frozen=True)
+class Roles:
+    """What an op reads some of its inputs as, beyond float values: sequence lengths (int32 in [0, T]) and
+    other integers (indices, values compared with a timestep). `verify`, `compare` and shape inference draw
+    or declare such blobs as integers. Positions are a tuple, a slice, or a function of the op (for roles
+    that depend on its arguments)."""
+
+    lengths: Positions = ()
+    integers: Positions = ()
+
+    def length_inputs(self, op: Op) -> list[str]:
+        return [op.inputs[p] for p in _positions(self.lengths, op)]
+
+    def integer_inputs(self, op: Op) -> list[str]:
+        return [op.inputs[p] for p in _positions(self.integers, op)]
+
+
+NO_ROLES = Roles()  # every input is a value: the explicit statement of an op without roles
+
+FACETS = ("roles", "shape_rule", "gradient", "emitter")
 
 
 @dataclass(frozen=True)
@@ -62,6 +114,11 @@ class OpDef:
     shape_only: bool = False
     shape_outputs: tuple[int, ...] = ()
     user: bool = False  # registered by `rnn2jax.register_op` or given to compile(custom_ops=)
+    module: str = ""  # the family module that holds every facet of the op
+    roles: Roles | Absent = UNSTATED
+    shape_rule: Callable[..., Any] | Absent = UNSTATED  # guesses unknown shapes for shape inference
+    gradient: Callable[..., Any] | Absent = UNSTATED  # the builder gradient maker (a GradientContext -> ops)
+    emitter: Callable[..., Any] | Absent = UNSTATED  # the op as a statement of the generated module (codegen)
 
     def reads_values_for(self, op: Op, outputs: Iterable[str]) -> bool:
         """Whether computing `outputs` of `op` reads its inputs' values (not only their shapes)."""
@@ -77,6 +134,45 @@ class OpDef:
 
 
 REGISTRY: dict[str, OpDef] = {}
+
+# module -> the facets its ops have none of unless an op states one (`declare_family`)
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {}
+
+
+def declare_family(module: str, **absent: Absent | Roles) -> None:
+    """State once, for every op `module` registers, the facets they have none of (each an `Absent` saying
+    why, or `roles=NO_ROLES`); `register` and `facet` then give the ops that do have one."""
+    unknown = set(absent) - set(FACETS)
+    if unknown:
+        raise RegistrationError(f"{module}: unknown facets {sorted(unknown)}; facets are {', '.join(FACETS)}")
+    _FAMILY_DEFAULTS[module] = dict(absent)
+
+
+def _caller_module(depth: int) -> str:
+    return sys._getframe(depth + 1).f_globals.get("__name__", "")
+
+
+def facet(name: str, *types: str, module: str | None = None) -> Callable[[Any], Any]:
+    """Attach facet `name` (the decorated value) to each of `types`, registered in the same module:
+    an op's facets live in its family module, so a facet given anywhere else is a `RegistrationError`."""
+    if name not in FACETS:
+        raise RegistrationError(f"unknown facet {name!r}; facets are {', '.join(FACETS)}")
+    where = module or _caller_module(1)
+
+    def decorate(value: Any) -> Any:
+        for op_type in types:
+            opdef = REGISTRY.get(op_type)
+            if opdef is None:
+                raise RegistrationError(f"{where}: {name} of op type '{op_type}', which is not registered")
+            if opdef.module != where:
+                raise RegistrationError(
+                    f"{where}: {name} of op type '{op_type}', which {opdef.module} registers: an op's facets "
+                    "live in its family module"
+                )
+            REGISTRY[op_type] = replace(opdef, **{name: value})
+        return value
+
+    return decorate
 
 # Ops given to one `compile(..., custom_ops=)` call: they take precedence while that net is lowered.
 _OVERLAY: ContextVar[Mapping[str, OpDef]] = ContextVar("rnn2jax_custom_ops", default=MappingProxyType({}))
@@ -114,8 +210,15 @@ def register(
     carries_nets: bool = False,
     shape_only: bool = False,
     shape_outputs: tuple[int, ...] = (),
+    **facets: Any,
 ) -> Callable[[Builder], Builder]:
-    """Register `build` for each of `types` (aliases share one builder)."""
+    """Register `build` for each of `types` (aliases share one builder), with any facets given here
+    (`roles=Roles(lengths=(1,))`, ...) over the family's declared defaults."""
+    module = _caller_module(1)
+    unknown = set(facets) - set(FACETS)
+    if unknown:
+        raise RegistrationError(f"{module}: unknown facets {sorted(unknown)}; facets are {', '.join(FACETS)}")
+    stated = {**_FAMILY_DEFAULTS.get(module, {}), **facets}
 
     def decorate(build: Builder) -> Builder:
         for op_type in types:
@@ -132,6 +235,8 @@ def register(
                 carries_nets,
                 shape_only,
                 shape_outputs,
+                module=module,
+                **stated,
             )
         return build
 

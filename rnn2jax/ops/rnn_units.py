@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .registry import register
 
 

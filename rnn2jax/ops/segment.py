@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
 from .common import TRACED_SHAPE_HINT, size_from_dim, size_to_dim
 from .registry import Kernel, register

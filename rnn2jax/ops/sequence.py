@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .common import canonical_axis
 from .registry import Kernel, register
 

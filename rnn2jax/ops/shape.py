@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
-from ..netdef import Op
+from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import TRACED_SHAPE_HINT, Dims, canonical_axis, data_type_arg, size_from_dim, size_to_dim
 from .registry import Kernel, register

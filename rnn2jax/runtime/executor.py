@@ -17,8 +17,8 @@ import jax
 import numpy as np
 
 from ..errors import InputTypeError, MissingBlobError, UnsupportedOpError
-from ..lower import LoweredNet, specialisation_key
-from ..netdef import Net, Op
+from ..ir.netdef import Net, Op
+from ..lowering.interpreter import LoweredNet, specialisation_key
 from ..ops.registry import lookup, unsupported_ops
 from .host_ops import HostOpDef, lookup_host_op
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import BadArgumentError, Rnn2JaxError
-from ..netdef import Op
+from ..ir.netdef import Op
 
 if TYPE_CHECKING:
     from .workspace import Workspace

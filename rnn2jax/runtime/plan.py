@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import PlanError
-from ..netdef import ExecutionStep, Net, Plan
+from ..ir.netdef import ExecutionStep, Net, Plan
 from .executor import Executor
 from .workspace import Workspace
 

@@ -28,13 +28,13 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from ..errors import BadArgumentError, MissingBlobError, Rnn2JaxError, StorageError
-from ..netdef import Op
+from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from ..proto.tensor import DATA_TYPES, tensor_values
+from ..storage.blobs import write_blobs
+from ..storage.db import DBAccessError, backend, db_type_info, describe, open_cursor
+from ..storage.serialization import BlobAssembler, blob_name
 from .host_ops import register_host_op
-from .storage.blobs import write_blobs
-from .storage.db import DBAccessError, backend, db_type_info, describe, open_cursor
-from .storage.serialization import BlobAssembler, blob_name
 
 if TYPE_CHECKING:
     from .workspace import Workspace

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..dtypes import in_caffe2_dtypes
 from ..errors import BadArgumentError, InputTypeError, MissingBlobError, WorkspaceError
-from ..load import load
-from ..netdef import Net, Plan
+from ..ir.dtypes import in_caffe2_dtypes
+from ..ir.loader import load
+from ..ir.netdef import Net, Plan
 from .executor import Executor, check_inputs_exist
 
 _SHOWN_BLOBS = 30

@@ -31,7 +31,7 @@ with atheris.instrument_imports(include=["rnn2jax"]):
     import rnn2jax
 
     for module in pkgutil.walk_packages(rnn2jax.__path__, "rnn2jax."):
-        if module.name not in ("rnn2jax.__main__", "rnn2jax.oracle.worker"):
+        if module.name not in ("rnn2jax.__main__", "rnn2jax.checking.oracle.worker"):
             __import__(module.name)
 
 from google.protobuf.message import DecodeError

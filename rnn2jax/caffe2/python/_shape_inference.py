@@ -14,11 +14,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from ...dtypes import in_caffe2_dtypes
 from ...errors import MissingBlobError, Rnn2JaxError, ShapeError
-from ...load import load
-from ...lower import LoweredNet
-from ...netdef import DATA_TYPES
+from ...ir.dtypes import in_caffe2_dtypes
+from ...ir.loader import load
+from ...ir.netdef import DATA_TYPES
+from ...lowering.interpreter import LoweredNet
 from ...runtime.workspace import Workspace
 
 

@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from ...errors import BadArgumentError, ShapeError
-from ...lower import LoweredNet
-from ...netdef import Op
+from ...ir.netdef import Op
+from ...lowering.interpreter import LoweredNet
 from ...ops.recurrent.spec import decode_spec
 from ...runtime.host_ops import HOST_OPS, register_host_op
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from ...runtime import predictor as _predictor
+from ...serving import predictor as _predictor
 
 
 class PredictorConsts:

@@ -17,7 +17,7 @@ def NumpyArrayToCaffe2Tensor(arr: Any, name: str | None = None) -> caffe2_pb2.Te
 
 
 def Caffe2TensorToNumpyArray(tensor: caffe2_pb2.TensorProto) -> Any:
-    from ...netdef import decode_tensor
+    from ...ir.netdef import decode_tensor
 
     return decode_tensor(tensor, f"tensor '{tensor.name}'").array.copy()
 

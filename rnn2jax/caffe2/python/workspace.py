@@ -20,10 +20,10 @@ import jax
 import numpy as np
 
 from ...errors import InputTypeError, Rnn2JaxError, WorkspaceError
-from ...netdef import DATA_TYPES
+from ...ir.netdef import DATA_TYPES
+from ...ir.wire import parse_binary
 from ...runtime.workspace import CompileCache
 from ...runtime.workspace import Workspace as _RuntimeWorkspace
-from ...wire import parse_binary
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
@@ -190,7 +190,7 @@ def FeedBlob(name: Any, arr: Any, device_option: caffe2_pb2.DeviceOption | None 
     """Put a copy of `arr` in blob `name` (a TensorProto is decoded; strings become bytes)."""
     name = StringifyBlobName(name)
     if isinstance(arr, caffe2_pb2.TensorProto):
-        from ...netdef import decode_tensor
+        from ...ir.netdef import decode_tensor
 
         with _caffe2_errors():
             arr = decode_tensor(arr, f"FeedBlob('{name}')").array

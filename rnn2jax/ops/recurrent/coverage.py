@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 
 from ...errors import UnwrittenStateError
-from ...netdef import Net, Op
+from ...ir.netdef import Net, Op
 from .spec import Link, RecurrentSpec
 
 # A symbolic T (jax.export) is checked as this many steps: larger than any offset or window that fits.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...netdef import Op
+from ...ir.netdef import Op
 
 
 def last_writer(ops: Sequence[Op], name: str, before: int) -> int | None:

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ...errors import ShapeError
-from ...netdef import Op
+from ...ir.netdef import Op
 from ..common import canonical_axis, matmul_precision, size_from_dim, size_to_dim
 from .dataflow import last_writer, readers
 

@@ -35,7 +35,7 @@ import numpy as np
 from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
-from ...netdef import Op
+from ...ir.netdef import Op
 from ..registry import LowerNet, register
 from .cell_vjp import lstm_cell_rows
 from .coverage import check_forward_rows, unwritten_fill

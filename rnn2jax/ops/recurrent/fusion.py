@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ...netdef import Net, Op
+from ...ir.netdef import Net, Op
 from ..common import matmul_precision
 from ..rnn_units import lstm_state_update
 from .dataflow import last_writer, readers

@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
-from ...netdef import Op
+from ...ir.netdef import Op
 from ..registry import LowerNet, register
 from .coverage import check_backward_reads, check_gradient_rows, unwritten_fill
 from .deferred import NOTHING_DEFERRED, find_deferred

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ...errors import BadArgumentError, ShapeError
-from ...netdef import Net, Op
+from ...ir.netdef import Net, Op
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ MetaNetDef holds a global init net (`Load` of the parameters from the DB reader 
 `!!PREDICTOR_DBREADER`), a predict-init net (zero-fills of inputs and outputs), the predict net and
 the blob lists, keyed by kind (`_<name>` appended for a named predictor). `save_to_db` writes it with
 the Save op of the current workspace and `load_from_db` reads it with CreateDB + Load, so the DB
-formats and blob encodings are rnn2jax's storage layer's (`rnn2jax.runtime.storage`); the exports are
+formats and blob encodings are rnn2jax's storage layer's (`rnn2jax.storage`); the exports are
 the ones `rnn2jax predictor ...` and `rnn2jax.load_model` read.
 """
 
@@ -15,7 +15,7 @@ from collections import namedtuple
 from typing import Any
 
 from ....errors import StorageError
-from ....runtime.predictor import parse_meta_net_def
+from ....serving.predictor import parse_meta_net_def
 from ...proto import caffe2_pb2, metanet_pb2
 from .. import core, scope, workspace
 from ..predictor_constants import predictor_constants

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....wire import parse_binary
+from ....ir.wire import parse_binary
 
 
 def serialize_protobuf_struct(protobuf_struct: Any) -> bytes:
