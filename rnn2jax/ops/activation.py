@@ -14,7 +14,15 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .elementwise import FLOATING, unary
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 # Caffe2's CPU build registers every op here, and its gradient, for float32 only ("Unsupported type of
 # tensor" / "Tensor type mismatch" otherwise). Integers are refused here too; other float types are

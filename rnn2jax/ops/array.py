@@ -22,7 +22,15 @@ from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .fill import _convert, _filler
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 _F32 = frozenset({np.dtype(np.float32)})
 _NUMERIC = frozenset(np.dtype(t) for t in (np.int32, np.int64, np.float32, np.float64))

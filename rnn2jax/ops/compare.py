@@ -11,7 +11,15 @@ import numpy as np
 
 from ..ir.netdef import Op
 from .elementwise import binary, unary
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 # caffe2/operators/elementwise_ops.cc: comparisons dispatch on bool/int32/int64/float/double and always
 # output bool; the logical ops take and give bool only (BoolTypes).

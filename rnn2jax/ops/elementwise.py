@@ -14,7 +14,15 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import broadcast_shapes, is_symbolic
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 # Caffe2's `NumericTypes` (elementwise_ops.h); the float-only ops also run on CUDA half. (Caffe2's CPU
 # build registers Abs/Exp/Log/Clip for float32 only, Scale/Sqrt for float32 and double; doubles are

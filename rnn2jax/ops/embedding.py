@@ -28,7 +28,15 @@ from jax import lax
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _F32, _F16, _U8 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint8)

@@ -19,7 +19,15 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.budget import check_array
 from ..ir.netdef import Op
 from .common import TRACED_SHAPE_HINT, Dims, data_type_arg, shape_arg
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 Shape = tuple[int, ...]
 # fill(shape, key, *inputs after the first) -> the output array

@@ -21,7 +21,15 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .conv import geometry
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 _F32 = np.dtype(np.float32)
 

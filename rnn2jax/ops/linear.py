@@ -13,7 +13,15 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.netdef import Op
 from .common import broadcast_shapes, canonical_axis, is_symbolic, matmul_precision, size_from_dim, size_to_dim
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 
 def _check_float_inputs(op: Op, arrays: Sequence[jax.Array]) -> None:

@@ -21,7 +21,15 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, first_bad, literal, runtime_checked
 from .elementwise import FLOATING, NUMERIC, _check_dtypes, _legacy_axis, _legacy_b_shape, binary, unary
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 _FLOAT_KIND = "float"
 _NUMERIC_KIND = "int32, int64, float and double"

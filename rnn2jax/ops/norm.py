@@ -15,7 +15,15 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .reduce import channel_view, require_dtype, storage_order
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 
 # C10LayerNorm_DontUseThisOpYet: Caffe2 1.x exposed the c10 LayerNorm kernel under this name too (same op)

@@ -21,7 +21,15 @@ from jax import lax
 from ..errors import ShapeError
 from ..ir.netdef import Op
 from .conv import Geometry, Window, check_float, check_image, geometry, resolve, spatial_axes
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 _MAX = ("MaxPool", "MaxPool1D", "MaxPool2D", "MaxPool3D")
 _AVERAGE = ("AveragePool", "AveragePool1D", "AveragePool2D", "AveragePool3D")

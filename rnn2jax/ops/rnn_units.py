@@ -13,7 +13,15 @@ import jax.numpy as jnp
 
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
-from .registry import register
+from .registry import NO_ROLES, Absent, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 
 def _sigmoid(x: jax.Array) -> jax.Array:

@@ -23,7 +23,15 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import literal, runtime_check, runtime_checked
 from .common import TRACED_SHAPE_HINT, canonical_axis
-from .registry import Kernel, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 # --------------------------------------------------------------------------------------------------
 # Helpers

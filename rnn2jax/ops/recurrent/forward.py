@@ -36,11 +36,19 @@ from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...ir.netdef import Op
-from ..registry import LowerNet, register
+from ..registry import NO_ROLES, Absent, LowerNet, declare_family, register
 from .cell_vjp import lstm_cell_rows
 from .coverage import check_forward_rows, unwritten_fill
 from .fusion import FusedLSTM, find_fused_lstms
 from .spec import Alias, Link, check_link_rows, decode_spec, initial_rows
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 
 @jax.tree_util.register_pytree_node_class

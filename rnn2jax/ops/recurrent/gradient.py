@@ -29,11 +29,19 @@ from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...ir.netdef import Op
-from ..registry import LowerNet, register
+from ..registry import NO_ROLES, Absent, LowerNet, declare_family, register
 from .coverage import check_backward_reads, check_gradient_rows, unwritten_fill
 from .deferred import NOTHING_DEFERRED, find_deferred
 from .forward import StateViews, rows_at
 from .spec import check_link_rows, check_timestep, decode_links, decode_spec, remapped_name
+
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("codegen does not write this op"),
+)
 
 
 @dataclass(frozen=True)
