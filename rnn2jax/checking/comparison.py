@@ -14,6 +14,7 @@ and updated parameters are among them. Floats agree within `rtol` of the blob's 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ import jax
 import numpy as np
 
 from ..compiler.compiled_net import CompiledNet, compile, run_init_net
-from ..errors import BadArgumentError, MissingBlobError
+from ..errors import Advice, BadArgumentError, MissingBlobError
 from ..ir.budget import check_array
 from ..ir.loader import load
 from ..ir.netdef import Net
@@ -141,13 +142,18 @@ def pick_net(message: pb.NetDef | pb.PlanDef, net_name: str | None, what: str = 
     """The NetDef itself, or the plan's net named `net_name`."""
     if isinstance(message, pb.NetDef):
         if net_name is not None and net_name != message.name:
-            raise BadArgumentError(f"--net {net_name}: the {what} is a NetDef ('{message.name}'), not a plan")
+            raise BadArgumentError(
+                f"no net '{net_name}' to pick: the {what} is a NetDef ('{message.name}'), not a plan"
+            )
         return message
     names = [n.name for n in message.network]
     if net_name is None:
         raise BadArgumentError(
-            f"plan '{message.name}' holds several nets; pick one with --net NAME (one of: {', '.join(names)}); "
-            "`rnn2jax run-plan` runs whole plans"
+            f"plan '{message.name}' holds several nets",
+            advice=Advice(
+                f"pick one with net_name=NAME (one of: {', '.join(names)}); Workspace.run_plan runs whole plans",
+                f"pick one with --net NAME (one of: {', '.join(names)}); `rnn2jax run-plan` runs whole plans",
+            ),
         )
     for net in message.network:
         if net.name == net_name:
@@ -217,10 +223,14 @@ def draw_inputs(
     missing = [n for n in fn.input_names if n not in given and n not in shapes]
     if missing:
         readers = "; ".join(f"'{n}' is read by {fn.first_reader[n].where}" for n in missing)
-        example = " ".join(f"--shape {n}=D0,D1,..." for n in missing)
+        shapes = ", ".join(f"{n!r}: (D0, D1, ...)" for n in missing)
+        flags = " ".join(f"--shape {n}=D0,D1,..." for n in missing)
         raise MissingBlobError(
-            f"{fn.net.where}: no value for input(s) {', '.join(missing)} ({readers}); "
-            f"give them with --input/--inputs or their shapes with {example}"
+            f"{fn.net.where}: no value for input(s) {', '.join(missing)} ({readers})",
+            advice=Advice(
+                f"give them with inputs= or their shapes with shapes={{{shapes}}}",
+                f"give them with --input/--inputs or their shapes with {flags}",
+            ),
         )
     lengths = sequence_length_blobs(fn.net)
     dims = [tuple(np.shape(given[n])) if n in given else tuple(shapes[n]) for n in fn.input_names]
@@ -265,6 +275,7 @@ def compare(
     rtol: float | None = None,
     batch: int | None = None,
     steps: int | None = None,
+    db_root: str | os.PathLike | None = None,
 ) -> ComparisonReport:
     """Run `net` in rnn2jax and in real Caffe2 on the same parameters and inputs; compare every blob it writes.
 
@@ -272,7 +283,10 @@ def compare(
     the name of another net of the same plan. `params` and `inputs` map blob names to arrays; inputs not
     given are drawn from `shapes`; with `batch` (N) and/or `steps` (T), the shapes not given are inferred
     (`rnn2jax.checking.shape_inference`). `caffe2` is a `Caffe2Oracle`, the Python 3.9 interpreter of a Caffe2 venv,
-    or None for $RNN2JAX_CAFFE2_PYTHON.
+    or None for $RNN2JAX_CAFFE2_PYTHON (else the venv `rnn2jax setup-caffe2` made at its default place).
+    Ops that read files or databases are left out of both runs, and what they write must be given; with
+    `db_root`, the init net's readers (Load) run in rnn2jax, reading their databases under it, and what they
+    load is given to Caffe2 too.
     """
     from .oracle import Caffe2Error, OracleCrashedError
 
@@ -289,12 +303,12 @@ def compare(
             init_def = pick_net(message, init_net, "plan")
         else:
             init_def = pick_net(read_message(init_net, "init net"), None, "init net")
-        init_ir = _ir_without_storage_ops(init_def)
+        init_ir = load(init_def) if db_root is not None else _ir_without_storage_ops(init_def)
         init_def, dropped = without_storage_ops(init_def)
         left_out += dropped
     ir = _ir_without_storage_ops(full)  # ops keep their index in the file, for messages
 
-    values: dict[str, Any] = dict(run_init_net(init_ir, seed)) if init_def is not None else {}
+    values: dict[str, Any] = dict(run_init_net(init_ir, seed, db_root)) if init_def is not None else {}
     values.update({k: np.asarray(v) for k, v in (params or {}).items()})
     skip = {op.outputs[-1] for op in ir.ops if op.type == "RecurrentNetwork"}  # step workspaces: not tensors
     written = [n for n in dict.fromkeys(n for op in ir.ops for n in op.outputs) if n not in skip]
@@ -312,9 +326,17 @@ def compare(
     if batch is not None or steps is not None:
         from .shape_inference import infer_shapes
 
-        given = {n: np.shape(v) for n, v in (inputs or {}).items() if n in fn.input_names}
-        found = infer_shapes(fn.net, fn.params, {**given, **shapes}, batch=batch, steps=steps, defaults=fn.defaults)
-        found.require_all("--shape")
+        given = {n: np.asarray(v) for n, v in (inputs or {}).items() if n in fn.input_names}
+        found = infer_shapes(
+            fn.net,
+            fn.params,
+            {**{n: v.shape for n, v in given.items()}, **shapes},
+            batch=batch,
+            steps=steps,
+            dtypes={n: v.dtype.name for n, v in given.items()},  # a given input keeps its dtype (int32 labels)
+            defaults=fn.defaults,
+        )
+        found.require_all()
         drawn.update(found.replaced)
         shapes = {**{n: s.shape for n, s in found.inputs.items()}, **shapes}
     # an input the init net filled keeps that value unless it is drawn, or given (--input)
