@@ -6,9 +6,45 @@ bring are large, machine-written and often years old: "KeyError: 'x'" would leav
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What to do about an error, said once for each audience that meets it: `python` in the API's words
+    (`db_root=DIR`, `shapes={...}`), `command_line` in the flags' (`--db-root DIR`, `--shape BLOB=...`).
+    The same error reaches both, so it carries both; `separator` joins the advice to the message."""
+
+    python: str
+    command_line: str
+    separator: str = "; "
+
 
 class Rnn2JaxError(Exception):
-    """Base class of every error rnn2jax raises for bad input or unsupported content."""
+    """Base class of every error rnn2jax raises for bad input or unsupported content.
+
+    An error may carry `advice`: `str(error)` ends with its Python form, `for_command_line()` (what the
+    `rnn2jax` command prints) with its command-line form."""
+
+    advice: Advice | None = None
+
+    def __init__(self, *args: object, advice: Advice | None = None):
+        super().__init__(*args)
+        if advice is not None:
+            self.advice = advice
+
+    def __str__(self) -> str:
+        return self._said("python")
+
+    def for_command_line(self) -> str:
+        """The message with the advice in flags, for the command line's error printer."""
+        return self._said("command_line")
+
+    def _said(self, audience: str) -> str:
+        text = BaseException.__str__(self)  # never KeyError's, which would repr() the message
+        if self.advice is None:
+            return text
+        return f"{text}{self.advice.separator}{getattr(self.advice, audience)}"
 
 
 class ParseError(Rnn2JaxError):
@@ -18,16 +54,13 @@ class ParseError(Rnn2JaxError):
 class UnsupportedOpError(Rnn2JaxError):
     """One or more op types have no lowering; `unsupported` lists (location, op type) pairs."""
 
-    def __init__(self, message: str, unsupported: tuple[tuple[str, str], ...] = ()):
-        super().__init__(message)
+    def __init__(self, message: str, unsupported: tuple[tuple[str, str], ...] = (), *, advice: Advice | None = None):
+        super().__init__(message, advice=advice)
         self.unsupported = unsupported
 
 
 class MissingBlobError(Rnn2JaxError, KeyError):
     """A blob is read before anything writes it, or an input the net needs was not given."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
 
 
 class BadArgumentError(Rnn2JaxError, ValueError):

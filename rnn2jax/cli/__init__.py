@@ -1,4 +1,5 @@
-"""The command line: `rnn2jax COMMAND ...` (the parser in app.py, one module per command family)."""
+"""The command line: `rnn2jax COMMAND ...` (the top-level parser and `main` in app.py, one module per
+command, the flags commands share in arguments.py)."""
 
 from .app import main
 

@@ -1,5 +1,6 @@
-"""The command line's database commands: `inspect DB` (blobs with shapes and dtypes) and `convert-params DB
--o params.npz` (or `-o DIR`, an Orbax checkpoint). Apart from commands.py so that they start without importing JAX."""
+"""Caffe2 DBs on the command line: what `inspect DB` shows (blobs with shapes and dtypes), the DB type a
+path's content says (`--db-type` unless given), and what `convert-params DB -o params.npz` (or `-o DIR`, an
+Orbax checkpoint) writes. Nothing here imports JAX, so `inspect` of a DB starts quickly."""
 
 from __future__ import annotations
 

@@ -9,16 +9,18 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from importlib import resources
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from ..compiler.compiled_net import compile
+from . import arguments
 
 LM_HIDDEN, LM_BATCH, LM_SEQ_LEN, LM_STEPS, LM_LEARNING_RATE, LM_CLIP = 64, 16, 25, 400, 2.0, 5.0
+
+
+def add_command(commands: argparse._SubParsersAction) -> None:
+    parser = arguments.command(commands, "demo", help="compile and run the bundled examples, each checked")
+    parser.set_defaults(handler=lambda args: run_demo())
 
 
 def _example(name: str) -> bytes:
@@ -31,6 +33,10 @@ def _status(ok: bool) -> str:
 
 def run_mlp_demo() -> bool:
     """The bundled MLP: compile, run, and compare with the same maths in NumPy."""
+    import numpy as np
+
+    from ..compiler.compiled_net import compile
+
     predict, init = _example("mlp_predict_net.pbtxt"), _example("mlp_init_net.pbtxt")
     fn = compile(predict, init_net=init)
     print(f"compiled {fn!r}")
@@ -53,10 +59,10 @@ def run_mlp_demo() -> bool:
 
 def _char_lm(vocab: int, hidden: int):
     """The language model's nets: (predict net, training net, init net, param -> gradient blob)."""
-    from ..caffe2.gradients import get_backward_pass
     from ..caffe2.python import brew
     from ..caffe2.python.model_helper import ModelHelper
     from ..caffe2.python.rnn_cell import LSTM
+    from ..ops.backward_pass import get_backward_pass
     from ..proto import caffe2_pb2 as pb
 
     model = ModelHelper(name="char_rnn")
@@ -80,6 +86,12 @@ def _char_lm(vocab: int, hidden: int):
 
 def run_lm_demo() -> bool:
     """Train the character LSTM on the bundled text; True when every check passed."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ..compiler.compiled_net import compile
+
     text = _example("char_lstm_text.txt").decode()
     chars = sorted(set(text))
     vocab, data = len(chars), np.array([chars.index(c) for c in text], np.int32)
@@ -154,6 +166,9 @@ def _forward_loss(train_net, predict_net):
 
 def _sample(predict, outputs: list[str], params: dict, chars: list[str], seed_text: str, length: int) -> str:
     """Greedy decoding one character at a time (T = 1, N = 1), carrying the LSTM state."""
+    import jax
+    import numpy as np
+
     run = jax.jit(predict.apply)
     eye = np.eye(len(chars), dtype=np.float32)
     h = c = np.zeros((1, 1, LM_HIDDEN), np.float32)

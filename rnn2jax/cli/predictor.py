@@ -1,6 +1,5 @@
-"""The command line's side of predictor exports: `run`/`export`/`verify` take an export where they take a
-net file, and `inspect DB` lists an export's nets, inputs and outputs. Apart from commands.py so that
-`inspect` starts without importing JAX."""
+"""The command line's side of predictor exports: `run`, `export`, `codegen`, `verify` and `compare` take an
+export where they take a net file, and `inspect DB` lists an export's nets, inputs and outputs."""
 
 from __future__ import annotations
 
@@ -48,9 +47,10 @@ def load_export(path: str, db_type: str, init: str | None, params: str | None, s
         return load_model(path, db_type, params=extra, seed=seed)
 
 
-def verify_sources(path: str, init: str | None, db_type: str | None) -> tuple[Any, str | None, dict | None]:
-    """What `rnn2jax verify` checks: (net, init net, params). For a predictor export, its predict net as
-    a NetDef message (so --caffe2 can send it on) and the parameters its init nets load."""
+def model_sources(path: str, init: str | None, db_type: str | None) -> tuple[Any, str | None, dict | None]:
+    """What `rnn2jax verify` and `compare` check: (net, init net, params). For a predictor export, its predict
+    net as a NetDef message (so real Caffe2 can be sent it) and the parameters its init nets load; else NET
+    and `--init` as given, and no parameters."""
     kind = export_db_type(path, db_type)
     if kind is None:
         return path, init, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..ir.netdef import Net, Op, Plan
-from ..ops.registry import find, unsupported_ops
+from ..ops.registry import kind, unsupported_ops
 
 RECURRENT_OPS = ("RecurrentNetwork", "RecurrentNetworkGradient")
 
@@ -48,10 +48,13 @@ def describe_net(net: Net, indent: str = "") -> str:
     lines.append(f"  recurrent ops ({len(recurrent)}):" if recurrent else "  recurrent ops: none")
     for op in recurrent:
         lines.extend(_recurrent_lines(op))
-    user = Counter(op.type for op in net.walk() if (opdef := find(op.type)) is not None and opdef.user)
+    user = Counter(op.type for op in net.walk() if kind(op.type) == "user")
     if user:
         lines.append("  user ops: " + ", ".join(f"{t} x{n}" for t, n in sorted(user.items())))
-    missing = unsupported_ops([net])
+    host = Counter(op.type for op in net.ops if kind(op.type) == "host")  # run between jitted segments
+    if host:
+        lines.append("  host ops: " + ", ".join(f"{t} x{n}" for t, n in sorted(host.items())))
+    missing = unsupported_ops([net], host_ops=True)
     if missing:
         by_type = Counter(t for _, t in missing)
         lines.append(f"  unsupported: {len(missing)} ops of {len(by_type)} types")
