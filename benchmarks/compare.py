@@ -6,7 +6,7 @@
 What is compared, per model (benchmarks/models.py) and size T,N,H (input size D = H):
 
 - rnn2jax: the NetDef Caffe2's front end builds (`rnn_cell.LSTM`, `gru_cell.GRU`, a 2-layer `rnn_cell.LSTM`
-  (MultiRNNCell), `attention.LSTMWithAttention`), compiled by `rnn2jax.compile` and run as `jax.jit(apply)`.
+  (MultiRNNCell), `rnn_cell.LSTMWithAttention`), compiled by `rnn2jax.compile` and run as `jax.jit(apply)`.
   Modes: `forward` (the forward-only net, as served); `train_bsn` (the training net: forward, the loss
   `SumElements(Mul(output, cotangent))` and `get_backward_pass`'s ops, i.e. RecurrentNetworkGradient running
   the backward step net, compiled with the parameter and input gradients as outputs); `train_jaxgrad`

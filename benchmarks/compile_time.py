@@ -47,10 +47,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import rnn2jax  # noqa: E402
-from rnn2jax.caffe2.gradients import get_backward_pass  # noqa: E402
 from rnn2jax.caffe2.python import rnn_cell  # noqa: E402
-from rnn2jax.caffe2.python.attention import AttentionCell, AttentionType  # noqa: E402
+from rnn2jax.caffe2.python.attention import AttentionType  # noqa: E402
 from rnn2jax.caffe2.python.model_helper import ModelHelper  # noqa: E402
+from rnn2jax.caffe2.python.rnn_cell import AttentionCell  # noqa: E402
+from rnn2jax.ops.backward_pass import get_backward_pass  # noqa: E402
 from rnn2jax.proto import caffe2_pb2 as pb  # noqa: E402
 
 LIMIT_S = 5.0  # the compile-time target per net

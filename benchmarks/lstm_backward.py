@@ -33,9 +33,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import rnn2jax  # noqa: E402
-from rnn2jax.caffe2.gradients import get_backward_pass  # noqa: E402
 from rnn2jax.caffe2.python.model_helper import ModelHelper  # noqa: E402
 from rnn2jax.caffe2.python.rnn_cell import LSTM  # noqa: E402
+from rnn2jax.ops.backward_pass import get_backward_pass  # noqa: E402
 from rnn2jax.proto import caffe2_pb2 as pb  # noqa: E402
 
 WEIGHTS = ("lstm/i2h_w", "lstm/i2h_b", "lstm/gates_t_w", "lstm/gates_t_b")

@@ -25,7 +25,7 @@ Maths differences that decide what is compared (see also compare.py's docstring)
   These are different functions. Caffe2's `linear_before_reset=True` (its cuDNN-compatible variant) is exactly
   PyTorch's maths with the same gate order (r, u/z, o/n), so model `gru` uses it and is checked against
   `nn.GRU`; model `gru_reset_first` is Caffe2's default GRU, compared with hand-written JAX and real Caffe2 only.
-- LSTM with attention (`attention.LSTMWithAttention`, regular Bahdanau attention over an encoder output of
+- LSTM with attention (`rnn_cell.LSTMWithAttention`, regular Bahdanau attention over an encoder output of
   length T and size H): PyTorch has no built-in, so it is compared with hand-written JAX and real Caffe2 only.
 - PyTorch runs without a length mask (every sequence is full length here, so the mask is the identity).
 """
@@ -40,9 +40,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.python import attention, gru_cell, rnn_cell
 from rnn2jax.caffe2.python.model_helper import ModelHelper
+from rnn2jax.ops.backward_pass import get_backward_pass
 from rnn2jax.proto import caffe2_pb2 as pb
 
 Arrays = dict[str, Any]
@@ -325,7 +325,7 @@ def _attention_model() -> Model:
     scope = "att"
 
     def build(model: ModelHelper, hidden: int, forward_only: bool) -> str:
-        attention.LSTMWithAttention(
+        rnn_cell.LSTMWithAttention(
             model,
             "x",
             "seq_lengths",
@@ -387,7 +387,7 @@ def _attention_model() -> Model:
 
     return Model(
         name="attention",
-        description="attention.LSTMWithAttention, regular attention, encoder length T (no PyTorch built-in)",
+        description="rnn_cell.LSTMWithAttention, regular attention, encoder length T (no PyTorch built-in)",
         build=build,
         inputs=inputs,
         grad_inputs=("x", "enc"),

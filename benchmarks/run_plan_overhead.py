@@ -18,9 +18,9 @@ import jax
 import numpy as np
 
 import rnn2jax
-from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.lowering.interpreter import lower
+from rnn2jax.ops.backward_pass import get_backward_pass
 from rnn2jax.proto import caffe2_pb2 as pb
 
 PARAMS = ("W1", "b1", "W2", "b2")

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 import rnn2jax
-from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.python import brew
-from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.attention import AttentionType
 from rnn2jax.caffe2.python.core import BlobReference
 from rnn2jax.caffe2.python.model_helper import ModelHelper
-from rnn2jax.caffe2.python.rnn_cell import LSTM
+from rnn2jax.caffe2.python.rnn_cell import LSTM, LSTMWithAttention
 from rnn2jax.caffe2.python.scope import NameScope as name_scope
+from rnn2jax.ops.backward_pass import get_backward_pass
 from rnn2jax.proto import caffe2_pb2 as pb
 
 PAD, GO, EOS = 0, 1, 2  # seq2seq_util's special token ids; the other ids are "words"

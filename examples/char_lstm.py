@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import rnn2jax
-from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.python import brew
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
+from rnn2jax.ops.backward_pass import get_backward_pass
 from rnn2jax.proto import caffe2_pb2 as pb
 
 TEXT = """\

@@ -14,10 +14,10 @@ import argparse
 import sys
 
 import rnn2jax
-from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.python.gru_cell import GRU
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM
+from rnn2jax.ops.backward_pass import get_backward_pass
 from rnn2jax.proto import caffe2_pb2 as pb
 
 CELLS = {"lstm": LSTM, "milstm": MILSTM, "gru": GRU}

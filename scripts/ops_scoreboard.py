@@ -109,7 +109,7 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
     lines += [
         "",
         "Columns: **lowered**: rnn2jax compiles it; **Caffe2 gradient**: what Caffe2's gradient registry "
-        "says; **builder maker**: `rnn2jax.caffe2.grad_makers.get_gradient_for_op` knows it; **differential test**: "
+        "says; **builder maker**: `rnn2jax.ops.gradient_makers.get_gradient_for_op` knows it; **differential test**: "
         "`fwd` (outputs compared with real Caffe2), `grad` (its gradient ops too), `via X` (checked as the "
         "gradient op of X).",
         "",
@@ -136,16 +136,16 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
 
 
 def generate(python: str | Path) -> str:
-    from rnn2jax.caffe2.grad_makers import _MAKERS
     from rnn2jax.checking.oracle import Caffe2Oracle
-    from rnn2jax.ops.registry import REGISTRY, supported
+    from rnn2jax.ops.gradient_makers import gradient_maker_types
+    from rnn2jax.ops.registry import lowered_types, supported
 
     supported("FC")  # loads every op family
     with Caffe2Oracle(python) as oracle:
         catalog = oracle.catalog()
         kinds = oracle.gradient_kinds()
     tested = differential_cases()  # first: importing the tests registers makers too (the Python op's), as in pytest
-    return render(catalog, kinds, set(REGISTRY), set(_MAKERS), tested)
+    return render(catalog, kinds, set(lowered_types()), gradient_maker_types(), tested)
 
 
 def main() -> None:

@@ -23,12 +23,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import rnn2jax
-from rnn2jax.caffe2.grad_makers import GradientError, get_gradient_for_op, has_gradient_maker
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.checking.oracle import Caffe2Error, Caffe2Oracle
 from rnn2jax.errors import Rnn2JaxError
 from rnn2jax.ir.loader import load
 from rnn2jax.lowering.interpreter import lower
+from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op, has_gradient_maker
 from rnn2jax.proto import caffe2_pb2 as pb
 
 FLOAT32_RTOL = 1e-5

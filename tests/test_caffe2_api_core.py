@@ -22,9 +22,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rnn2jax.caffe2 import grad_makers
 from rnn2jax.caffe2.proto import caffe2_pb2
 from rnn2jax.caffe2.python import core, workspace
+from rnn2jax.ops import gradient_makers
 
 ROOT = Path(__file__).resolve().parents[1]
 _PRELUDE = """import numpy as np
@@ -342,14 +342,14 @@ R = {"ops": [str(op) for op in net.Proto().op], "x_grad": workspace.FetchBlob("x
 
 @pytest.fixture
 def restore_gradient_registry():
-    saved = {t: grad_makers._MAKERS.get(t) for t in ("Floor", "Relu")}
+    saved = {t: gradient_makers._OVERRIDES.get(t) for t in ("Floor", "Relu")}
     saved_python = dict(core.GradientRegistry.gradient_registry_)
     yield
     for op_type, maker in saved.items():
         if maker is None:
-            grad_makers._MAKERS.pop(op_type, None)
+            gradient_makers._OVERRIDES.pop(op_type, None)
         else:
-            grad_makers._MAKERS[op_type] = maker
+            gradient_makers._OVERRIDES[op_type] = maker
     core.GradientRegistry.gradient_registry_.clear()
     core.GradientRegistry.gradient_registry_.update(saved_python)
 

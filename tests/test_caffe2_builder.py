@@ -20,13 +20,13 @@ from google.protobuf import text_format
 
 import rnn2jax
 from helpers import REALNETS
-from rnn2jax.caffe2.gradients import version_checks
-from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.attention import AttentionType
 from rnn2jax.caffe2.python.core import BlobReference, reset_net_names
 from rnn2jax.caffe2.python.gru_cell import GRU
 from rnn2jax.caffe2.python.model_helper import ModelHelper
-from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM, BasicRNN, LayerNormLSTM, LayerNormMILSTM
+from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM, BasicRNN, LayerNormLSTM, LayerNormMILSTM, LSTMWithAttention
 from rnn2jax.caffe2.python.scope import NameScope as name_scope
+from rnn2jax.ops.backward_pass import version_checks
 from rnn2jax.proto import caffe2_pb2 as pb
 
 SEMANTICS = Path(__file__).resolve().parents[2] / "shared" / "caffe2" / "SEMANTICS.md"
@@ -539,7 +539,7 @@ def test_backward_pass_matches_the_breadbread_training_net():
     types = [op.type for op in train.op]
     forward = train.op[types.index("FC") : types.index("AveragedLoss") + 1]
     real = train.op[types.index("AveragedLossGradient") : types.index("AtomicIter")]
-    grad_ops, mapping = rnn2jax.caffe2.gradients.get_backward_pass(forward, {"loss": "loss_grad"})
+    grad_ops, mapping = rnn2jax.ops.backward_pass.get_backward_pass(forward, {"loss": "loss_grad"})
     key = lambda op: (*_op_key(op), op.is_gradient_op)  # noqa: E731
     assert [key(op) for op in grad_ops] == [key(op) for op in real]
     assert mapping["hidden_init"] == "hidden_init_grad" and mapping["LSTM/i2h_w"] == "LSTM/i2h_w_grad"

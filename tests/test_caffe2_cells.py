@@ -29,9 +29,7 @@ from hypothesis import strategies as st
 
 import rnn2jax
 from differential import Case, assert_blobs_equal, assert_same_ops, cases, check_op, run_rnn2jax
-from rnn2jax.caffe2.grad_makers import get_gradient_for_op
-from rnn2jax.caffe2.gradients import get_backward_pass
-from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.attention import AttentionType
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.gru_cell import GRU
 from rnn2jax.caffe2.python.model_helper import ModelHelper
@@ -43,10 +41,13 @@ from rnn2jax.caffe2.python.rnn_cell import (
     LayerNormLSTM,
     LayerNormMILSTM,
     LSTMCell,
+    LSTMWithAttention,
     MultiRNNCell,
 )
 from rnn2jax.checking.oracle import Caffe2Error, Caffe2Oracle
 from rnn2jax.errors import ShapeError, UnwrittenStateError
+from rnn2jax.ops.backward_pass import get_backward_pass
+from rnn2jax.ops.gradient_makers import get_gradient_for_op
 from rnn2jax.proto import caffe2_pb2 as pb
 
 FORMS = ("1-D", "2-D", "3-D")

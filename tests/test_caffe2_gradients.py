@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rnn2jax.caffe2.grad_makers import GradientError, get_gradient_for_op
-from rnn2jax.caffe2.gradients import get_backward_pass, get_ssa, get_undefined_blobs, version_checks
 from rnn2jax.caffe2.opdef import create_operator
+from rnn2jax.ops.backward_pass import get_backward_pass, get_ssa, get_undefined_blobs, version_checks
+from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 from rnn2jax.proto import caffe2_pb2 as pb
 
 

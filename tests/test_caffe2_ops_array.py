@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from differential import Case, arrays, assert_same_ops, cases, invalid, make_op, run_case, run_rnn2jax, shapes
-from rnn2jax.caffe2.grad_makers import GradientError, get_gradient_for_op
 from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import BadArgumentError, ShapeError
+from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 from rnn2jax.proto import caffe2_pb2 as pb
 
 DT = pb.TensorProto

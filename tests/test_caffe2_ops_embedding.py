@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from differential import Case, arrays, cases, check_op, invalid, make_op, run_case, run_rnn2jax
-from rnn2jax.caffe2.grad_makers import get_gradient_for_op
 from rnn2jax.errors import BadArgumentError
 from rnn2jax.ops.embedding import _FROM_FUSED, _LOOKUPS, _TO_FUSED
+from rnn2jax.ops.gradient_makers import get_gradient_for_op
 
 
 def floats(data, shape, dtype=np.float32, low=-1.0, high=1.0):

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from differential import Case, arrays, assert_same_ops, cases, check_op, dims, invalid, run_case, run_rnn2jax
-from rnn2jax.caffe2.grad_makers import get_gradient_for_op
 from rnn2jax.caffe2.opdef import create_operator
+from rnn2jax.ops.gradient_makers import get_gradient_for_op
 
 # Caffe2 refuses doubles here; rnn2jax accepts them on purpose (its float64 verification mode,
 # rnn2jax/checking/verification.py), so they are not drawn: ints stand for the dtypes both refuse.

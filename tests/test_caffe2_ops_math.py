@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from test_caffe2_ops_elementwise import broadcast_shapes, legacy_shapes
 
 from differential import Case, arrays, cases, check_gradient, dims, invalid, run_case, shapes
-from rnn2jax.caffe2.grad_makers import GradientError, get_gradient_for_op
 from rnn2jax.caffe2.opdef import create_operator
 from rnn2jax.checking.oracle import Caffe2Error
+from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 
 FLOAT32 = (np.float32,)
 FLOATS = (np.float32, np.float64)

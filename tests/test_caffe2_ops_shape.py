@@ -19,9 +19,9 @@ from differential import (
     run_rnn2jax,
     shapes,
 )
-from rnn2jax.caffe2.grad_makers import GradientError, get_gradient_for_op
 from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import BadArgumentError, Rnn2JaxError
+from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 from rnn2jax.proto import caffe2_pb2 as pb
 
 DT = pb.TensorProto

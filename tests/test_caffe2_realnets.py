@@ -16,9 +16,9 @@ import pytest
 import rnn2jax
 from differential import assert_blob_equal, assert_same_ops, run_rnn2jax
 from helpers import REALNETS
-from rnn2jax.caffe2.grad_makers import get_gradient_for_op, has_gradient_maker
 from rnn2jax.ir.netdef import Net
 from rnn2jax.ir.wire import parse_message
+from rnn2jax.ops.gradient_makers import get_gradient_for_op, has_gradient_maker
 from rnn2jax.proto import caffe2_pb2 as pb
 
 PREDICT = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"

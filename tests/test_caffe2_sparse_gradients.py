@@ -12,9 +12,9 @@ import pytest
 
 import rnn2jax
 from differential import assert_blobs_equal, assert_same_ops, run_rnn2jax
-from rnn2jax.caffe2.grad_makers import GradientError
-from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.opdef import create_net, create_operator
+from rnn2jax.ops.backward_pass import get_backward_pass
+from rnn2jax.ops.gradient_makers import GradientError
 
 op = create_operator
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import rnn2jax
-from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.attention import AttentionType
 from rnn2jax.caffe2.python.gru_cell import GRU
 from rnn2jax.caffe2.python.model_helper import ModelHelper
-from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM, BasicRNN, LayerNormLSTM, LayerNormMILSTM
+from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM, BasicRNN, LayerNormLSTM, LayerNormMILSTM, LSTMWithAttention
 
 T, N, D, H = 4, 3, 3, 4
 

@@ -300,8 +300,10 @@ def test_wrong_lengths_fall_back_to_the_plain_error():
         "c0": jnp.zeros((1, 3, 2), jnp.float32),
         "seq_lengths": jnp.ones((4,), jnp.int32),
     }
-    with pytest.raises(ShapeError, match="seq_lengths"):
+    with pytest.raises(ShapeError, match="seq_lengths") as caught:
         fn.apply(params, inputs)
+    message = str(caught.value)  # where, once: "<the LSTMUnit> (fused with op #0 FC): seq_lengths ..."
+    assert message.count("op #2 (LSTMUnit)") == 1 and "(fused with op #0 FC): seq_lengths 'seq_lengths'" in message
 
 
 def _cell_dot_precisions(loss, params, data):

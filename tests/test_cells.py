@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import reference as ref
 import rnn2jax
-from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.attention import AttentionType
 from rnn2jax.caffe2.python.gru_cell import GRU
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import (
@@ -28,6 +28,7 @@ from rnn2jax.caffe2.python.rnn_cell import (
     LayerNormLSTM,
     LayerNormMILSTM,
     LSTMCell,
+    LSTMWithAttention,
     MultiRNNCell,
 )
 

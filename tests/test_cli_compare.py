@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from helpers import BREADBREAD_WEIGHTS, REALNETS
-from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.python import brew
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.cli import main
+from rnn2jax.ops.backward_pass import get_backward_pass
 from rnn2jax.ops.registry import REGISTRY, lookup
 from rnn2jax.proto import caffe2_pb2 as pb
 
@@ -174,6 +174,7 @@ def test_compare_bad_input_is_exit_2(args, message, python, capsys):
 
 def test_compare_without_caffe2_says_how_to_get_it(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("RNN2JAX_CAFFE2_PYTHON", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # no venv at setup-caffe2's default place
     assert main(["compare", str(tmp_path / "net.pb")]) == 2
     err = capsys.readouterr().err
     assert "rnn2jax setup-caffe2" in err and "--caffe2" in err and err.count("\n") == 1

@@ -30,8 +30,10 @@ from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.cli import main
 from rnn2jax.errors import BadArgumentError, UnsupportedOpError
+from rnn2jax.ops.emit import HELPERS
 from rnn2jax.runtime.params import load_params, save_params
 from rnn2jax.serving.codegen import generate, write_module
+from rnn2jax.serving.codegen.helpers import MODULES, helper_source, with_dependencies
 from test_caffe2_cells import CELLS, random_params
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -322,3 +324,15 @@ def test_training_dropout_and_bad_output_path(tmp_path):
     assert main(["codegen", str(tmp_path / "ok.pb"), "-o", str(tmp_path / "model.py")]) == 0
     assert "y = jnp.maximum(x, jnp.zeros((), x.dtype))" in (tmp_path / "model.py").read_text()
     assert load_params(tmp_path / "model.npz") == {}
+
+
+def test_every_helper_defines_with_only_the_generated_modules_imports():
+    """A generated module carries the lowering's own functions by source: each `@codegen_helper`, with the
+    helpers it calls, must define (annotations and defaults evaluated) among jax, jnp, lax, np and math alone,
+    including the helpers no test net uses."""
+    assert {"fully_connected", "lstm_unit_step", "normalize_rows", "initial_row"} <= set(HELPERS)
+    for name in HELPERS:
+        namespace = dict(MODULES)
+        for needed in with_dependencies([name]):
+            exec(compile(helper_source(needed), needed, "exec"), namespace)
+        assert namespace[name].__name__ == name

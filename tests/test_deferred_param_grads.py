@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rnn2jax
-from rnn2jax.caffe2.gradients import get_backward_pass
-from rnn2jax.caffe2.python.attention import AttentionType, LSTMWithAttention
+from rnn2jax.caffe2.python.attention import AttentionType
 from rnn2jax.caffe2.python.gru_cell import GRU
 from rnn2jax.caffe2.python.model_helper import ModelHelper
-from rnn2jax.caffe2.python.rnn_cell import LSTM
+from rnn2jax.caffe2.python.rnn_cell import LSTM, LSTMWithAttention
+from rnn2jax.ops.backward_pass import get_backward_pass
 from rnn2jax.ops.recurrent import gradient
 from rnn2jax.ops.recurrent.deferred import NOTHING_DEFERRED
 from rnn2jax.proto import caffe2_pb2 as pb

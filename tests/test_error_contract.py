@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import rnn2jax
-from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
@@ -25,6 +24,7 @@ from rnn2jax.errors import (
     ShapeError,
     UnwrittenStateError,
 )
+from rnn2jax.ops.backward_pass import get_backward_pass
 from rnn2jax.proto import caffe2_pb2 as pb
 
 T, N, D, H = 2, 2, 2, 3

@@ -7,10 +7,10 @@ import pytest
 
 import rnn2jax
 from rnn2jax.caffe2.python.attention import AttentionType
-from rnn2jax.caffe2.python.attention import LSTMWithAttention as Attention
 from rnn2jax.caffe2.python.gru_cell import GRU
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM, MILSTM, BasicRNN, LayerNormLSTM, LayerNormMILSTM
+from rnn2jax.caffe2.python.rnn_cell import LSTMWithAttention as Attention
 from rnn2jax.ops import supported
 
 BUILDERS = {

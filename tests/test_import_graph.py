@@ -31,11 +31,18 @@ LAYERS = (
 )
 ENTRY_POINTS = {"rnn2jax", "rnn2jax.__main__"}  # the package's front door (lazy API) and `python -m rnn2jax`
 DATA_PACKAGES = {"rnn2jax.examples"}  # bundled example nets: data, no imports
-# Caffe2's own Python modules import each other in circles (core <-> workspace, ...); rnn2jax's copies of
-# them may mirror those imports, and nothing else may.
-MIRRORS_CAFFE2 = "rnn2jax.caffe2.python"
-# What op families may build on: the IR, the errors, the wire schema, and each other.
+# Caffe2's own Python modules import each other in circles; rnn2jax's copies of them may mirror exactly
+# those imports (both ways, as real Caffe2 of torch 1.10.2 makes them), and no other import may close a circle.
+MIRRORED_CIRCLES = (
+    # core.py: `from caffe2.python import scope, utils, workspace`; workspace.py's RunPlan and
+    # RunPlanInBackground: `import caffe2.python.core as core` ("refactor core.py/workspace.py to avoid
+    # circular deps", says its TODO)
+    frozenset({"rnn2jax.caffe2.python.core", "rnn2jax.caffe2.python.workspace"}),
+)
+# What op families may build on: the IR, the errors, the wire schema, and each other; the database host ops
+# (Load, Save, ...) also read and write Caffe2's databases.
 OPS_MAY_IMPORT = ("rnn2jax.ops", "rnn2jax.errors", "rnn2jax.ir", "rnn2jax.proto")
+OPS_ALSO_MAY_IMPORT = {"rnn2jax.ops.storage": ("rnn2jax.storage",)}
 
 
 def _module_name(path: Path) -> str:
@@ -155,15 +162,27 @@ def test_only_the_entry_points_import_the_command_line():
     assert not outside, f"modules outside cli/ that import it: {outside}"
 
 
+def _without_mirrored_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`graph` less the imports that mirror real Caffe2's circles (`MIRRORED_CIRCLES`)."""
+    return {
+        name: {t for t in targets if frozenset({name, t}) not in MIRRORED_CIRCLES} for name, targets in graph.items()
+    }
+
+
 def test_no_circle_is_left():
-    circles = [c for c in _circles(_graph()) if not all(m.startswith(MIRRORS_CAFFE2 + ".") for m in c)]
+    graph = _graph()
+    for pair in MIRRORED_CIRCLES:  # each exemption is still needed: both imports exist
+        first, second = sorted(pair)
+        assert second in graph[first] and first in graph[second], f"{first} <-> {second} is no circle now"
+    circles = _circles(_without_mirrored_imports(graph))
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 
 def test_no_op_family_imports_anything_but_the_ir():
     graph = _graph()
     for name in sorted(n for n in graph if n.startswith("rnn2jax.ops")):
-        outside = sorted(m for m in graph[name] if not m.startswith(OPS_MAY_IMPORT))
+        allowed = OPS_MAY_IMPORT + OPS_ALSO_MAY_IMPORT.get(name, ())
+        outside = sorted(m for m in graph[name] if not m.startswith(allowed))
         assert not outside, f"{name} imports {outside}, outside what op families build on"
 
 

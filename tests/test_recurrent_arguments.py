@@ -31,7 +31,6 @@ import numpy as np
 import pytest
 
 from differential import assert_blobs_equal, run_rnn2jax
-from rnn2jax.caffe2.grad_makers import get_gradient_for_op
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
@@ -44,6 +43,7 @@ from rnn2jax.errors import (
     ShapeError,
     UnwrittenStateError,
 )
+from rnn2jax.ops.gradient_makers import get_gradient_for_op
 from rnn2jax.proto import caffe2_pb2 as pb
 
 T, N, D, H = 2, 2, 2, 3

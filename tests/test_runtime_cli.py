@@ -13,7 +13,7 @@ from runtime_helpers import net, op, plan, step
 
 import rnn2jax
 from rnn2jax.cli import main
-from rnn2jax.runtime import executor, host_ops
+from rnn2jax.ops import registry
 from rnn2jax.runtime.plan import PlanInterrupted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,15 +64,14 @@ def test_run_plan_refuses_a_net_and_a_bad_plan(tmp_path, capsys):
 @pytest.fixture
 def interrupting_host_op(monkeypatch):
     """A host op that raises KeyboardInterrupt on its 4th run, as Ctrl-C would inside it."""
-    monkeypatch.setattr(host_ops, "HOST_OPS", dict(host_ops.HOST_OPS))
-    monkeypatch.setattr(executor, "lookup_host_op", host_ops.HOST_OPS.get)
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))  # the test's op goes with the copy
 
     def interrupt(workspace, op, state):
         state["runs"] = state.get("runs", 0) + 1
         if state["runs"] == 4:
             raise KeyboardInterrupt
 
-    host_ops.register_host_op("InterruptOnFourth", interrupt)
+    registry.register_host_op("InterruptOnFourth", interrupt)
 
 
 def test_keyboard_interrupt_in_a_host_op_says_where_the_plan_stopped(interrupting_host_op, tmp_path, capsys):
@@ -107,3 +106,24 @@ def test_ctrl_c_stops_run_plan_between_iterations(tmp_path):
     logged = [line for line in out.splitlines() if line.startswith("c: ")]
     assert logged == [f"c: {stopped_at}"]  # stopped between iterations: c counts the finished ones
     assert stopped_at >= 2001
+
+
+def test_inspect_counts_host_ops_as_supported_at_the_top_level_only(tmp_path, capsys):
+    """`run` and `run-plan` execute host ops between jitted segments, so `inspect` lists them as host ops;
+    inside a step net (traced) a host op is unsupported, as running the net would say."""
+    inner = net("inner", op("Print", ["x"], []))
+    top = net(
+        "saveload",
+        op("Save", ["x"], [], db="w.minidb", db_type="minidb"),
+        op("Load", [], ["w"], db="w.minidb", db_type="minidb"),
+        op("Print", ["w"], []),
+        op("If", ["c"], [], then_net=inner),
+    )
+    path = tmp_path / "net.pbtxt"
+    path.write_text(text_format.MessageToString(top))
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "  host ops: Load x1, Print x1, Save x1\n" in out
+    unsupported = out.split("unsupported:")[1]
+    assert "If x1" in unsupported and "Print x1: net 'inner'" in unsupported and "Save" not in unsupported
+    assert registry.kind("Save") == "host" and registry.kind("Relu") == "lowered" and registry.kind("Nope") is None

@@ -10,7 +10,7 @@ from runtime_helpers import net, op
 import rnn2jax
 from differential import assert_blobs_equal
 from rnn2jax.errors import InputTypeError, MissingBlobError, ShapeError, UnsupportedOpError, WorkspaceError
-from rnn2jax.runtime import executor, host_ops
+from rnn2jax.ops import registry
 from rnn2jax.runtime.executor import HostStep, PureSegment
 from rnn2jax.runtime.workspace import CompileCache
 
@@ -182,8 +182,7 @@ def test_unsupported_ops_are_all_listed_and_host_ops_are_not():
 
 
 def test_a_host_op_is_registered_in_one_line_and_reads_and_writes_blobs(monkeypatch):
-    monkeypatch.setattr(host_ops, "HOST_OPS", dict(host_ops.HOST_OPS))
-    monkeypatch.setattr(executor, "lookup_host_op", host_ops.HOST_OPS.get)
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))  # the test's op goes with the copy
     seen = []
 
     def double_on_host(workspace, op, state):
@@ -191,7 +190,8 @@ def test_a_host_op_is_registered_in_one_line_and_reads_and_writes_blobs(monkeypa
         seen.append((workspace.db_root, state["runs"]))
         workspace.put(op.outputs[0], np.asarray(workspace.get(op.inputs[0], op)) * 2)
 
-    host_ops.register_host_op("DoubleOnHost", double_on_host)
+    registry.register_host_op("DoubleOnHost", double_on_host)
+    assert registry.kind("DoubleOnHost") == "host"
     workspace = rnn2jax.Workspace(db_root="/data/dbs")
     workspace.feed("x", np.array([1.0, 3.0], np.float32))
     workspace.create_net(net("n", op("DoubleOnHost", ["x"], ["y"]), op("Add", ["y", "x"], ["z"])))

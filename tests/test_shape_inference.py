@@ -87,12 +87,15 @@ def test_breadbread_symbolic_dims_stay_names():
 
 @needs_realnets
 def test_missing_shapes_name_the_blob_its_reader_and_the_flag():
+    """The advice in Python's words (steps=, a shapes dict) from the API, in flags where the CLI prints it."""
     with pytest.raises(ShapeError) as caught:
         infer_input_specs(PREDICT, PARAMS, {}, batch=4, flag="--input-shape")
     message = str(caught.value)
     assert message.startswith("net 'lstm_predict_net': cannot infer the shape of 1 input(s)")
     assert "'input_blob' (read by op #0 (FC))" in message
-    assert "--steps T" in message and "--input-shape input_blob=" in message
+    assert "pass steps=T or give its shape: {'input_blob': (D0, D1, ...)}" in message and "--" not in message
+    command_line = caught.value.for_command_line()
+    assert "--steps T" in command_line and "--input-shape input_blob=" in command_line
     assert "hidden_init" not in message  # known from the step net and --batch
 
     without_weight = {k: v for k, v in PARAMS.items() if k != "LSTM/gates_t_w"}
@@ -100,7 +103,8 @@ def test_missing_shapes_name_the_blob_its_reader_and_the_flag():
         infer_input_specs(PREDICT, without_weight, {}, batch=4, steps=7)
     message = str(caught.value)
     assert "cannot infer the shape of 1 input(s): 'LSTM/gates_t_w' (read by op #1 (RecurrentNetwork))" in message
-    assert "--shape LSTM/gates_t_w=" in message and "--input-shape LSTM/gates_t_w=" in message
+    assert "give its shape: {'LSTM/gates_t_w': (D0, D1, ...)}" in message
+    assert caught.value.for_command_line().endswith("give it: --shape LSTM/gates_t_w=D0,D1,...")
     # H still follows from the step net: gates = FC(hidden, W) + input_t, and input_t is [1, N, 4H]
     assert "hidden_init" not in message
 

@@ -18,8 +18,8 @@ import rnn2jax
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import BadArgumentError, MissingBlobError, Rnn2JaxError, StorageError
+from rnn2jax.ops.storage import checkpoint_name
 from rnn2jax.proto import caffe2_pb2 as pb
-from rnn2jax.runtime.storage_ops import checkpoint_name
 from rnn2jax.storage import db as db_module
 
 op = create_operator

@@ -12,10 +12,10 @@ import pytest
 
 import rnn2jax
 from helpers import REALNETS
-from rnn2jax.caffe2.gradients import get_backward_pass
 from rnn2jax.caffe2.python.model_helper import ModelHelper
 from rnn2jax.caffe2.python.rnn_cell import LSTM
 from rnn2jax.ir.netdef import Net
+from rnn2jax.ops.backward_pass import get_backward_pass
 from rnn2jax.proto import caffe2_pb2 as pb
 
 TRAIN_PLAN = REALNETS / "breadbread_lstmdemo_train_plan.pbtxt"

@@ -20,9 +20,9 @@ from hypothesis.extra import numpy as hnp
 
 import rnn2jax
 from rnn2jax import cli
-from rnn2jax.caffe2.grad_makers import _MAKERS, get_gradient_for_op
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.errors import RegistrationError, ShapeError, UnsupportedOpError
+from rnn2jax.ops.gradient_makers import _OVERRIDES, get_gradient_for_op
 from rnn2jax.ops.registry import REGISTRY, supported
 from rnn2jax.proto import caffe2_pb2 as pb
 
@@ -36,13 +36,14 @@ floats = hnp.arrays(
 
 @pytest.fixture
 def registries():
-    """Snapshot and restore the op registry and the builder's gradient makers."""
-    ops, makers = dict(REGISTRY), dict(_MAKERS)
+    """Snapshot and restore the op registry (the gradient makers are its records' facets) and the gradient
+    makers registered at run time."""
+    ops, makers = dict(REGISTRY), dict(_OVERRIDES)
     yield
     REGISTRY.clear()
     REGISTRY.update(ops)
-    _MAKERS.clear()
-    _MAKERS.update(makers)
+    _OVERRIDES.clear()
+    _OVERRIDES.update(makers)
     sys.modules.pop("user_ops_example", None)
 
 

@@ -11,22 +11,22 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from . import makers  # noqa: F401  (registers every family's gradient makers)
 from .install import install, installed, uninstall
 
 __all__ = ["install", "installed", "uninstall"]
 
-# The snake_case builder of earlier releases, kept as deprecated aliases: name -> (module, attribute).
+# The snake_case builder of earlier releases, kept as deprecated aliases: name -> (module, attribute), the
+# module under rnn2jax.caffe2 or, for the gradient machinery that moved into the core, a full module name.
 _DEPRECATED = {
     "create_operator": ("opdef", "create_operator"),
     "create_net": ("opdef", "create_net"),
     "make_argument": ("opdef", "make_argument"),
     "make_tensor": ("opdef", "make_tensor"),
-    "get_backward_pass": ("gradients", "get_backward_pass"),
-    "get_gradient_for_op": ("grad_makers", "get_gradient_for_op"),
-    "register_gradient": ("grad_makers", "register_gradient"),
-    "GradientError": ("grad_makers", "GradientError"),
-    "version_checks": ("gradients", "version_checks"),
+    "get_backward_pass": ("rnn2jax.ops.backward_pass", "get_backward_pass"),
+    "get_gradient_for_op": ("rnn2jax.ops.gradient_makers", "get_gradient_for_op"),
+    "register_gradient": ("rnn2jax.ops.gradient_makers", "register_gradient"),
+    "GradientError": ("rnn2jax.ops.gradient_makers", "GradientError"),
+    "version_checks": ("rnn2jax.ops.backward_pass", "version_checks"),
     "reset_net_names": ("python.core", "reset_net_names"),
     "BlobReference": ("python.core", "BlobReference"),
     "Net": ("python.core", "Net"),
@@ -38,10 +38,10 @@ _DEPRECATED = {
     "rnn_cell": ("python", "rnn_cell"),
     "gru_cell": ("python", "gru_cell"),
     "attention": ("python", "attention"),
-    "AttentionCell": ("python.attention", "AttentionCell"),
+    "AttentionCell": ("python.rnn_cell", "AttentionCell"),
     "AttentionType": ("python.attention", "AttentionType"),
-    "LSTMWithAttention": ("python.attention", "LSTMWithAttention"),
-    "LSTMWithAttentionCell": ("python.attention", "LSTMWithAttentionCell"),
+    "LSTMWithAttention": ("python.rnn_cell", "LSTMWithAttention"),
+    "LSTMWithAttentionCell": ("python.rnn_cell", "LSTMWithAttentionCell"),
     "GRU": ("python.gru_cell", "GRU"),
     "GRUCell": ("python.gru_cell", "GRUCell"),
     **{
@@ -72,13 +72,16 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     module, attribute = _DEPRECATED[name]
+    if module.startswith("rnn2jax."):
+        path, caffe2_name = module, ""
+    else:
+        path, caffe2_name = f"{__name__}.{module}", f" (Caffe2's caffe2.{module}.{attribute})"
     warnings.warn(
-        f"rnn2jax.caffe2.{name} is deprecated: use rnn2jax.caffe2.{module}.{attribute} "
-        f"(Caffe2's caffe2.{module}.{attribute})",
+        f"rnn2jax.caffe2.{name} is deprecated: use {path}.{attribute}{caffe2_name}",
         DeprecationWarning,
         stacklevel=2,
     )
-    parent = importlib.import_module(f"{__name__}.{module}")
+    parent = importlib.import_module(path)
     if hasattr(parent, attribute):
         return getattr(parent, attribute)
-    return importlib.import_module(f"{__name__}.{module}.{attribute}")  # a submodule not imported yet
+    return importlib.import_module(f"{path}.{attribute}")  # a submodule not imported yet

@@ -9,7 +9,12 @@ inconsistent givens fail there, naming the op). Both are repeated until nothing 
 
 Rules work on blob versions (a blob written twice, as an in-place Sum does, has two shapes), guess only
 what Caffe2's builders make (sequences `[T, N, ...]`, initial states `[1, N, H]`, lengths `[N]` int32),
-and never guess a parameter. Dimensions given as names (str) stay symbolic: jax.export shape polymorphism.
+and never guess a parameter. Each op's rule is its registry record's `shape_rule` facet, written next to
+its kernel in its family module (the vocabulary they share is `rnn2jax.ops.shape_facts`). Dimensions
+given as names (str) stay symbolic: jax.export shape polymorphism.
+
+`trace_shapes` is the plain forward half, for nets whose inputs are all known (a workspace's blobs): what
+the Caffe2 API's `workspace.InferShapesAndTypes` answers.
 """
 
 from __future__ import annotations
@@ -22,14 +27,15 @@ import jax
 import numpy as np
 
 from ..compiler.compiled_net import as_net
-from ..errors import BadArgumentError, InputTypeError, MissingBlobError, Rnn2JaxError, ShapeError
+from ..errors import Advice, BadArgumentError, InputTypeError, MissingBlobError, Rnn2JaxError, ShapeError
 from ..ir.dtypes import in_caffe2_dtypes
 from ..ir.netdef import Net, Op
 from ..lowering.interpreter import LoweredNet, lower
 from ..ops.recurrent.spec import RecurrentSpec, decode_spec
 from ..ops.registry import unsupported_ops
 from ..ops.roles import integer_blobs
-from .shape_rules import RULES, Context, Dim, Guesses, Key, Rule, Spec, fits, is_int
+from ..ops.shape_facts import Context, Dim, Guesses, Key, Rule, Spec, fits, is_int
+from ..runtime.workspace import Workspace
 
 MAX_ROUNDS = 8  # forward passes; each adds what the previous one made known (nets need 2 or 3)
 MAX_SWEEPS = 12  # rule sweeps over the ops between two forward passes
@@ -37,7 +43,8 @@ MAX_SWEEPS = 12  # rule sweeps over the ops between two forward passes
 
 @dataclass(frozen=True)
 class InputSpec:
-    """The shape and dtype of one input. A str dimension is a symbolic name (jax.export shape polymorphism)."""
+    """The shape and dtype of one input (or blob). A str dimension is a symbolic name (jax.export shape
+    polymorphism)."""
 
     shape: tuple[int | str, ...]
     dtype: str
@@ -60,10 +67,14 @@ class ShapeInference:
     obstacles: tuple[str, ...] = ()  # why shapes may stay unknown: kernels that need concrete sizes, step nets
 
     def require_all(self, flag: str | None = None) -> None:
-        """Raise the ShapeError naming every input still missing, its reader and what to pass."""
+        """Raise the ShapeError naming every input still missing, its reader and what to pass (in Python's
+        words and the command line's: `flag` is its spelling of --shape)."""
         if self.missing:
-            message = missing_message(self.net, self.missing, self.batch, self.steps, flag)
-            raise ShapeError(message + "".join(f" ({obstacle})" for obstacle in self.obstacles))
+            message = missing_message(self.net, self.missing)
+            raise ShapeError(
+                message + "".join(f" ({obstacle})" for obstacle in self.obstacles),
+                advice=missing_advice(list(self.missing), self.batch, self.steps, flag),
+            )
 
 
 @in_caffe2_dtypes
@@ -83,8 +94,8 @@ def infer_input_specs(
     `[N, K]` (axis 1) or `[T, N, K]` (axis 2) with K from its weight, a RecurrentNetwork's input sequence
     `[T, N, D]`, its initial states `[1, N, H]` and its sequence lengths `[N]` (int32), with D and H from its
     step net, and so on. A str dimension (or batch/steps given as str) is symbolic and stays a str.
-    Raises a ShapeError naming the net, every input still unknown and the op that reads it, with the flag to
-    give it (`flag`, e.g. "--input-shape"; both spellings when None); or when the shapes do not fit an op.
+    Raises a ShapeError naming the net, every input still unknown and the op that reads it, with what to
+    give (`flag`: the command line's spelling, --shape by default); or when the shapes do not fit an op.
     """
     found = infer_shapes(net, params, given, batch=batch, steps=steps, dtypes=dtypes)
     found.require_all(flag)
@@ -144,6 +155,54 @@ def infer_shapes(
     ]
     obstacles += [f"in the step net of {error}" for error in solver.step_errors.values()]
     return ShapeInference(net, inputs, blobs, missing, tuple(solver.replaced), batch, steps, tuple(obstacles))
+
+
+# ------------------------------------------------------------------------------------------------
+# Tracing nets whose inputs are known
+
+
+@in_caffe2_dtypes
+def trace_shapes(nets: Sequence[Any], given: Mapping[str, InputSpec], workspace: Workspace) -> dict[str, InputSpec]:
+    """The shape and dtype of every tensor blob `nets` read and write, run in turn, traced with
+    `jax.eval_shape` (nothing runs). A net reads what an earlier one wrote, else the `given` shapes, else the
+    workspace's blobs: the values of those that decide a shape (a Reshape's shape input), the shapes of the
+    others. Raises a MissingBlobError naming the reader of a blob with no known shape, a ShapeError for a
+    net that cannot be traced; no guessing (that is `infer_shapes`)."""
+    specs: dict[str, Any] = {}
+    for source in nets:
+        net = as_net(source)
+        lowered = LoweredNet(net)
+        static = set(lowered.static_inputs())
+        env: dict[str, Any] = {}
+        concrete: dict[str, Any] = {}
+        for name, reader in lowered.reads_before_writes().items():
+            if name in specs:
+                env[name] = specs[name]
+            elif name in given:
+                env[name] = jax.ShapeDtypeStruct(tuple(given[name].shape), np.dtype(given[name].dtype))
+            elif workspace.has_blob(name):
+                value = workspace.get(name, reader)
+                if not hasattr(value, "shape"):
+                    raise ShapeError(f"{reader.where}: blob '{name}' is not a tensor")
+                if name in static:
+                    concrete[name] = np.asarray(value)
+                else:
+                    env[name] = jax.ShapeDtypeStruct(value.shape, value.dtype)
+            else:
+                raise MissingBlobError(f"{reader.where}: no shape known for blob '{name}'")
+        try:
+            out = jax.eval_shape(lambda e, c=concrete, f=lowered: f({**e, **c}, key=jax.random.key(0)), env)
+        except Rnn2JaxError:
+            raise
+        except Exception as error:
+            raise ShapeError(f"net '{net.name}': shapes cannot be inferred: {error}") from None
+        out.update({k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in concrete.items()})
+        specs.update(out)
+    return {
+        name: InputSpec(tuple(int(d) for d in spec.shape), np.dtype(spec.dtype).name)
+        for name, spec in specs.items()
+        if isinstance(spec, jax.ShapeDtypeStruct)  # not a tensor (step_workspaces): Caffe2 infers nothing for it
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -331,8 +390,8 @@ class _Solver:
         for _ in range(MAX_SWEEPS):
             changed = False
             for index, op in enumerate(self.net.ops):
-                rule = RULES.get(op.type)
-                if rule is None:
+                rule = self.lowered.opdefs[index].shape_rule  # Absent (falsy) for an op without one
+                if not rule:
                     continue
                 ins = [shapes.get((n, v)) for n, v in zip(op.inputs, self.reads[index], strict=True)]
                 outs = [shapes.get((n, index)) for n in op.outputs]
@@ -422,17 +481,26 @@ def _describe_known(solver: _Solver, known: Mapping[str, Spec]) -> str:
 # The error
 
 
-def missing_message(net: Net, missing: Mapping[str, Op], batch: Any, steps: Any, flag: str | None = None) -> str:
-    """What a user reads when shapes stay unknown: the net, each blob with the op reading it, what to pass."""
-    names = list(missing)
-    readers = "; ".join(f"'{n}' (read by {_op_name(missing[n])})" for n in names)
-    flags = [flag] if flag else ["--shape", "--input-shape"]
-    examples = " / ".join(" ".join(f"{f} {n}=D0,D1,..." for n in names) for f in flags)
-    more = [f for f, value in (("--batch N", batch), ("--steps T", steps)) if value is None]
-    extra = f"pass {' and '.join(more)} or " if more else ""
-    return (
-        f"{net.where}: cannot infer the shape of {len(names)} input(s): {readers}; "
-        f"{extra}give {'it' if len(names) == 1 else 'them'}: {examples}"
+def missing_message(net: Net, missing: Mapping[str, Op]) -> str:
+    """What a user reads when shapes stay unknown: the net, each blob with the op reading it
+    (`missing_advice` says what to pass)."""
+    readers = "; ".join(f"'{n}' (read by {_op_name(op)})" for n, op in missing.items())
+    return f"{net.where}: cannot infer the shape of {len(missing)} input(s): {readers}"
+
+
+def missing_advice(names: Sequence[str], batch: Any, steps: Any, flag: str | None = None) -> Advice:
+    """What to pass so that shapes are known: the batch size and sequence length where not given, or the
+    shapes themselves; in Python's keywords and in the command line's flags (`flag`, --shape by default)."""
+    given = (("batch=N", "--batch N", batch), ("steps=T", "--steps T", steps))
+    unset = [(keyword, flag_) for keyword, flag_, value in given if value is None]
+    one = len(names) == 1
+    shapes = ", ".join(f"{n!r}: (D0, D1, ...)" for n in names)
+    flags = " ".join(f"{flag or '--shape'} {n}=D0,D1,..." for n in names)
+    python = f"pass {' and '.join(keyword for keyword, _ in unset)} or " if unset else ""
+    command_line = f"pass {' and '.join(flag_ for _, flag_ in unset)} or " if unset else ""
+    return Advice(
+        f"{python}give {'its shape' if one else 'their shapes'}: {{{shapes}}}",
+        f"{command_line}give {'it' if one else 'them'}: {flags}",
     )
 
 

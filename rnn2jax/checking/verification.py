@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..compiler.compiled_net import run_init_net
-from ..errors import BadArgumentError, InputTypeError, Rnn2JaxError, ShapeError, UnwrittenStateError
+from ..errors import Advice, BadArgumentError, InputTypeError, Rnn2JaxError, ShapeError, UnwrittenStateError
 from ..ir.budget import check_array
 from ..ir.dtypes import caffe2_dtypes
 from ..ir.loader import load
@@ -191,11 +191,17 @@ class _OpCheck:
     def _draw_inputs(self, values, shapes, rng, dtype) -> dict[str, Any]:
         missing = [n for n in self.op.inputs if n not in values and n not in shapes]
         if missing:
-            example = " ".join(f"--shape {n}=..." for n in missing)
+            shapes = ", ".join(f"{n!r}: (D0, D1, ...)" for n in missing)
+            flags = " ".join(f"--shape {n}=D0,D1,..." for n in missing)
             raise BadArgumentError(
-                f"{self.op.where}: give the shapes of {', '.join(missing)} (shapes={{blob: (dims)}} or "
-                f"`rnn2jax verify NET {example}`), or an init net that creates them, or the batch size and "
-                "sequence length (batch=, steps=; --batch N --steps T) to infer them from"
+                f"{self.op.where}: give the shapes of {', '.join(missing)}",
+                advice=Advice(
+                    f"shapes={{{shapes}}}, or an init net that creates them (init_net=), or the batch size and "
+                    "sequence length to infer them from (batch=N, steps=T)",
+                    f"{flags}, or an init net that creates them (--init INIT), or the batch size and sequence "
+                    "length to infer them from (--batch N --steps T)",
+                    separator=": ",
+                ),
             )
         steps = None
         drawn: dict[str, Any] = {}
@@ -428,7 +434,7 @@ def _infer_shapes(
     the data inputs `batch`/`steps` replace; the notes say what was done. Without batch/steps the inference
     only helps: what it cannot find is left to the shapes given (and _OpCheck's error)."""
     from .input_rule import infer_with_defaults, named_inputs
-    from .shape_inference import missing_message
+    from .shape_inference import missing_advice, missing_message
 
     explicit = batch is not None or steps is not None
     for name, value in (("batch", batch), ("steps", steps)):
@@ -437,7 +443,7 @@ def _infer_shapes(
     notes = []
     named = named_inputs(values, shapes)  # a shape given for a filled blob: an input, drawn at that shape
     if named:
-        notes.append(f"--shape given for {', '.join(named)}: drawn at random instead of taking the filled values")
+        notes.append(f"a shape given for {', '.join(named)}: drawn at random instead of taking the filled values")
         for name in named:
             del values[name]
     if not explicit and all(n in values or n in shapes for op in ops for n in op.inputs):
@@ -460,8 +466,14 @@ def _infer_shapes(
         shapes.update({n: found.blobs[n].shape for n in inferred})
         missing = {n: op for op in checked for n in op.inputs if n not in values and n not in shapes}
         if missing and explicit:
-            hint = "; parameters come from an init net (--init INIT, init_net=) or params="
-            raise ShapeError(missing_message(net, missing, batch, steps, "--shape") + hint)
+            advice = missing_advice(list(missing), batch, steps)
+            raise ShapeError(
+                missing_message(net, missing),
+                advice=Advice(
+                    f"{advice.python}; parameters come from an init net (init_net=) or params=",
+                    f"{advice.command_line}; parameters come from an init net (--init INIT) or --params P.npz",
+                ),
+            )
         reads = {n for op in checked for n in op.inputs}
         shown = [n for n in inferred if n in reads]
         if shown:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from ..errors import InputTypeError, MissingBlobError, ParseError, ResourceError
+from ..errors import Advice, InputTypeError, MissingBlobError, ParseError, ResourceError
 from ..ir.budget import check_array, format_bytes, memory_budget
 from ..ir.dtypes import caffe2_dtypes, check_not_narrowed, in_caffe2_dtypes
 from ..ir.loader import load
@@ -39,8 +39,11 @@ def as_net(source: Any, what: str = "net") -> Net:
     loaded = load(source)
     if isinstance(loaded, Plan):
         raise ParseError(
-            f"the {what} is plan '{loaded.name}' holding nets {', '.join(loaded.nets)}; "
-            f"pick one, e.g. rnn2jax.load(...)[{next(iter(loaded.nets), 'name')!r}]"
+            f"the {what} is plan '{loaded.name}' holding nets {', '.join(loaded.nets)}",
+            advice=Advice(
+                f"pick one, e.g. rnn2jax.load(...)[{next(iter(loaded.nets), 'name')!r}]",
+                "pick one with --net NAME" if what == "net" else "name one of the plan's nets with --init NAME",
+            ),
         )
     return loaded
 
@@ -59,7 +62,8 @@ def run_init_net(init_net: Any, seed: int = 0, db_root: PathLike | None = None) 
     if needed:
         raise MissingBlobError(
             f"{net.where}: the init net reads {', '.join(needed)} before writing them; "
-            "an init net must create every blob it uses (pass such arrays with params= instead)"
+            "an init net must create every blob it uses",
+            advice=Advice("pass such arrays with params= instead", "pass such arrays with --params P.npz instead"),
         )
     with xla_out_of_memory(net.where):
         env = lowered({}, key=jax.random.key(seed))

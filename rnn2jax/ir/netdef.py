@@ -78,6 +78,12 @@ class Device:
 REQUIRED: Any = object()  # sentinel: an argument with no default
 
 
+def _names(names: tuple[str, ...], shown: int = 3) -> str:
+    """Blob or net names for a one-line repr: the first few, then how many more."""
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 @dataclass(frozen=True, eq=True)
 class Op:
     """One `OperatorDef`, with its position (`index`) and a human-readable location (`where`)."""
@@ -94,6 +100,9 @@ class Op:
     control_inputs: tuple[str, ...] = ()
     is_gradient_op: bool = False
     debug_info: str = ""
+
+    def __repr__(self) -> str:  # one line: a step net's ops would print whole nets
+        return f"Op({self.where or f'op #{self.index} ({self.type})'}: {_names(self.inputs)} -> {_names(self.outputs)})"
 
     def has(self, name: str) -> bool:
         return name in self.args
@@ -179,6 +188,12 @@ class Net:
     device: Device | None = None
     where: str = field(default="", compare=False)
 
+    def __repr__(self) -> str:  # one line, not the whole net (a big one printed 141,000 characters)
+        return (
+            f"Net({self.name!r}: {len(self.ops)} ops, {len(self.external_inputs)} external inputs, "
+            f"{len(self.external_outputs)} external outputs)"
+        )
+
     def walk(self) -> Iterator[Op]:
         """Every op of this net and of every net nested in its ops, depth first, in order."""
         for op in self.ops:
@@ -214,6 +229,10 @@ class Plan:
     name: str
     nets: Mapping[str, Net]
     steps: tuple[ExecutionStep, ...]
+
+    def __repr__(self) -> str:  # one line, not every net
+        nets = _names(tuple(self.nets))
+        return f"Plan({self.name!r}: {len(self.nets)} nets ({nets}), {len(self.steps)} execution steps)"
 
     def __getitem__(self, name: str) -> Net:
         try:

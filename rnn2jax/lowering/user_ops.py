@@ -3,21 +3,24 @@
 A user op follows the built-in contract (ops/registry.py): `build(op)` reads and checks the op's arguments
 once (`op.int("k", 1)`, `op.floats("w")`, `op.string("mode", "x")`, `op.inputs`, `op.where`) and returns a
 kernel, a pure `jax.numpy` function of the op's input arrays returning one array or a tuple. Its gradient
-op is another op registered the same way; the builder gradient maker (what `rnn2jax.caffe2`'s
-`get_gradient_for_op` emits for it, as Caffe2's REGISTER_GRADIENT did) is `gradient=`.
+op is another op registered the same way; the builder gradient maker (what the Caffe2 API's
+`AddGradientOperators` emits for it, as Caffe2's REGISTER_GRADIENT did) is `gradient=`, the record's
+`gradient` facet, as a family module attaches it to a built-in op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from ..caffe2.grad_makers import GradientContext, gradient_op, register_gradient
 from ..errors import RegistrationError
-from ..ops.registry import REGISTRY, UNBOUNDED, Builder, OpDef
+from ..ops.gradient_makers import GradientContext, GradientOps, Maker, gradient_op, unregister_gradient
+from ..ops.registry import REGISTRY, UNBOUNDED, Absent, Builder, OpDef
 
 Count = int | tuple[int, int | None]
-Maker = Callable[[GradientContext], list]
+NO_GRADIENT_GIVEN = Absent("a user op registered without gradient=")
 
 
 def custom_op(
@@ -28,12 +31,14 @@ def custom_op(
     outputs: Count = (1, None),
     static_inputs: tuple[int, ...] = (),
     random: bool = False,
+    gradient: str | Maker | None = None,
 ) -> OpDef:
     """An op definition, not registered: give it to `compile(..., custom_ops=[...])`.
 
     `inputs`/`outputs` are a count or (min, max) with None for no limit; `static_inputs` the positions of
     inputs whose values decide output shapes (the kernel then gets them as NumPy arrays); a `random`
-    kernel takes a `key=` keyword (a JAX PRNG key)."""
+    kernel takes a `key=` keyword (a JAX PRNG key); `gradient` is the builder gradient maker, as for
+    `register_op` (the builder sees it while the op is registered or given to the compile call)."""
     if not isinstance(op_type, str) or not op_type:
         raise RegistrationError(f"an op type must be a non-empty str, got {op_type!r}")
     if not callable(build):
@@ -50,6 +55,8 @@ def custom_op(
         random=random,
         static_inputs=tuple(static_inputs),
         user=True,
+        module="user",
+        gradient=NO_GRADIENT_GIVEN if gradient is None else _maker(op_type, gradient),
     )
 
 
@@ -78,21 +85,27 @@ def register_op(
 
     `gradient` gives the builder gradient maker: the type of a gradient op that takes the forward inputs
     then the output gradients and returns the input gradients (`MyOpGradient(X, W, dY) -> dX, dW`), or a
-    maker function of a `GradientContext` returning gradient OperatorDefs (as in rnn2jax.caffe2.grad_makers).
+    maker function of a `GradientContext` returning gradient OperatorDefs (as the family modules of
+    rnn2jax/ops/ attach to their ops; `rnn2jax.ops.gradient_makers` has the helpers). Without one, an
+    override keeps the built-in op's maker, as Caffe2 kept an op's gradient when its kernel was replaced.
     A type rnn2jax already lowers (or registered earlier) is refused unless `override=True`."""
+    module = sys._getframe(1).f_globals.get("__name__", "user")  # the user's module: where the op's facets are
 
     def decorate(fn: Builder) -> Builder:
-        opdef = custom_op(op_type, fn, inputs=inputs, outputs=outputs, static_inputs=static_inputs, random=random)
-        maker = _maker(op_type, gradient) if gradient is not None else None
+        opdef = custom_op(
+            op_type, fn, inputs=inputs, outputs=outputs, static_inputs=static_inputs, random=random, gradient=gradient
+        )
         existing = REGISTRY.get(op_type)
         if existing is not None and not override:
             kind = "a user op" if existing.user else "a built-in op"
             raise RegistrationError(
                 f"op type '{op_type}' is already registered ({kind}); pass override=True to replace it"
             )
-        REGISTRY[op_type] = opdef
-        if maker is not None:
-            register_gradient(op_type)(maker)
+        kept = existing.gradient if existing is not None and gradient is None else opdef.gradient
+        host = existing.host if existing is not None else None  # a workspace still runs a host op on the host
+        REGISTRY[op_type] = replace(opdef, module=module, gradient=kept, host=host)
+        if gradient is not None:
+            unregister_gradient(op_type)  # a maker given at run time earlier would take precedence
         return fn
 
     return decorate if build is None else decorate(build)
@@ -104,7 +117,7 @@ def _maker(op_type: str, gradient: str | Maker) -> Maker:
     if not isinstance(gradient, str) or not gradient:
         raise RegistrationError(f"op type '{op_type}': gradient must be an op type or a maker function")
 
-    def maker(g: GradientContext) -> list:
+    def maker(g: GradientContext) -> GradientOps:
         inputs = [*g.op.input, *(g.GO(i) for i in range(len(g.op.output)))]
         return [gradient_op(gradient, inputs, [g.GI(i) for i in range(len(g.op.input))])]
 

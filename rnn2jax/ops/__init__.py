@@ -1,9 +1,10 @@
 """Caffe2 ops as JAX functions: the registry, and one module per op family.
 
 Importing this package registers every family (each module registers its ops on import), so the
-registry is complete wherever it is used. Add a new family to the list below. Nothing under `ops/`
-imports the interpreter (`rnn2jax.lower`) or anything above it: ops that carry nets (RecurrentNetwork)
-are handed the interpreter's lowering function when built.
+registry is complete wherever it is used, host ops (Print, the DB ops) included. Add a new family to
+the list below. Nothing under `ops/` imports the interpreter (`rnn2jax.lower`) or anything above it: ops
+that carry nets (RecurrentNetwork) are handed the interpreter's lowering function when built, and host
+ops the workspace that runs them.
 """
 
 from . import (  # noqa: F401
@@ -21,6 +22,7 @@ from . import (  # noqa: F401
     norm,
     optimizer,
     pool,
+    printing,
     recurrent,
     reduce,
     rnn_units,
@@ -29,6 +31,7 @@ from . import (  # noqa: F401
     sequence_packing,
     shape,
     sparse,
+    storage,
 )
 from .registry import REGISTRY, OpDef, check_supported, lookup, register, supported, unsupported_ops
 

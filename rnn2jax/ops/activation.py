@@ -14,13 +14,16 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .elementwise import FLOATING, unary
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .emit import Call, EmitWriter, call, codegen_helper
+from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_from_output, gradient_op
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .shape_facts import output_like_input
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -29,22 +32,47 @@ declare_family(
 # accepted on purpose (float64 for rnn2jax's verification mode, rnn2jax/checking/verification.py).
 
 
-@register("Sigmoid")
+@register("Sigmoid", shape_rule=output_like_input)
 def sigmoid(op: Op) -> Kernel:
     return unary(op, jax.nn.sigmoid, FLOATING, "float")
 
 
-@register("Tanh")
+facet("gradient", "Sigmoid")(gradient_from_output)
+
+
+@register("Tanh", shape_rule=output_like_input)
 def tanh(op: Op) -> Kernel:
     return unary(op, jnp.tanh, FLOATING, "float")
 
 
-@register("Relu")
+facet("gradient", "Tanh")(gradient_from_output)
+
+
+@register("Relu", shape_rule=output_like_input)
 def relu(op: Op) -> Kernel:
     return unary(op, lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)), FLOATING, "float")
 
 
-@register("LeakyRelu")
+facet("gradient", "Relu")(gradient_from_output)
+
+
+@facet("emitter", "Sigmoid")
+def emit_sigmoid(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    return call("jax.nn.sigmoid", xs[0])
+
+
+@facet("emitter", "Tanh")
+def emit_tanh(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    return call("jnp.tanh", xs[0])
+
+
+@facet("emitter", "Relu")
+def emit_relu(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    """The lowering's expression, written out (the zero in x's dtype keeps integer inputs integer)."""
+    return call("jnp.maximum", xs[0], f"jnp.zeros((), {xs[0]}.dtype)")
+
+
+@register("LeakyRelu", shape_rule=output_like_input)
 def leaky_relu(op: Op) -> Kernel:
     """`alpha` (0.01, caffe2/operators/leaky_relu_op.h) is the slope for negative inputs; the formula
     is Caffe2's `max(x, 0) + min(x, 0) * alpha`."""
@@ -57,12 +85,18 @@ def leaky_relu(op: Op) -> Kernel:
     return unary(op, fn, FLOATING, "float")
 
 
-@register("Softsign")
+facet("gradient", "LeakyRelu")(gradient_from_output)
+
+
+@register("Softsign", shape_rule=output_like_input)
 def softsign(op: Op) -> Kernel:
     return unary(op, lambda x: x / (1 + jnp.abs(x)), FLOATING, "float")
 
 
-@register("Softmax")
+facet("gradient", "Softsign")(gradient_from_input)
+
+
+@register("Softmax", shape_rule=output_like_input)
 def softmax(op: Op) -> Kernel:
     """Caffe2 views X as `size_to_dim(axis) x size_from_dim(axis)` and normalises each row, so with
     axis=1 on a 3-D input the softmax runs over the last two dims together, not over one axis."""
@@ -70,15 +104,30 @@ def softmax(op: Op) -> Kernel:
 
     def kernel(x):
         _require_float(op, x, 0)
-        k = canonical_axis(op, axis, x.ndim)
-        if x.size == 0:
-            return x
-        rows = x.reshape(size_to_dim(x.shape, k), size_from_dim(x.shape, k))
-        shifted = rows - jnp.max(rows, axis=1, keepdims=True)
-        e = jnp.exp(shifted)
-        return (e / jnp.sum(e, axis=1, keepdims=True)).reshape(x.shape)
+        return softmax_rows(x, canonical_axis(op, axis, x.ndim))
 
     return kernel
+
+
+facet("gradient", "Softmax")(gradient_from_output)
+
+
+@codegen_helper
+def softmax_rows(x: jax.Array, axis: int = 1) -> jax.Array:
+    """Caffe2's Softmax: x viewed as [dims before axis, dims from axis]; each row is normalised (shifted by
+    its max first)."""
+    axis = axis % x.ndim
+    if x.size == 0:
+        return x
+    rows = jnp.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
+    e = jnp.exp(rows - jnp.max(rows, axis=1, keepdims=True))
+    return jnp.reshape(e / jnp.sum(e, axis=1, keepdims=True), x.shape)
+
+
+@facet("emitter", "Softmax")
+def emit_softmax(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    axis = op.int("axis", 1)
+    return call(w.helper(softmax_rows), xs[0], **({"axis": axis} if axis != 1 else {}))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,10 +261,16 @@ def _scalar(value: float, like: jax.Array) -> jax.Array:
     return jnp.asarray(value, like.dtype)
 
 
-@register("Swish")
+@register("Swish", shape_rule=output_like_input)
 def swish(op: Op) -> Kernel:
     """`X / (1 + exp(-X))`."""
     return unary(op, lambda x: x / (1 + jnp.exp(-x)), FLOATING, "float")
+
+
+@facet("gradient", "Swish")
+def _swish_mish_gradient_maker(g: GradientContext) -> GradientOps:
+    """`<Op>Gradient(X, Y, dY)`."""
+    return [gradient_op(g.op.type + "Gradient", [g.I(0), g.O(0), g.GO(0)], [g.GI(0)])]
 
 
 @register("SwishGradient", inputs=3)
@@ -234,6 +289,9 @@ def mish(op: Op) -> Kernel:
         return x * (e - 1 / e) / (e + 1 / e)
 
     return unary(op, fn, FLOATING, "float")
+
+
+facet("gradient", "Mish")(_swish_mish_gradient_maker)
 
 
 @register("MishGradient", inputs=3)
@@ -261,6 +319,9 @@ def hard_sigmoid(op: Op) -> Kernel:
     return unary(op, fn, FLOATING, "float")
 
 
+facet("gradient", "HardSigmoid")(gradient_from_output)
+
+
 @register("HardSigmoidGradient", inputs=2)
 def hard_sigmoid_gradient(op: Op) -> Kernel:
     """`(Y, dY) -> alpha dY where 0 < Y < 1, else 0`."""
@@ -273,11 +334,14 @@ def hard_sigmoid_gradient(op: Op) -> Kernel:
     return _float_gradient(op, formula)
 
 
-@register("Elu")
+@register("Elu", shape_rule=output_like_input)
 def elu(op: Op) -> Kernel:
     """`alpha (exp(X) - 1)` where X < 0, else X; alpha 1.0."""
     alpha = op.float("alpha", 1.0)
     return unary(op, lambda x: jnp.where(x < 0, _scalar(alpha, x) * (jnp.exp(x) - 1), x), FLOATING, "float")
+
+
+facet("gradient", "Elu")(gradient_from_output)
 
 
 @register("EluGradient", inputs=2)
@@ -311,6 +375,9 @@ def selu(op: Op) -> Kernel:
     return unary(op, fn, FLOATING, "float")
 
 
+facet("gradient", "Selu")(gradient_from_output)
+
+
 @register("SeluGradient", inputs=2)
 def selu_gradient(op: Op) -> Kernel:
     """`(Y, dY) -> scale dY where Y > 0, else dY (Y + scale alpha)`."""
@@ -337,6 +404,9 @@ def relu_n(op: Op) -> Kernel:
     return unary(op, lambda x: jnp.minimum(jnp.maximum(x, _scalar(0.0, x)), _scalar(n, x)), FLOATING, "float")
 
 
+facet("gradient", "ReluN")(gradient_from_output)
+
+
 @register("ReluNGradient", inputs=2)
 def relu_n_gradient(op: Op) -> Kernel:
     """`(Y, dY) -> dY where 0 < Y < n, else 0`."""
@@ -351,6 +421,9 @@ def thresholded_relu(op: Op) -> Kernel:
     return unary(op, lambda x: jnp.where(x > alpha, x, _scalar(0.0, x)), FLOATING, "float")
 
 
+facet("gradient", "ThresholdedRelu")(gradient_from_output)
+
+
 @register("ThresholdedReluGradient", inputs=2)
 def thresholded_relu_gradient(op: Op) -> Kernel:
     """`(Y, dY) -> dY sign(Y)` (thresholded_relu_op.cc): with a negative alpha, an output in (alpha, 0)
@@ -362,6 +435,9 @@ def thresholded_relu_gradient(op: Op) -> Kernel:
 def softplus(op: Op) -> Kernel:
     """`log(exp(X) + 1)` (inf where exp overflows, as in Caffe2)."""
     return unary(op, lambda x: jnp.log(jnp.exp(x) + 1), FLOATING, "float")
+
+
+facet("gradient", "Softplus")(gradient_from_output)
 
 
 @register("SoftplusGradient", inputs=2)
@@ -387,6 +463,11 @@ def gelu(op: Op) -> Kernel:
         return x * (0.5 * jax.lax.erfc(-x / _SQRT_2))
 
     return unary(op, fn, FLOATING, "float")
+
+
+@facet("gradient", "Gelu")
+def _gelu_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("GeluGradient", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 @register("GeluGradient", inputs=2)
@@ -462,6 +543,11 @@ def prelu(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "PRelu")
+def _prelu_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("PReluGradient", [g.O(0), g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1)])]
+
+
 @register("PReluGradient", inputs=4, outputs=2)
 def prelu_gradient(op: Op) -> Kernel:
     """`(Y, dY, X, W) -> (dX, dW)`: dX = dY where X > 0, else slope dY; dW sums dY X over X <= 0 per
@@ -503,3 +589,6 @@ def glu(op: Op) -> Kernel:
         return a * (1 / (1 + jnp.exp(-b)))
 
     return kernel
+
+
+facet("gradient", "Glu")(Absent("Caffe2 registers no gradient for it"))

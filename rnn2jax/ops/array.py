@@ -22,13 +22,14 @@ from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .fill import _convert, _filler
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient, should_not_do_gradient
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -120,6 +121,12 @@ def tile(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "Tile")
+def _tile_gradient_maker(g: GradientContext) -> GradientOps:
+    """tiles and axis inputs (when given) go along."""
+    return [gradient_op("TileGradient", [g.GO(0), *g.op.input[1:3]], [g.GI(0)])]
+
+
 @register("TileGradient", inputs=(1, 3), static_inputs=(1, 2))
 def tile_gradient(op: Op) -> Kernel:
     """(dY[, tiles[, axis]]) -> dX: the `tiles` blocks along `axis` summed."""
@@ -159,6 +166,9 @@ def numpy_tile(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "NumpyTile")(Absent("Caffe2 registers no gradient for it"))
+
+
 @register("Expand", inputs=2, static_inputs=(1,))
 def expand(op: Op) -> Kernel:
     """(X, shape) -> X broadcast to `shape` (int64; numpy rules from the right; dims <= 0 count as 1)."""
@@ -180,6 +190,11 @@ def expand(op: Op) -> Kernel:
         return jnp.broadcast_to(x, tuple(out))
 
     return kernel
+
+
+@facet("gradient", "Expand")
+def _expand_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("ExpandGradient", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 @register("ExpandGradient", inputs=2)
@@ -208,6 +223,9 @@ def size(op: Op) -> Kernel:
     return lambda x: np.asarray(math.prod(x.shape), np.dtype(np.int64))
 
 
+facet("gradient", "Size")(no_gradient)
+
+
 @register("FlattenToVec")
 def flatten_to_vec(op: Op) -> Kernel:
     def kernel(x):
@@ -216,6 +234,11 @@ def flatten_to_vec(op: Op) -> Kernel:
         return jnp.reshape(x, (-1,))
 
     return kernel
+
+
+@facet("gradient", "FlattenToVec")
+def _flatten_to_vec_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("ResizeLike", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 @register("EnsureDense")
@@ -230,15 +253,27 @@ def ensure_dense(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "EnsureDense")
+def _ensure_dense_gradient_maker(g: GradientContext) -> GradientOps:
+    g.set_dense(0, g.GO(0))
+    return []
+
+
 @register("HasElements", inputs=(1, None), shape_only=True)
 def has_elements(op: Op) -> Kernel:
     """Whether any input has elements (a bool scalar, a constant)."""
     return lambda *xs: np.asarray(any(math.prod(x.shape) > 0 for x in xs))
 
 
+facet("gradient", "HasElements")(should_not_do_gradient)
+
+
 @register("IsEmpty", shape_only=True)
 def is_empty(op: Op) -> Kernel:
     return lambda x: np.asarray(math.prod(x.shape) == 0)
+
+
+facet("gradient", "IsEmpty")(should_not_do_gradient)
 
 
 @register("Conditional", inputs=3)
@@ -264,6 +299,9 @@ def conditional(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "Conditional")(no_gradient)
+
+
 @register("Find", inputs=2)
 def find(op: Op) -> Kernel:
     """(index, query) -> for each query value, the LAST position in the (flattened) index holding it,
@@ -284,6 +322,9 @@ def find(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "Find")(Absent("Caffe2 registers no gradient for it"))
+
+
 @register("PrependDim")
 def prepend_dim(op: Op) -> Kernel:
     """[d0, d1, ...] -> [dim_size, d0 / dim_size, d1, ...]."""
@@ -301,6 +342,12 @@ def prepend_dim(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "PrependDim")
+def _prepend_dim_gradient_maker(g: GradientContext) -> GradientOps:
+    g.copy_args = False  # MergeDim takes no dim_size
+    return [gradient_op("MergeDim", [g.GO(0)], [g.GI(0)])]
+
+
 @register("MergeDim")
 def merge_dim(op: Op) -> Kernel:
     """[d0, d1, ...] -> [d0 * d1, ...]."""
@@ -311,6 +358,9 @@ def merge_dim(op: Op) -> Kernel:
         return jnp.reshape(x, (x.shape[0] * x.shape[1], *x.shape[2:]))
 
     return kernel
+
+
+facet("gradient", "MergeDim")(Absent("Caffe2 registers no gradient for it"))
 
 
 _DT = pb.TensorProto
@@ -369,6 +419,9 @@ def diagonal_fill(op: Op) -> Kernel:
     return _filler(op, fill, check, np.dtype(dtype))
 
 
+facet("gradient", "DiagonalFill")(no_gradient)
+
+
 # --------------------------------------------------------------------------------------------------
 # Layout switches
 
@@ -390,9 +443,19 @@ def nchw_to_nhwc(op: Op) -> Kernel:
     return _order_switch(op, 1, -1)
 
 
+@facet("gradient", "NCHW2NHWC")
+def _layout_switch_gradient_maker(g: GradientContext) -> GradientOps:
+    """dY -> dX by the inverse layout switch."""
+    inverse = "NHWC2NCHW" if g.op.type == "NCHW2NHWC" else "NCHW2NHWC"
+    return [gradient_op(inverse, [g.GO(0)], [g.GI(0)])]
+
+
 @register("NHWC2NCHW")
 def nhwc_to_nchw(op: Op) -> Kernel:
     return _order_switch(op, -1, 1)
+
+
+facet("gradient", "NHWC2NCHW")(_layout_switch_gradient_maker)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -454,6 +517,11 @@ def top_k(op: Op) -> Kernel:
         return vals, idx, jnp.reshape(flat, (math.prod(out_shape),))
 
     return kernel
+
+
+@facet("gradient", "TopK")
+def _top_k_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("TopKGradient", [g.GO(0), g.O(1), g.I(0)], [g.GI(0)])]
 
 
 def _scatter_rows(rows: Any, index: Any, n: int, dtype: Any) -> Any:
@@ -536,6 +604,11 @@ def flexible_top_k(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "FlexibleTopK")
+def _flexible_top_k_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("FlexibleTopKGradient", [g.I(0), g.I(1), g.GO(0), g.O(1)], [g.GI(0)])]
+
+
 @register("FlexibleTopKGradient", inputs=4, static_inputs=(1,))
 def flexible_top_k_gradient(op: Op) -> Kernel:
     """(X, K, dValues, Indices) -> dX: each of row r's K[r] gradients written at its index (later writes
@@ -601,6 +674,9 @@ def range_(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "Range")(no_gradient)
+
+
 def _c_div(a: int, b: int) -> int:
     """C++ integer division (truncates towards zero)."""
     q = abs(a) // abs(b)
@@ -624,6 +700,9 @@ def scale_blobs(op: Op) -> Kernel:
         return tuple(x * np.float32(scale) for x in xs)
 
     return kernel
+
+
+facet("gradient", "ScaleBlobs")(Absent("Caffe2 registers no gradient for it"))
 
 
 @register("WeightScale", inputs=2)
@@ -650,6 +729,9 @@ def weight_scale(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "WeightScale")(should_not_do_gradient)
+
+
 @register("Accumulate", scoped=True)
 def accumulate(op: Op) -> Kernel:
     """X -> Y = X + gamma * Y, reading the output blob's value before the op. Caffe2 starts from
@@ -670,3 +752,6 @@ def accumulate(op: Op) -> Kernel:
 
     kernel.scope_reads = (op.outputs[0],)  # Y's previous value: an input of the net, read by name
     return kernel
+
+
+facet("gradient", "Accumulate")(should_not_do_gradient)

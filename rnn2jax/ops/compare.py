@@ -10,14 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ir.netdef import Op
-from .elementwise import binary, unary
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .elementwise import binary, binary_emitter, unary
+from .gradient_makers import should_not_do_gradient
+from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
+from .shape_facts import Context, Guesses, Solver, Spec
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -40,9 +42,15 @@ def eq(op: Op) -> Kernel:
     return _comparison(op, jnp.equal)
 
 
+facet("gradient", "EQ")(should_not_do_gradient)
+
+
 @register("NE", inputs=2)
 def ne(op: Op) -> Kernel:
     return _comparison(op, jnp.not_equal)
+
+
+facet("gradient", "NE")(should_not_do_gradient)
 
 
 @register("LT", inputs=2)
@@ -50,9 +58,15 @@ def lt(op: Op) -> Kernel:
     return _comparison(op, jnp.less)
 
 
+facet("gradient", "LT")(should_not_do_gradient)
+
+
 @register("LE", inputs=2)
 def le(op: Op) -> Kernel:
     return _comparison(op, jnp.less_equal)
+
+
+facet("gradient", "LE")(should_not_do_gradient)
 
 
 @register("GT", inputs=2)
@@ -60,9 +74,36 @@ def gt(op: Op) -> Kernel:
     return _comparison(op, jnp.greater)
 
 
+facet("gradient", "GT")(should_not_do_gradient)
+
+
 @register("GE", inputs=2)
 def ge(op: Op) -> Kernel:
     return _comparison(op, jnp.greater_equal)
+
+
+facet("gradient", "GE")(should_not_do_gradient)
+
+
+facet("emitter", "EQ")(binary_emitter("jnp.equal"))
+facet("emitter", "NE")(binary_emitter("jnp.not_equal"))
+facet("emitter", "LT")(binary_emitter("jnp.less"))
+facet("emitter", "LE")(binary_emitter("jnp.less_equal"))
+facet("emitter", "GT")(binary_emitter("jnp.greater"))
+facet("emitter", "GE")(binary_emitter("jnp.greater_equal"))
+
+# Step nets compare a value (sequence lengths, say) with the timestep to make their masks.
+facet("roles", "LT", "LE", "GT", "GE")(Roles(integers=(0,)))
+
+
+@facet("shape_rule", "LT", "LE", "GT", "GE")
+def compared_with_timestep(op: Op, ins: list, outs: list, ctx: Context, solver: Solver) -> Guesses:
+    """GT/LE/... of lengths against the timestep ([1], broadcast): the lengths are [N] (BasicRNN's masks)."""
+    if len(ins) != 2 or ins[0] is not None or ins[1] is None or ctx.batch is None:
+        return {}, {}
+    if op.int("broadcast", 0) and ins[1].shape == (1,):
+        return {0: Spec((ctx.batch,), ins[1].dtype)}, {}
+    return {}, {}
 
 
 @register("And", inputs=2)
@@ -70,9 +111,15 @@ def and_(op: Op) -> Kernel:
     return _logical(op, jnp.logical_and)
 
 
+facet("gradient", "And")(should_not_do_gradient)
+
+
 @register("Or", inputs=2)
 def or_(op: Op) -> Kernel:
     return _logical(op, jnp.logical_or)
+
+
+facet("gradient", "Or")(should_not_do_gradient)
 
 
 @register("Xor", inputs=2)
@@ -80,7 +127,13 @@ def xor(op: Op) -> Kernel:
     return _logical(op, jnp.logical_xor)
 
 
+facet("gradient", "Xor")(should_not_do_gradient)
+
+
 @register("Not")
 def not_(op: Op) -> Kernel:
     """Elementwise logical negation of a bool tensor."""
     return unary(op, jnp.logical_not, _BOOL, "bool")
+
+
+facet("gradient", "Not")(should_not_do_gradient)

@@ -20,13 +20,14 @@ from jax import lax
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import matmul_precision
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import GradientContext, GradientError, GradientOps, argument, gradient_op
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -343,10 +344,28 @@ def conv(op: Op) -> Kernel:
     return _conv_kernel(op)
 
 
+@facet("gradient", "Conv", "Conv1D", "Conv2D", "Conv3D")
+def _conv_gradient_maker(g: GradientContext) -> GradientOps:
+    """GetConvGradient (conv_gradient_op.cc) and GetConvTransposeGradient: (X, W, dY) -> dW, db, dX;
+    without a bias input the op gets no_bias=1, and no_gradient_to_input=1 leaves dX out."""
+    if len(g.op.input) not in (2, 3):
+        raise GradientError(f"{g.op.type} takes 2 or 3 inputs, got {len(g.op.input)}")
+    with_dx = not g.flag("no_gradient_to_input", False)
+    inputs = [g.I(0), g.I(1), g.GO(0)]
+    if len(g.op.input) == 3:
+        outputs = [g.GI(1), g.GI(2)] + ([g.GI(0)] if with_dx else [])
+        return [gradient_op(g.op.type + "Gradient", inputs, outputs)]
+    outputs = [g.GI(1)] + ([g.GI(0)] if with_dx else [])
+    return [gradient_op(g.op.type + "Gradient", inputs, outputs, [argument("no_bias", 1)])]
+
+
 @register("ConvRelu", inputs=(2, 3))
 def conv_relu(op: Op) -> Kernel:
     """Relu(Conv(X, W, b)) (caffe2/operators/conv_relu_op.cc); Caffe2 has no gradient for it."""
     return _conv_kernel(op, relu=True)
+
+
+facet("gradient", "ConvRelu")(Absent("Caffe2 registers no gradient for it"))
 
 
 def _bias_gradient(dy: jax.Array, nhwc: bool) -> jax.Array:
@@ -500,6 +519,9 @@ def conv_transpose(op: Op) -> Kernel:
         return _add_bias(op, y, b, channels, args.nhwc)
 
     return kernel
+
+
+facet("gradient", "ConvTranspose")(_conv_gradient_maker)
 
 
 @register("ConvTransposeGradient", inputs=3, outputs=(1, 3))

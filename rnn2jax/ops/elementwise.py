@@ -14,13 +14,23 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import broadcast_shapes, is_symbolic
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .emit import Call, Emitter, EmitWriter, call, codegen_helper, literal
+from .gradient_makers import (
+    GradientContext,
+    GradientOps,
+    argument,
+    gradient_from_input,
+    gradient_from_output,
+    gradient_op,
+)
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .shape_facts import all_same_shape, output_like_input
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -142,8 +152,8 @@ def binary(
     def kernel(a, b):
         _check_dtypes(op, (a, b), allowed, kind)
         if legacy:
-            b_view = jnp.reshape(b, _legacy_b_shape(op, a.shape, b.shape, axis))
-            a, b = jnp.asarray(a), jnp.broadcast_to(b_view, a.shape)
+            _legacy_b_shape(op, a.shape, b.shape, axis)  # Caffe2's checks; broadcast_like views B alike
+            a, b = jnp.asarray(a), broadcast_like(b, a, axis)
         else:
             shape = _numpy_shape(op, a.shape, b.shape)
             a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
@@ -152,31 +162,85 @@ def binary(
     return kernel
 
 
-def _divide(a: jax.Array, b: jax.Array) -> jax.Array:
-    """Integer Div is C++ `/`: truncates toward zero (lax.div), unlike Python's floor division."""
+@codegen_helper
+def broadcast_like(b: jax.Array, a: jax.Array, axis: int = -1) -> jax.Array:
+    """Caffe2's legacy broadcast (broadcast=1) of B over A: B without its leading and trailing 1s matches A's
+    dims from `axis` (-1: A's last dims) and repeats over the others; a B of one element is a scalar."""
+    if math.prod(b.shape) == 1:
+        return jnp.broadcast_to(jnp.reshape(b, ()), a.shape)
+    start, end = 0, b.ndim
+    while b.shape[start] == 1:
+        start += 1
+    while b.shape[end - 1] == 1:
+        end -= 1
+    first = (a.ndim - b.ndim if axis == -1 else axis) + start
+    core = b.shape[start:end]
+    return jnp.broadcast_to(jnp.reshape(b, (*core, *(1,) * (a.ndim - first - len(core)))), a.shape)
+
+
+def binary_emitter(fn: str | Callable[..., jax.Array]) -> Emitter:
+    """The emitter of a `binary` op computing `fn` (a jnp function's name, or a `@codegen_helper`): NumPy
+    broadcasting is jnp's own; broadcast=1 views B over A first."""
+
+    def emit(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+        a, b = xs
+        if op.bool("broadcast", False):
+            axis = _legacy_axis(op)
+            b = call(w.helper(broadcast_like), b, a, *((literal(axis),) if axis != -1 else ())).flat()
+        return call(fn if isinstance(fn, str) else w.helper(fn), a, b)
+
+    return emit
+
+
+@codegen_helper
+def divide(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Caffe2's Div: integers truncate toward zero (C++ `/`, lax.div), unlike Python's floor division."""
     if jnp.issubdtype(a.dtype, jnp.integer):
         return jax.lax.div(a, b)
     return a / b
 
 
-@register("Add", inputs=2)
+@register("Add", inputs=2, shape_rule=all_same_shape)
 def add(op: Op) -> Kernel:
     return binary(op, jnp.add)
 
 
-@register("Sub", inputs=2)
+@facet("gradient", "Add")
+def _binary_gradient_maker(g: GradientContext) -> GradientOps:
+    """`<Op>Gradient(dC, A, B) -> dA, dB`."""
+    return [gradient_op(g.op.type + "Gradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1)])]
+
+
+@register("Sub", inputs=2, shape_rule=all_same_shape)
 def sub(op: Op) -> Kernel:
     return binary(op, jnp.subtract)
 
 
-@register("Mul", inputs=2)
+facet("gradient", "Sub")(_binary_gradient_maker)
+
+
+@register("Mul", inputs=2, shape_rule=all_same_shape)
 def mul(op: Op) -> Kernel:
     return binary(op, jnp.multiply)
 
 
-@register("Div", inputs=2)
+facet("gradient", "Mul")(_binary_gradient_maker)
+
+
+@register("Div", inputs=2, shape_rule=all_same_shape)
 def div(op: Op) -> Kernel:
-    return binary(op, _divide)
+    return binary(op, divide)
+
+
+@facet("gradient", "Div")
+def _div_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("DivGradient", [g.GO(0), g.I(0), g.I(1), g.O(0)], [g.GI(0), g.GI(1)])]
+
+
+facet("emitter", "Add")(binary_emitter("jnp.add"))
+facet("emitter", "Sub")(binary_emitter("jnp.subtract"))
+facet("emitter", "Mul")(binary_emitter("jnp.multiply"))
+facet("emitter", "Div")(binary_emitter(divide))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -257,7 +321,7 @@ def mul_gradient(op: Op) -> Kernel:
 def _div_backward(dc, a, b, c):
     """dA = dC / B, dB = -dC·C / B, in Caffe2's order of evaluation (integers truncate)."""
     b = jnp.broadcast_to(b, dc.shape)  # lax.div does not broadcast
-    return _divide(dc, b), _divide(-dc * c, b)
+    return divide(dc, b), divide(-dc * c, b)
 
 
 @register("DivGradient", inputs=(3, 4), outputs=2)
@@ -296,11 +360,14 @@ def sum_reduce_like(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "SumReduceLike")(Absent("Caffe2 registers no gradient for it"))
+
+
 # --------------------------------------------------------------------------------------------------
 # Sum, Scale, Clip
 
 
-@register("Sum", inputs=(1, None))
+@register("Sum", inputs=(1, None), shape_rule=all_same_shape)
 def sum_(op: Op) -> Kernel:
     """`Sum(x0, x1, ...)`: all inputs must have x0's shape (no broadcasting); one input is a copy."""
 
@@ -319,7 +386,26 @@ def sum_(op: Op) -> Kernel:
     return kernel
 
 
-@register("Scale")
+@facet("emitter", "Sum")
+def emit_sum(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    """One input is a copy; more are added left to right, as the kernel's reduce adds them."""
+    if len(xs) == 1:
+        return call("jnp.asarray", xs[0])
+    value = call("jnp.add", xs[0], xs[1])
+    for x in xs[2:]:
+        value = call("jnp.add", value.flat(), x)
+    return value
+
+
+@facet("gradient", "Sum")
+def _sum_gradient_maker(g: GradientContext) -> GradientOps:
+    """Every input's gradient is the output's, passed through with no op."""
+    for i in range(len(g.op.input)):
+        g.set_dense(i, g.GO(0))
+    return []
+
+
+@register("Scale", shape_rule=output_like_input)
 def scale(op: Op) -> Kernel:
     """`Y = scale·X`, `scale` (1.0) a float applied in X's float type."""
     factor = op.float("scale", 1.0)
@@ -331,11 +417,17 @@ def scale(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "Scale")
+def _same_op_gradient_maker(g: GradientContext) -> GradientOps:
+    """The op itself, on dY: both are linear."""
+    return [gradient_op(g.op.type, [g.GO(0)], [g.GI(0)])]
+
+
 _FLOAT_LOWEST = float(np.finfo(np.float32).min)
 _FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
-@register("Clip")
+@register("Clip", shape_rule=output_like_input)
 def clip(op: Op) -> Kernel:
     """`Y = min(max(X, min), max)`; `min`/`max` default to the lowest/largest float
     (caffe2/operators/clip_op.h). With min > max every element becomes max, as in Caffe2."""
@@ -347,6 +439,9 @@ def clip(op: Op) -> Kernel:
         return jnp.minimum(jnp.maximum(x, jnp.asarray(low, x.dtype)), jnp.asarray(high, x.dtype))
 
     return kernel
+
+
+facet("gradient", "Clip")(gradient_from_output)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -361,29 +456,54 @@ def unary(op: Op, fn: Callable[[jax.Array], jax.Array], allowed: frozenset[np.dt
     return kernel
 
 
-@register("Negative")
+@register("Negative", shape_rule=output_like_input)
 def negative(op: Op) -> Kernel:
     return unary(op, jnp.negative, NUMERIC, "int32, int64, float and double")
 
 
-@register("Abs")
+facet("gradient", "Negative")(_same_op_gradient_maker)
+
+
+@register("Abs", shape_rule=output_like_input)
 def abs_(op: Op) -> Kernel:
     return unary(op, jnp.abs, FLOATING, "float")
 
 
-@register("Exp")
+facet("gradient", "Abs")(gradient_from_input)
+
+
+@register("Exp", shape_rule=output_like_input)
 def exp(op: Op) -> Kernel:
     return unary(op, jnp.exp, FLOATING, "float")
 
 
-@register("Log")
+@facet("gradient", "Exp")
+def _exp_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("Mul", [g.O(0), g.GO(0)], [g.GI(0)])]
+
+
+@register("Log", shape_rule=output_like_input)
 def log(op: Op) -> Kernel:
     return unary(op, jnp.log, FLOATING, "float")
 
 
-@register("Sqrt")
+@facet("gradient", "Log")
+def _log_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("Div", [g.GO(0), g.I(0)], [g.GI(0)])]
+
+
+@register("Sqrt", shape_rule=output_like_input)
 def sqrt(op: Op) -> Kernel:
     return unary(op, jnp.sqrt, _FLOAT_DOUBLE, "float and double")
+
+
+@facet("gradient", "Sqrt")
+def _sqrt_gradient_maker(g: GradientContext) -> GradientOps:
+    """dX = (0.5 · dY) / Y, in place on GI(0)."""
+    return [
+        gradient_op("Scale", [g.GO(0)], [g.GI(0)], [argument("scale", 0.5)]),
+        gradient_op("Div", [g.GI(0), g.O(0)], [g.GI(0)]),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -28,13 +28,14 @@ from jax import lax
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient
+from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -340,6 +341,62 @@ for _type, _spec in _LOOKUPS.items():
     register(_type, inputs=_spec.inputs)(_build_lookup)
 
 
+def _gradient_values(g: GradientContext) -> str:
+    """Caffe2's GI_V(0): DATA's gradient slice values, indexed by INDICES."""
+    return g.I(0) + "_grad_values"
+
+
+@facet("gradient", "SparseLengthsSum", "SparseLengthsMean")
+def _sparse_lengths_gradient_maker(g: GradientContext) -> GradientOps:
+    """`LengthsOpGetGradient` (segment_reduction_op.h, SparseFused, GradientNeedIndices): one
+    `SparseLengthsIndicesInGradient*Gradient` op whose output is the values of DATA's gradient slice,
+    indexed by the forward op's INDICES."""
+    reducer = g.op.type.removeprefix("SparseLengths")
+    values = _gradient_values(g)
+    op = gradient_op(f"SparseLengthsIndicesInGradient{reducer}Gradient", [g.GO(0), g.I(2), g.I(1)], [values])
+    g.set_dense(0, (g.I(1), values))  # type: ignore[arg-type]  (a sparse gradient: indices, values)
+    return [op]
+
+
+@facet("gradient", "SparseLengthsWeightedSum")
+def _sparse_lengths_weighted_sum_gradient_maker(g: GradientContext) -> GradientOps:
+    """With `grad_on_weights`, the WithMainInput op also reads DATA and gives WEIGHTS' gradient."""
+    values = _gradient_values(g)
+    if g.flag("grad_on_weights", False):
+        inputs, outputs = [g.I(1), g.GO(0), g.I(3), g.I(0), g.I(2)], [values, g.GI(1)]
+        op_type = "SparseLengthsIndicesInGradientWeightedSumWithMainInputGradient"
+    else:
+        inputs, outputs = [g.I(1), g.GO(0), g.I(3), g.I(2)], [values]
+        op_type = "SparseLengthsIndicesInGradientWeightedSumGradient"
+    op = gradient_op(op_type, inputs, outputs)
+    g.set_dense(0, (g.I(2), values))  # type: ignore[arg-type]
+    return [op]
+
+
+facet(
+    "gradient",
+    "SparseLengthsSum8BitsRowwise",
+    "SparseLengthsSumFused8BitRowwise",
+    "SparseLengthsSumFused4BitRowwise",
+    "SparseLengthsSumFused2BitRowwise",
+    "SparseLengthsMean8BitsRowwise",
+    "SparseLengthsMeanFused8BitRowwise",
+    "SparseLengthsMeanFused4BitRowwise",
+    "SparseLengthsMeanFused2BitRowwise",
+    "SparseLengthsWeightedSum8BitsRowwise",
+    "SparseLengthsWeightedSumFused8BitRowwise",
+    "SparseLengthsWeightedSumFused4BitRowwise",
+    "SparseLengthsWeightedSumFused2BitRowwise",
+    "SparseLengthsWeightedMean8BitsRowwise",
+)(no_gradient)
+
+
+facet("gradient", "SparseLengthsPositionalWeightedSum")(Absent("Caffe2 registers no gradient for it"))
+
+
+facet("roles", "SparseLengthsSum", "SparseLengthsMean")(Roles(integers=slice(1, None)))  # INDICES, LENGTHS
+
+
 # --------------------------------------------------------------------------------------------------
 # GatherFused8BitRowwise
 
@@ -363,6 +420,9 @@ def gather_fused_8bit_rowwise(op: Op) -> Kernel:
         return _dequantize_fused(jnp.take(data, indices, axis=0, mode="clip"), 8, _F32)
 
     return kernel
+
+
+facet("gradient", "GatherFused8BitRowwise")(Absent("Caffe2 registers no gradient for it"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -588,6 +648,19 @@ def to_fused_rowwise(op: Op) -> Kernel:
     return kernel
 
 
+facet(
+    "gradient",
+    "FloatToFused8BitRowwiseQuantized",
+    "HalfFloatToFused8BitRowwiseQuantized",
+    "FloatToFused8BitRowwiseQuantizedHalfScaleBias",
+    "HalfFloatToFused8BitRowwiseQuantizedHalfScaleBias",
+    "FloatToFused4BitRowwiseQuantized",
+    "HalfToFused4BitRowwiseQuantized",
+    "FloatToFused2BitRowwiseQuantized",
+    "HalfToFused2BitRowwiseQuantized",
+)(no_gradient)
+
+
 @register(*_FROM_FUSED)
 def from_fused_rowwise(op: Op) -> Kernel:
     """[..., C] uint8 fused rows -> [..., (C - 2 * sizeof(scale)) * 8/bits] float/half."""
@@ -605,6 +678,19 @@ def from_fused_rowwise(op: Op) -> Kernel:
         return _dequantize_fused(matrix, spec.bits, spec.sb_dtype).astype(spec.source).reshape(out_shape)
 
     return kernel
+
+
+facet(
+    "gradient",
+    "Fused8BitRowwiseQuantizedToFloat",
+    "Fused8BitRowwiseQuantizedToHalfFloat",
+    "Fused8BitRowwiseQuantizedHalfScaleBiasToFloat",
+    "Fused8BitRowwiseQuantizedHalfScaleBiasToHalfFloat",
+    "Fused4BitRowwiseQuantizedToFloat",
+    "Fused4BitRowwiseQuantizedToHalf",
+    "Fused2BitRowwiseQuantizedToFloat",
+    "Fused2BitRowwiseQuantizedToHalf",
+)(no_gradient)
 
 
 @register("FloatToRowwiseQuantized8Bits", outputs=2)
@@ -634,6 +720,9 @@ def float_to_rowwise_quantized_8bits(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "FloatToRowwiseQuantized8Bits")(no_gradient)
+
+
 @register("Rowwise8BitQuantizedToFloat", inputs=2)
 def rowwise_8bit_quantized_to_float(op: Op) -> Kernel:
     """(uint8 [N, ...], scale_bias [N, 2]) -> float32 [N, ...]: q * scale + bias per row."""
@@ -650,3 +739,6 @@ def rowwise_8bit_quantized_to_float(op: Op) -> Kernel:
         return values * _per_row(scale_bias[:, 0], q.ndim) + _per_row(scale_bias[:, 1], q.ndim)
 
     return kernel
+
+
+facet("gradient", "Rowwise8BitQuantizedToFloat")(no_gradient)

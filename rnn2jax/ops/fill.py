@@ -19,13 +19,15 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.budget import check_array
 from ..ir.netdef import Op
 from .common import TRACED_SHAPE_HINT, Dims, data_type_arg, shape_arg
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .emit import Call, EmitWriter, Raw, Unsupported, call, literal
+from .gradient_makers import no_gradient
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -204,6 +206,26 @@ def constant_fill(op: Op) -> Kernel:
     return _filler(op, fill, dtype=target)
 
 
+facet("gradient", "ConstantFill")(no_gradient)
+
+
+@facet("emitter", "ConstantFill")
+def emit_constant_fill(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    """The kernel's jnp.full, its shape from the arguments, the input's shape or (input_as_shape) its values."""
+    dtype = f"jnp.{np.dtype(_constant_fill_dtype(op)).name}"
+    arg = op.args.get("value")
+    value = literal(0 if arg is None else arg.value)
+    if len(xs) > 1 or (xs and op.ints("extra_shape", ())):
+        raise Unsupported("ConstantFill with a value input or extra_shape")
+    if not xs:
+        shape = literal(tuple(int(d) for d in _shape_source(op)(None)))
+    elif op.bool("input_as_shape", False):
+        shape = f"tuple(np.asarray({xs[0]}).tolist())"
+    else:
+        shape = f"jnp.shape({xs[0]})"
+    return call("jnp.full", shape, value, dtype=Raw(dtype))
+
+
 _GIVEN_DTYPES = {
     "GivenTensorFill": np.dtype(np.float32),
     "GivenTensorDoubleFill": np.dtype(np.float64),
@@ -230,9 +252,23 @@ def given_tensor_fill(op: Op) -> Kernel:
     return _given(op, _convert(op, "values", values, dtype))
 
 
+facet(
+    "gradient",
+    "GivenTensorFill",
+    "GivenTensorDoubleFill",
+    "GivenTensorBoolFill",
+    "GivenTensorInt16Fill",
+    "GivenTensorIntFill",
+    "GivenTensorInt64Fill",
+)(no_gradient)
+
+
 @register("GivenTensorStringFill", inputs=(0, 1))
 def given_tensor_string_fill(op: Op) -> Kernel:
     raise BadArgumentError(f"{op.where}: GivenTensorStringFill is not supported (JAX has no string arrays)")
+
+
+facet("gradient", "GivenTensorStringFill")(no_gradient)
 
 
 @register("GivenTensorByteStringToUInt8Fill", inputs=(0, 1))
@@ -247,10 +283,16 @@ def given_tensor_byte_string_to_uint8_fill(op: Op) -> Kernel:
     return _given(op, np.frombuffer(data, dtype=np.uint8))
 
 
+facet("gradient", "GivenTensorByteStringToUInt8Fill")(no_gradient)
+
+
 @register("RangeFill", inputs=(0, 1), static_inputs=_input_as_shape)
 def range_fill(op: Op) -> Kernel:
     """float32 0, 1, 2, ... in row-major order (Caffe2 uses it to debug reshapes)."""
     return _filler(op, lambda shape, _key: jnp.arange(math.prod(shape), dtype=jnp.float32).reshape(shape))
+
+
+facet("gradient", "RangeFill")(no_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -295,6 +337,9 @@ def uniform_fill(op: Op) -> Kernel:
     return _filler(op, fill)
 
 
+facet("gradient", "UniformFill")(no_gradient)
+
+
 def _randint_inclusive(key: jax.Array, shape: Shape, low: int, high: int) -> jax.Array:
     """int32 uniform on [low, high] even when high + 1 does not fit int32."""
     info = np.iinfo(np.int32)
@@ -323,6 +368,9 @@ def uniform_int_fill(op: Op) -> Kernel:
     return _filler(op, fill, dtype=_INT32)
 
 
+facet("gradient", "UniformIntFill")(no_gradient)
+
+
 @register("GaussianFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape)
 def gaussian_fill(op: Op) -> Kernel:
     """Normal with `mean` (0.0) and `std` (1.0)."""
@@ -330,6 +378,9 @@ def gaussian_fill(op: Op) -> Kernel:
     if std < 0:
         raise BadArgumentError(f"{op.where}: argument 'std' must not be negative, got {std}")
     return _filler(op, lambda shape, key: _normal(key, shape, mean, std))
+
+
+facet("gradient", "GaussianFill")(no_gradient)
 
 
 def _normal(key: jax.Array, shape: Shape, mean: float, std: float | np.floating) -> jax.Array:
@@ -359,6 +410,9 @@ def xavier_fill(op: Op) -> Kernel:
     return _filler(op, fill, _needs_rank(op, 1))
 
 
+facet("gradient", "XavierFill")(no_gradient)
+
+
 @register("MSRAFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape)
 def msra_fill(op: Op) -> Kernel:
     """Normal(0, s) with s = sqrt(2 / fan_out), fan_out = numel / dim 1: current Caffe2's MSRAFillOp
@@ -371,3 +425,6 @@ def msra_fill(op: Op) -> Kernel:
         return _normal(key, shape, 0.0, np.sqrt(np.float32(2) / np.float32(numel // shape[1])))
 
     return _filler(op, fill, _needs_rank(op, 2))
+
+
+facet("gradient", "MSRAFill")(no_gradient)

@@ -21,13 +21,14 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .conv import geometry
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import GradientContext, GradientOps, gradient_op
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -125,6 +126,22 @@ def space_to_batch(op: Op) -> Kernel:
     return kernel
 
 
+# The op whose output is the gradient of these ops' input (their inverse, or their own gradient op)
+_INVERSE_OP = {
+    "SpaceToBatch": "BatchToSpace",
+    "BatchToSpace": "SpaceToBatch",
+    "Col2Im": "Im2Col",
+    "PadImage": "PadImageGradient",
+    "ChannelShuffle": "ChannelShuffleGradient",
+}
+
+
+@facet("gradient", "SpaceToBatch")
+def _inverse_gradient_maker(g: GradientContext) -> GradientOps:
+    """dY -> dX by one op (the inverse op, or the op's own gradient op)."""
+    return [gradient_op(_INVERSE_OP[g.op.type], [g.GO(0)], [g.GI(0)])]
+
+
 @register("BatchToSpace")
 def batch_to_space(op: Op) -> Kernel:
     """SpaceToBatch's inverse (the padding cropped off)."""
@@ -135,6 +152,9 @@ def batch_to_space(op: Op) -> Kernel:
         return _batch_to_space(op, x, pad_t, pad, b)
 
     return kernel
+
+
+facet("gradient", "BatchToSpace")(_inverse_gradient_maker)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -204,6 +224,9 @@ def pad_image(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "PadImage")(_inverse_gradient_maker)
+
+
 @register("PadImageGradient")
 def pad_image_gradient(op: Op) -> Kernel:
     """dY -> dX: each padded position's gradient added to the pixel it copies (the pad value gets none)."""
@@ -253,6 +276,9 @@ def _shuffle_args(op: Op) -> tuple[int, bool]:
 def channel_shuffle(op: Op) -> Kernel:
     groups, nhwc = _shuffle_args(op)
     return lambda x: _shuffle(op, x, groups, nhwc, inverse=False)
+
+
+facet("gradient", "ChannelShuffle")(_inverse_gradient_maker)
 
 
 @register("ChannelShuffleGradient")
@@ -321,6 +347,12 @@ def resize_nearest(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "ResizeNearest")
+def _resize_gradient_maker(g: GradientContext) -> GradientOps:
+    """(dY, X[, scales])."""
+    return [gradient_op(g.op.type + "Gradient", [g.GO(0), g.I(0), *g.op.input[1:2]], [g.GI(0)])]
+
+
 @register("ResizeNearestGradient", inputs=(2, 3))
 def resize_nearest_gradient(op: Op) -> Kernel:
     """(dY, X[, scales]) -> dX [dY's batch and channels, X's spatial dims]: each dY pixel added to the
@@ -375,6 +407,9 @@ def resize_nearest_3d(op: Op) -> Kernel:
         return y
 
     return kernel
+
+
+facet("gradient", "ResizeNearest3D")(_resize_gradient_maker)
 
 
 @register("ResizeNearest3DGradient", inputs=2)
@@ -437,6 +472,9 @@ def upsample_bilinear(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "UpsampleBilinear")(_resize_gradient_maker)
+
+
 @register("UpsampleBilinearGradient", inputs=(2, 3))
 def upsample_bilinear_gradient(op: Op) -> Kernel:
     """(dY, X[, scales]) -> dX [dY's batch and channels, X's spatial dims]: the vjp of the interpolation
@@ -496,6 +534,11 @@ def lrn(op: Op) -> Kernel:
         return x * scale ** np.float32(-beta), scale
 
     return kernel
+
+
+@facet("gradient", "LRN")
+def _lrn_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("LRNGradient", [g.I(0), g.O(0), g.GO(0)], [g.GI(0)])]
 
 
 @register("LRNGradient", inputs=3)
@@ -570,6 +613,11 @@ def im2col(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "Im2Col")
+def _im2col_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("Col2Im", [g.GO(0), g.I(0)], [g.GI(0)])]
+
+
 @register("Col2Im", inputs=2)
 def col2im(op: Op) -> Kernel:
     """(cols, Z) -> an image of Z's shape with each patch element added back at its pixel."""
@@ -588,6 +636,9 @@ def col2im(op: Op) -> Kernel:
         return _vjp(lambda v: _im2col(op, v, args), shape, cols.reshape(patches_shape))
 
     return kernel
+
+
+facet("gradient", "Col2Im")(_inverse_gradient_maker)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -628,6 +679,11 @@ def batch_permutation(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "BatchPermutation")
+def _batch_permutation_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("BatchPermutationGradient", [g.I(1), g.GO(0)], [g.GI(0)])]
+
+
 @register("BatchPermutationGradient", inputs=2)
 def batch_permutation_gradient(op: Op) -> Kernel:
     """(indices, dY) -> dX[indices[i]] = dY[i] (indices is a permutation)."""
@@ -655,6 +711,11 @@ def integral_image(op: Op) -> Kernel:
         return jnp.pad(sums, [(0, 0), (0, 0), (1, 0), (1, 0)])
 
     return kernel
+
+
+@facet("gradient", "IntegralImage")
+def _integral_image_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("IntegralImageGradient", [g.I(0), g.GO(0)], [g.GI(0)])]
 
 
 @register("IntegralImageGradient", inputs=2)

@@ -12,14 +12,18 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ir.netdef import Op
+from ..proto import caffe2_pb2 as pb
 from .common import broadcast_shapes, canonical_axis, is_symbolic, matmul_precision, size_from_dim, size_to_dim
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .emit import Call, EmitWriter, call, codegen_helper
+from .gradient_makers import GradientContext, GradientError, GradientOps, argument, gradient_op
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .shape_facts import Context, Guesses, Solver, Spec, output_like_input, prod
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -66,6 +70,26 @@ def _fc_dims(
     return x_axis, m, k, n, rows, cols
 
 
+@codegen_helper
+def fully_connected(
+    x: jax.Array,
+    w: jax.Array,
+    b: jax.Array,
+    axis: int = 1,
+    axis_w: int = 1,
+    w_is_n_by_k: bool = True,
+    precision: jax.lax.Precision | None = jax.lax.Precision.HIGHEST,
+) -> jax.Array:
+    """Caffe2's FC: x viewed as [M, K] at `axis`, w as [N, K] at `axis_w` ([K, N], FCTransposed's, when not
+    `w_is_n_by_k`); y = x @ w.T + b keeps x's dims before `axis` and gets N last. HIGHEST precision by
+    default: Caffe2 multiplies in float32."""
+    axis, axis_w = axis % x.ndim, axis_w % w.ndim
+    w2 = jnp.reshape(w, (math.prod(w.shape[:axis_w]), math.prod(w.shape[axis_w:])))
+    x2 = jnp.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
+    y = jnp.matmul(x2, w2.T if w_is_n_by_k else w2, precision=precision) + b
+    return jnp.reshape(y, (*x.shape[:axis], y.shape[-1]))
+
+
 def _fc(op: Op, weight_n_by_k: bool) -> Kernel:
     """X is flattened to `M x K` at `axis`, W to `N x K` (FC) or `K x N` (FCTransposed) at `axis_w`;
     Y keeps X's dims before `axis` and gets N as its last dim."""
@@ -75,12 +99,10 @@ def _fc(op: Op, weight_n_by_k: bool) -> Kernel:
 
     def kernel(x, w, b):
         _check_float_inputs(op, (x, w, b))
-        x_axis, m, k, n, rows, cols = _fc_dims(op, x, w, axis, axis_w, weight_n_by_k)
+        x_axis, _, _, n, _, _ = _fc_dims(op, x, w, axis, axis_w, weight_n_by_k)
         if b.ndim != 1 or b.shape[0] != n:
             raise ShapeError(f"{op.where}: bias '{op.inputs[2]}' must be 1-D [{n}], got {list(b.shape)}")
-        w2 = jnp.reshape(w, (rows, cols))
-        y = _matmul(jnp.reshape(x, (m, k)), w2.T if weight_n_by_k else w2) + b
-        return jnp.reshape(y, (*x.shape[:x_axis], n))
+        return fully_connected(x, w, b, x_axis, axis_w, weight_n_by_k, matmul_precision())
 
     return kernel
 
@@ -91,10 +113,44 @@ def fc(op: Op) -> Kernel:
     return _fc(op, weight_n_by_k=True)
 
 
+@facet("gradient", "FC")
+def _fc_gradient_maker(g: GradientContext) -> GradientOps:
+    """`<Op>Gradient(X, W, dY) -> dW, db, dX`."""
+    return [gradient_op(g.op.type + "Gradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(1), g.GI(2), g.GI(0)])]
+
+
+@facet("emitter", "FC")
+def emit_fc(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    keywords = {k: op.int(k) for k in ("axis", "axis_w") if op.int(k, 1) != 1}
+    return call(w.helper(fully_connected), *xs, **keywords)
+
+
 @register("FCTransposed", inputs=3)
 def fc_transposed(op: Op) -> Kernel:
     """`Y = X·W + b` with W `[dim_in, dim_out]`."""
     return _fc(op, weight_n_by_k=False)
+
+
+facet("gradient", "FCTransposed")(_fc_gradient_maker)
+
+
+@facet("shape_rule", "FC", "FCTransposed")
+def fc_shapes(op: Op, ins: list, outs: list, ctx: Context, solver: Solver) -> Guesses:
+    """FC(X, W, b): X is [N, K] (axis 1) or [T, N, K] (axis 2), K from W and axis_w."""
+    if len(ins) < 2 or ins[1] is None:
+        return {}, {}
+    axis, axis_w, weight = op.int("axis", 1), op.int("axis_w", 1), ins[1].shape
+    if op.type == "FCTransposed":
+        size, units = prod(weight[:axis_w]), prod(weight[axis_w:])
+    else:
+        units, size = prod(weight[:axis_w]), prod(weight[axis_w:])
+    x, y = ins[0], outs[0] if outs else None
+    if x is None:
+        lead = ctx.leading(axis, y.shape[:axis] if y is not None and len(y.shape) == axis + 1 else None)
+        return ({0: Spec((*lead, size), ins[1].dtype)} if lead is not None else {}), {}
+    if y is None and len(x.shape) >= axis and axis >= 0:
+        return {}, {0: Spec((*x.shape[:axis], units), x.dtype)}
+    return {}, {}
 
 
 def _fc_gradient(op: Op, weight_n_by_k: bool) -> Kernel:
@@ -175,12 +231,57 @@ def matmul(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "MatMul")
+def _mat_mul_gradient_maker(g: GradientContext) -> GradientOps:
+    """GetMatMulGradient: its own args only. Caffe2 reads `axis_a`/`axis_b` into C++ `bool`s, so the
+    gradient ops get axis 1 for any nonzero forward axis (0 stays 0); reproduced as emitted."""
+    g.copy_args = False
+    a, b, go = g.I(0), g.I(1), g.GO(0)
+    trans_a, trans_b = g.flag("trans_a", False), g.flag("trans_b", False)
+    axis_a, axis_b = int(g.flag("axis_a", True)), int(g.flag("axis_b", True))
+
+    def mm(inputs: list[str], output: str, **args: int) -> pb.OperatorDef:
+        return gradient_op("MatMul", inputs, [output], [argument(k, v) for k, v in args.items()])
+
+    if trans_a and trans_b:
+        return [
+            mm([b, go, a], g.GI(0), trans_a=1, trans_b=1, axis_a=axis_b),
+            mm([go, a, b], g.GI(1), trans_a=1, trans_b=1, axis_b=axis_a),
+        ]
+    if trans_a:
+        return [mm([b, go, a], g.GI(0), trans_b=1, axis_a=axis_b), mm([a, go, b], g.GI(1), axis_a=axis_a)]
+    if trans_b:
+        return [mm([go, b, a], g.GI(0), axis_b=axis_b), mm([go, a, b], g.GI(1), trans_a=1, axis_b=axis_a)]
+    return [mm([go, b, a], g.GI(0), trans_b=1, axis_b=axis_b), mm([a, go, b], g.GI(1), trans_a=1, axis_a=axis_a)]
+
+
 # --------------------------------------------------------------------------------------------------
 # BatchMatMul
 
 
-def _swap_last(x: jax.Array, trans: bool) -> jax.Array:
-    return jnp.swapaxes(x, -1, -2) if trans else x
+def _op_shape(x: jax.Array, trans: bool) -> tuple[int, ...]:
+    """The shape of op(X): its last two dims swapped when `trans` (a 1-D operand is a vector, not transposed)."""
+    shape = tuple(x.shape)
+    return (*shape[:-2], shape[-1], shape[-2]) if trans and x.ndim > 1 else shape
+
+
+@codegen_helper
+def batched_matmul(
+    a: jax.Array,
+    b: jax.Array,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    precision: jax.lax.Precision | None = jax.lax.Precision.HIGHEST,
+) -> jax.Array:
+    """Caffe2's BatchMatMul: numpy.matmul of op(a) and op(b), op swapping the last two dims when asked (a
+    1-D operand is a vector and its flag is ignored); vector times vector has shape [1]."""
+    if a.ndim == 1 and b.ndim == 1:
+        return jnp.reshape(jnp.matmul(a, b, precision=precision), (1,))
+    if trans_a and a.ndim > 1:
+        a = jnp.swapaxes(a, -1, -2)
+    if trans_b and b.ndim > 1:
+        b = jnp.swapaxes(b, -1, -2)
+    return jnp.matmul(a, b, precision=precision)
 
 
 def _batch_shape(op: Op, a_batch: tuple[int, ...], b_batch: tuple[int, ...]) -> tuple[int, ...]:
@@ -224,23 +325,50 @@ def batch_matmul(op: Op) -> Kernel:
         if a.ndim == 1 and b.ndim == 1:
             if a.shape != b.shape:
                 raise mismatch(a.shape[0], b.shape[0])
-            return jnp.reshape(_matmul(a, b), (1,))
-        a_op = a if a.ndim == 1 else _swap_last(a, trans_a)
-        b_op = b if b.ndim == 1 else _swap_last(b, trans_b)
-        k_b = b_op.shape[0] if b_op.ndim == 1 else b_op.shape[-2]
-        if a_op.shape[-1] != k_b:
-            raise mismatch(a_op.shape[-1], k_b)
-        _batch_shape(op, a_op.shape[:-2], b_op.shape[:-2])
-        return _matmul(a_op, b_op)
+            return batched_matmul(a, b, precision=matmul_precision())
+        a_shape, b_shape = _op_shape(a, trans_a), _op_shape(b, trans_b)
+        k_b = b_shape[0] if b.ndim == 1 else b_shape[-2]
+        if a_shape[-1] != k_b:
+            raise mismatch(a_shape[-1], k_b)
+        _batch_shape(op, a_shape[:-2], b_shape[:-2])
+        return batched_matmul(a, b, trans_a, trans_b, matmul_precision())
 
     return kernel
+
+
+@facet("gradient", "BatchMatMul")
+def _batch_mat_mul_gradient_maker(g: GradientContext) -> GradientOps:
+    """dA, dB from BatchMatMuls of G, A, B chosen by trans_a/trans_b; the maker's own args only."""
+    g.copy_args = False
+    if g.flag("broadcast", False):
+        raise GradientError("Gradient is currently not supported with broadcast=1 for BatchMatMul.")
+    a, b, go = g.I(0), g.I(1), g.GO(0)
+    trans_a, trans_b = g.flag("trans_a", False), g.flag("trans_b", False)
+    if trans_a and trans_b:
+        da, db, args_a, args_b = [b, go], [go, a], ("trans_a", "trans_b"), ("trans_a", "trans_b")
+    elif trans_a:
+        da, db, args_a, args_b = [b, go], [a, go], ("trans_b",), ()
+    elif trans_b:
+        da, db, args_a, args_b = [go, b], [go, a], (), ("trans_a",)
+    else:
+        da, db, args_a, args_b = [go, b], [a, go], ("trans_b",), ("trans_a",)
+    return [
+        gradient_op("BatchMatMul", da, [g.GI(0)], [argument(n, 1) for n in args_a]),
+        gradient_op("BatchMatMul", db, [g.GI(1)], [argument(n, 1) for n in args_b]),
+    ]
+
+
+@facet("emitter", "BatchMatMul")
+def emit_batch_matmul(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    keywords = {k: True for k in ("trans_a", "trans_b") if op.bool(k, False)}
+    return call(w.helper(batched_matmul), *xs, **keywords)
 
 
 # --------------------------------------------------------------------------------------------------
 # ElementwiseLinear
 
 
-@register("ElementwiseLinear", inputs=3)
+@register("ElementwiseLinear", inputs=3, shape_rule=output_like_input)
 def elementwise_linear(op: Op) -> Kernel:
     """caffe2/operators/elementwise_linear_op.cc: X viewed `N x D` at `axis`, `Y = X·a + b` with a
     and b 1-D `[D]` scaling each column."""
@@ -256,10 +384,30 @@ def elementwise_linear(op: Op) -> Kernel:
                     f"{op.where}: '{name}' must be 1-D [{d}] (the size of '{op.inputs[0]}' "
                     f"{list(x.shape)} from axis {axis}), got {list(v.shape)}"
                 )
-        rows = jnp.reshape(x, (size_to_dim(x.shape, k), d))
-        return jnp.reshape(rows * a + b, x.shape)
+        return columnwise_linear(x, a, b, k)
 
     return kernel
+
+
+@facet("gradient", "ElementwiseLinear")
+def _elementwise_linear_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs, outputs = [g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1), g.GI(2)]
+    return [gradient_op("ElementwiseLinearGradient", inputs, outputs)]
+
+
+@codegen_helper
+def columnwise_linear(x: jax.Array, a: jax.Array, b: jax.Array, axis: int = 1) -> jax.Array:
+    """Caffe2's ElementwiseLinear: x viewed as [N, D] at `axis`; y = x * a + b, a and b ([D]) scaling and
+    shifting each column."""
+    axis = axis % x.ndim
+    rows = jnp.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
+    return jnp.reshape(rows * a + b, x.shape)
+
+
+@facet("emitter", "ElementwiseLinear")
+def emit_elementwise_linear(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    axis = op.int("axis", 1)
+    return call(w.helper(columnwise_linear), *xs, **({"axis": axis} if axis != 1 else {}))
 
 
 @register("ElementwiseLinearGradient", inputs=3, outputs=3)

@@ -21,13 +21,14 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import canonical_axis, size_from_dim, size_to_dim
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_op, should_not_do_gradient
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -113,6 +114,9 @@ def averaged_loss(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "AveragedLoss")(gradient_from_input)
+
+
 @register("AveragedLossGradient", inputs=(1, 2))
 def averaged_loss_gradient(op: Op) -> Kernel:
     """(X, dLoss) -> dX = dLoss / numel(X) everywhere. Caffe2 before 2017 emitted it with X only,
@@ -148,6 +152,11 @@ def label_cross_entropy(op: Op) -> Kernel:
         return -jnp.log(jnp.maximum(picked, jnp.asarray(LOG_THRESHOLD, x.dtype)))
 
     return kernel
+
+
+@facet("gradient", "LabelCrossEntropy")
+def _label_cross_entropy_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("LabelCrossEntropyGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 @register("LabelCrossEntropyGradient", inputs=3)
@@ -190,6 +199,11 @@ def cross_entropy(op: Op) -> Kernel:
         return -jnp.sum(labels * logs, axis=1)
 
     return kernel
+
+
+@facet("gradient", "CrossEntropy")
+def _cross_entropy_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("CrossEntropyGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 @register("CrossEntropyGradient", inputs=3)
@@ -280,6 +294,11 @@ def sigmoid_cross_entropy_with_logits(op: Op) -> Kernel:
         return -jnp.sum(terms, axis=-1) / jnp.asarray(_inner_size(op, logits, 0), logits.dtype)
 
     return kernel
+
+
+@facet("gradient", "SigmoidCrossEntropyWithLogits")
+def _sigmoid_cross_entropy_with_logits_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("SigmoidCrossEntropyWithLogitsGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0)])]
 
 
 def _xent_gradient_factor(op: Op, g: Any, logits: Any) -> Any:
@@ -385,6 +404,13 @@ def softmax_with_loss(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "SoftmaxWithLoss")
+def _softmax_with_loss_gradient_maker(g: GradientContext) -> GradientOps:
+    """(X, labels[, weights], softmax, dLoss); the softmax output's gradient is not read."""
+    inputs = [g.I(i) for i in range(len(g.op.input))] + [g.O(0), g.GO(1)]
+    return [gradient_op("SoftmaxWithLossGradient", inputs, [g.GI(0)])]
+
+
 @register("SoftmaxWithLossGradient", inputs=(4, 5))
 def softmax_with_loss_gradient(op: Op) -> Kernel:
     """(logits, labels[, weights], softmax, dLoss) -> dlogits = weight[n] · (softmax - target) ·
@@ -443,6 +469,11 @@ def squared_l2_distance(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "SquaredL2Distance")
+def _squared_l2_distance_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("SquaredL2DistanceGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0), g.GI(1)])]
+
+
 @register("SquaredL2DistanceGradient", inputs=3, outputs=2)
 def squared_l2_distance_gradient(op: Op) -> Kernel:
     """(X, Y, dDistance [N]) -> (dX, dY): dX = (X - Y) · dDistance[row], dY = -dX."""
@@ -486,6 +517,12 @@ def weighted_sigmoid_cross_entropy_with_logits(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "WeightedSigmoidCrossEntropyWithLogits")
+def _weighted_sigmoid_xent_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs = [g.GO(0), g.I(0), g.I(1), g.I(2)]
+    return [gradient_op("WeightedSigmoidCrossEntropyWithLogitsGradient", inputs, [g.GI(0)])]
+
+
 @register("WeightedSigmoidCrossEntropyWithLogitsGradient", inputs=4)
 def weighted_sigmoid_cross_entropy_with_logits_gradient(op: Op) -> Kernel:
     """(dY, logits, targets, weights) -> dlogits = -dY[row] / inner · (target - sigmoid(logit)) · weight."""
@@ -513,6 +550,11 @@ def make_two_class(op: Op) -> Kernel:
         return jnp.stack([1 - x, x], axis=-1)
 
     return kernel
+
+
+@facet("gradient", "MakeTwoClass")
+def _make_two_class_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("MakeTwoClassGradient", [g.GO(0)], [g.GI(0)])]
 
 
 @register("MakeTwoClassGradient")
@@ -557,6 +599,12 @@ def margin_ranking_criterion(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "MarginRankingCriterion")
+def _margin_ranking_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs = [g.I(0), g.I(1), g.I(2), g.GO(0)]
+    return [gradient_op("MarginRankingCriterionGradient", inputs, [g.GI(0), g.GI(1)])]
+
+
 @register("MarginRankingCriterionGradient", inputs=4, outputs=2)
 def margin_ranking_criterion_gradient(op: Op) -> Kernel:
     """(X1, X2, Y, dLoss) -> (dX1, dX2) = (-Y · dLoss, Y · dLoss) where the margin is not met (dist >= 0),
@@ -591,6 +639,11 @@ def cosine_embedding_criterion(op: Op) -> Kernel:
         return jnp.where(positive, 1 - s, jnp.maximum(jnp.zeros((), s.dtype), s - margin))
 
     return kernel
+
+
+@facet("gradient", "CosineEmbeddingCriterion")
+def _cosine_embedding_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("CosineEmbeddingCriterionGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 @register("CosineEmbeddingCriterionGradient", inputs=3)
@@ -679,6 +732,14 @@ def pair_wise_loss(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "PairWiseLoss")
+def _pair_wise_loss_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs = [g.I(0), g.I(1), g.GO(0)]
+    if len(g.op.input) == 3:
+        inputs.append(g.I(2))
+    return [gradient_op("PairWiseLossGradient", inputs, [g.GI(0)])]
+
+
 @register("PairWiseLossGradient", inputs=(3, 4))
 def pair_wise_loss_gradient(op: Op) -> Kernel:
     """(X, label, dY[, lengths]) -> dX: for each pair, g = sign · dY / (1 + exp(-sign · (X[j] - X[i])))
@@ -733,6 +794,11 @@ def bernoulli_jsd(op: Op) -> Kernel:
         return _entropy(avg) - (_entropy(x) + _entropy(t)) / 2
 
     return kernel
+
+
+@facet("gradient", "BernoulliJSD")
+def _bernoulli_jsd_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("BernoulliJSDGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0)])]
 
 
 @register("BernoulliJSDGradient", inputs=3)
@@ -804,6 +870,14 @@ def spatial_softmax_with_loss(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "SpatialSoftmaxWithLoss")
+def _spatial_softmax_with_loss_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs = [g.I(0), g.I(1), g.O(0), g.GO(1)]
+    if len(g.op.input) == 3:
+        inputs.insert(2, g.I(2))
+    return [gradient_op("SpatialSoftmaxWithLossGradient", inputs, [g.GI(0)])]
+
+
 @register("SpatialSoftmaxWithLossGradient", inputs=(4, 5))
 def spatial_softmax_with_loss_gradient(op: Op) -> Kernel:
     """(X, labels[, weights], P, dLoss) -> dX = (P - onehot(label)) · w, zero at don't-care pixels,
@@ -867,6 +941,9 @@ def accuracy(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "Accuracy")(should_not_do_gradient)
+
+
 @register("MultiClassAccuracy", inputs=2, outputs=2)
 def multi_class_accuracy(op: Op) -> Kernel:
     """(X [N, D], label [N]) -> (accuracies [D] float, amounts [D] int32): per class, the share of its
@@ -890,6 +967,9 @@ def multi_class_accuracy(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "MultiClassAccuracy")(should_not_do_gradient)
+
+
 @register("Perplexity")
 def perplexity(op: Op) -> Kernel:
     """X [N] probabilities -> 0-d Π x^(-1/N) (1 for N = 0). Caffe2 takes N = dim(0) and reads the first N
@@ -906,3 +986,6 @@ def perplexity(op: Op) -> Kernel:
         return jnp.prod(jnp.power(first, jnp.asarray(-1.0 / n, x.dtype)))
 
     return kernel
+
+
+facet("gradient", "Perplexity")(should_not_do_gradient)

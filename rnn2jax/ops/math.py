@@ -19,15 +19,28 @@ import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
+from ..proto import caffe2_pb2 as pb
 from .checks import enforce, first_bad, literal, runtime_checked
 from .elementwise import FLOATING, NUMERIC, _check_dtypes, _legacy_axis, _legacy_b_shape, binary, unary
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import (
+    GradientContext,
+    GradientError,
+    GradientOps,
+    argument,
+    gradient_from_input,
+    gradient_from_output,
+    gradient_not_implemented_yet,
+    gradient_op,
+    should_not_do_gradient,
+)
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .shape_facts import all_same_shape, output_like_input
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -104,6 +117,42 @@ for _type, (_fn, _allowed) in UNARY.items():
     _register_unary(_type, _fn, _allowed)
 
 
+@facet("gradient", "Cube", "Sinh", "Cosh")
+def _gradient_from_dy_and_input(g: GradientContext) -> GradientOps:
+    """`<Op>Gradient(dY, X)`."""
+    return [gradient_op(g.op.type + "Gradient", [g.GO(0), g.I(0)], [g.GI(0)])]
+
+
+@facet("gradient", "Rsqrt", "Cbrt")
+def _gradient_from_dy_and_output(g: GradientContext) -> GradientOps:
+    """`<Op>Gradient(dY, Y)`."""
+    return [gradient_op(g.op.type + "Gradient", [g.GO(0), g.O(0)], [g.GI(0)])]
+
+
+@facet("gradient", "Sqr")
+def _sqr_gradient_maker(g: GradientContext) -> GradientOps:
+    """dX = 2 dY X: Scale doubles dY IN PLACE (sqr_op.cc), then Mul."""
+    return [
+        gradient_op("Scale", [g.GO(0)], [g.GO(0)], [argument("scale", 2.0)]),
+        gradient_op("Mul", [g.GO(0), g.I(0)], [g.GI(0)]),
+    ]
+
+
+facet("gradient", "Sign")(should_not_do_gradient)
+
+
+facet("gradient", "Ceil", "Floor")(gradient_not_implemented_yet)
+
+
+facet("gradient", "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Log1p")(gradient_from_input)
+
+
+facet("gradient", "Reciprocal")(gradient_from_output)
+
+
+facet("shape_rule", "Sqr")(output_like_input)
+
+
 # Gradient op -> (dY is its first input, formula of (value, dY), dtypes); `value` is X or Y as Caffe2's
 # maker passes it (caffe2/operators/<op>_op.cc, the *GradientFunctor).
 UNARY_GRADIENTS: dict[str, tuple[bool, Callable[[jax.Array, jax.Array], jax.Array], frozenset[np.dtype]]] = {
@@ -173,6 +222,9 @@ def logit(op: Op) -> Kernel:
     return unary(op, fn, FLOATING, _FLOAT_KIND)
 
 
+facet("gradient", "Logit")(gradient_from_input)
+
+
 @register("LogitGradient", inputs=2)
 def logit_gradient(op: Op) -> Kernel:
     """`(X, dY) -> dY / (X (1 - X))`, 0 where X is outside [eps, 1 - eps]."""
@@ -195,6 +247,9 @@ def replace_nan(op: Op) -> Kernel:
     return unary(op, lambda x: jnp.where(jnp.isnan(x), jnp.asarray(value, x.dtype), x), _FLOAT_DOUBLE, _FLOAT_KIND)
 
 
+facet("gradient", "ReplaceNaN")(should_not_do_gradient)
+
+
 def _require_finite(op: Op, x: jax.Array) -> None:
     bad = ~jnp.isfinite(x)
     message = f"{literal(op.where)}: '{literal(op.inputs[0])}' holds a non-finite value ({{bad}})"
@@ -213,6 +268,9 @@ def enforce_finite(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "EnforceFinite")(should_not_do_gradient)
+
+
 @register("NanCheck", inputs=(1, None))
 def nan_check(op: Op) -> Kernel:
     """Copies input 0, refusing it when it holds NaN or infinity; the other inputs are only printed by
@@ -226,10 +284,18 @@ def nan_check(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "NanCheck")
+def _nan_check_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("NanCheck", [g.GO(0)], [g.GI(0)])]
+
+
 @register("IsNaN")
 def is_nan(op: Op) -> Kernel:
     """A uint8 mask of the NaNs (caffe2/operators/isnan_op.cc)."""
     return unary(op, lambda x: jnp.isnan(x).astype(jnp.uint8), _FLOAT_DOUBLE, _FLOAT_KIND)
+
+
+facet("gradient", "IsNaN")(Absent("Caffe2 registers no gradient for it"))
 
 
 runtime_checked("EnforceFinite", "NanCheck", "SquareRootDivide")
@@ -276,6 +342,62 @@ def pow_(op: Op) -> Kernel:
     return kernel
 
 
+def _pow_legacy_arguments(g: GradientContext) -> list[pb.Argument]:
+    """The forward's broadcast, axis, axis_str and order, defaults filled in (GetPowGradient)."""
+    defaults = (("broadcast", 0), ("axis", -1), ("axis_str", ""), ("order", "NCHW"))
+    args = []
+    for name, default in defaults:
+        arg = g.arg(name)
+        if arg is None:
+            arg = argument(name, default)
+        args.append(arg)
+    return args
+
+
+@facet("gradient", "Pow")
+def _pow_gradient_maker(g: GradientContext) -> GradientOps:
+    """With the `exponent` argument: `dX = e X^(e-1) dY` (Pow, Mul, Scale). With an exponent input E:
+    `dX = E X^(E-1) dY` and `dE = log(X) Y dY`, summed back to E's shape with SumReduceLike when the
+    forward has a `broadcast` argument (caffe2/operators/pow_op.cc). Only the maker's arguments."""
+    g.copy_args = False
+    exponent_arg = g.arg("exponent")
+    if exponent_arg is not None:
+        e = np.float32(exponent_arg.f)
+        if g.I(0) != g.O(0):
+            power = np.float32(e - np.float32(1))
+        else:
+            if not abs(float(e)) > 1e-12:
+                raise GradientError("In-place Pow gradient needs a nonzero exponent")
+            power = np.float32(np.float32(e - np.float32(1)) / e)
+        return [
+            gradient_op("Pow", [g.I(0)], [g.GI(0)], [argument("exponent", float(power))]),
+            gradient_op("Mul", [g.GI(0), g.GO(0)], [g.GI(0)]),
+            gradient_op("Scale", [g.GI(0)], [g.GI(0)], [argument("scale", float(e))]),
+        ]
+    if g.I(0) == g.O(0) or g.I(1) == g.O(0):
+        raise GradientError("Gradient computation cannot be carried out if Pow uses in-place computation")
+    legacy = g.arg("broadcast") is not None
+    args = _pow_legacy_arguments(g) if legacy else []
+    x, e, gx, ge = g.I(0), g.I(1), g.GI(0), g.GI(1)
+    pre = ge + "_autogen_pre_red"
+    ops = [
+        gradient_op("ConstantFill", [e], [ge], [argument("value", 1.0)]),
+        gradient_op("Sub", [e, ge], [ge]),
+        gradient_op("Pow", [x, ge], [gx], args),
+        gradient_op("Mul", [gx, g.GO(0)], [gx]),
+        gradient_op("Mul", [gx, e], [gx], args),
+        gradient_op("Log", [x], [pre]),
+        gradient_op("Mul", [pre, g.O(0)], [pre]),
+    ]
+    if legacy:
+        return [
+            *ops,
+            gradient_op("Mul", [pre, g.GO(0)], [pre]),
+            gradient_op("SumReduceLike", [pre, e], [ge], args[1:]),
+        ]
+    return [*ops, gradient_op("Mul", [pre, g.GO(0)], [ge])]
+
+
 # --------------------------------------------------------------------------------------------------
 # Mod, bitwise, IsMemberOf
 
@@ -298,8 +420,14 @@ def mod(op: Op) -> Kernel:
     return unary(op, fn, INTEGERS, "int32 and int64")
 
 
+facet("gradient", "Mod")(Absent("Caffe2 registers no gradient for it"))
+
+
 for _type, _fn in (("BitwiseAnd", jnp.bitwise_and), ("BitwiseOr", jnp.bitwise_or), ("BitwiseXor", jnp.bitwise_xor)):
     register(_type, inputs=2)(functools.partial(binary, fn=_fn, allowed=BITWISE, kind="int32, int64 and bool"))
+
+
+facet("gradient", "BitwiseAnd", "BitwiseOr", "BitwiseXor")(should_not_do_gradient)
 
 
 _DTYPE_CODES = {2: np.dtype(np.int32), 10: np.dtype(np.int64), 5: np.dtype(np.bool_)}
@@ -331,6 +459,9 @@ def is_member_of(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "IsMemberOf")(should_not_do_gradient)
+
+
 # --------------------------------------------------------------------------------------------------
 # n-ary: Max, Min, Mean, SumInt, SumRelu
 
@@ -358,17 +489,28 @@ def _select(op: Op, fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Kernel:
     return kernel
 
 
-@register("Max", inputs=(1, None))
+@register("Max", inputs=(1, None), shape_rule=all_same_shape)
 def max_(op: Op) -> Kernel:
     """Elementwise max of inputs of one shape. (Caffe2 1.10 never checks input 1's shape and reads past
     a smaller one; rnn2jax refuses it.)"""
     return _select(op, _max)
 
 
-@register("Min", inputs=(1, None))
+@facet("gradient", "Max")
+def _select_gradient_maker(g: GradientContext) -> GradientOps:
+    """`<Op>Gradient(Y, dY, X0, X1, ...) -> (dX0, dX1, ...)`."""
+    n = len(g.op.input)
+    inputs = [g.O(0), g.GO(0), *(g.I(i) for i in range(n))]
+    return [gradient_op(g.op.type + "Gradient", inputs, [g.GI(i) for i in range(n)])]
+
+
+@register("Min", inputs=(1, None), shape_rule=all_same_shape)
 def min_(op: Op) -> Kernel:
     """Elementwise min of inputs of one shape (see Max)."""
     return _select(op, _min)
+
+
+facet("gradient", "Min")(_select_gradient_maker)
 
 
 def _select_gradient(op: Op) -> Kernel:
@@ -411,6 +553,11 @@ def mean(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "Mean")
+def _mean_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("MeanGradient", [g.GO(0)], [g.GI(i) for i in range(len(g.op.input))])]
+
+
 @register("MeanGradient", outputs=(1, None))
 def mean_gradient(op: Op) -> Kernel:
     """`dY -> dY / n` for each of the n outputs (the forward's inputs)."""
@@ -435,6 +582,9 @@ def sum_int(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "SumInt")(Absent("Caffe2 registers no gradient for it"))
+
+
 _SUM_RELU_TYPES = frozenset(np.dtype(t) for t in (np.int32, np.float16, np.float32, np.float64))
 
 
@@ -450,6 +600,9 @@ def sum_relu(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "SumRelu")(Absent("Caffe2 registers no gradient for it"))
+
+
 # --------------------------------------------------------------------------------------------------
 # Identity-like ops of gradient plumbing
 
@@ -460,10 +613,20 @@ def negate_gradient(op: Op) -> Kernel:
     return lambda x: jnp.asarray(x)
 
 
+@facet("gradient", "NegateGradient")
+def _negate_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("Negative", [g.GO(0)], [g.GI(0)])]
+
+
 @register("ZeroGradient", outputs=0)
 def zero_gradient(op: Op) -> Kernel:
     """No output forward; its gradient maker feeds X a zero gradient (zero_gradient_op.cc)."""
     return lambda x: ()
+
+
+@facet("gradient", "ZeroGradient")
+def _zero_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("ConstantFill", [g.I(0)], [g.GI(0)], [argument("value", 0.0)])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -507,6 +670,12 @@ def dot_product(op: Op) -> Kernel:
         return jnp.sum(jnp.reshape(x, (n, -1)) * jnp.reshape(y, (n, -1)), axis=1) if n else jnp.zeros((0,), x.dtype)
 
     return kernel
+
+
+@facet("gradient", "DotProduct")
+def _pairwise_gradient_maker(g: GradientContext) -> GradientOps:
+    """`<Op>Gradient(X, Y, dZ) -> dX, dY`."""
+    return [gradient_op(g.op.type + "Gradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0), g.GI(1)])]
 
 
 @register("DotProductGradient", inputs=3, outputs=2)
@@ -582,6 +751,18 @@ def dot_product_with_padding(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "DotProductWithPadding")
+def _dot_product_with_padding_gradient_maker(g: GradientContext) -> GradientOps:
+    """Its own `pad_value` and `replicate` (read from fields f and i), then the copied forward args."""
+    pad, replicate = g.arg("pad_value"), g.arg("replicate")
+    args = [
+        argument("pad_value", float(pad.f) if pad is not None else 0.0),
+        argument("replicate", bool(replicate.i) if replicate is not None else False),
+    ]
+    inputs, outputs = [g.I(0), g.I(1), g.GO(0)], [g.GI(0), g.GI(1)]
+    return [gradient_op("DotProductWithPaddingGradient", inputs, outputs, args)]
+
+
 @register("DotProductWithPaddingGradient", inputs=3, outputs=2)
 def dot_product_with_padding_gradient(op: Op) -> Kernel:
     """`(X, Y, dZ) -> (dX, dY)`: each row of one input times dZ[i] goes to the other's matching part;
@@ -640,6 +821,9 @@ def cosine_similarity(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "CosineSimilarity")(_pairwise_gradient_maker)
+
+
 @register("CosineSimilarityGradient", inputs=3, outputs=2)
 def cosine_similarity_gradient(op: Op) -> Kernel:
     """dX[i] = dC[i] (Y[i] / (|X||Y|) - <X,Y> X[i] / (|X|^3 |Y|)), and symmetrically dY (distance_op.cc)."""
@@ -682,6 +866,9 @@ def l1_distance(op: Op) -> Kernel:
         return jnp.sum(jnp.abs(xr - yr), axis=1)
 
     return kernel
+
+
+facet("gradient", "L1Distance")(_pairwise_gradient_maker)
 
 
 @register("L1DistanceGradient", inputs=3, outputs=2)
@@ -730,6 +917,11 @@ def square_root_divide(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "SquareRootDivide")
+def _square_root_divide_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("SquareRootDivide", [g.GO(0), g.I(1)], [g.GI(0)])]
+
+
 @register("RowMul", inputs=2)
 def row_mul(op: Op) -> Kernel:
     """Row i of MAT times W[i]; W (any shape) holds one value per row (caffe2/operators/rowmul_op.h)."""
@@ -744,3 +936,14 @@ def row_mul(op: Op) -> Kernel:
         return mat * jnp.reshape(w, (mat.shape[0],) + (1,) * (mat.ndim - 1))
 
     return kernel
+
+
+@facet("gradient", "RowMul")
+def _row_mul_gradient_maker(g: GradientContext) -> GradientOps:
+    """dMAT = RowMul(dY, W); dW = the row sums of dY * MAT (reduction_ops.cc)."""
+    before = g.GI(1) + "before_aggregate"
+    return [
+        gradient_op("RowMul", [g.GO(0), g.I(1)], [g.GI(0)]),
+        gradient_op("Mul", [g.GO(0), g.I(0)], [before]),
+        gradient_op("ReduceTailSum", [before], [g.GI(1)]),
+    ]

@@ -14,14 +14,24 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
+from .emit import Call, EmitWriter, Unsupported, call, codegen_helper
+from .gradient_makers import (
+    GradientContext,
+    GradientError,
+    GradientOps,
+    gradient_not_implemented_yet,
+    gradient_op,
+    should_not_do_gradient,
+)
 from .reduce import channel_view, require_dtype, storage_order
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .shape_facts import output_like_input
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -45,22 +55,65 @@ def layer_norm(op: Op) -> Kernel:
             raise ShapeError(f"{op.where}: LayerNorm needs an input of rank >= 2, got shape {x.shape}")
         _require_float(op, x)
         k = canonical_axis(op, axis, x.ndim)
-        n = size_from_dim(x.shape, k)
-        rows = x.reshape(size_to_dim(x.shape, k), n)
-        if n == 0:  # Caffe2: empty rows have mean 0 and variance 0 (so std = sqrt(epsilon))
-            mean = jnp.zeros((rows.shape[0], 1), x.dtype)
-            var_eps = jnp.full((rows.shape[0], 1), epsilon, x.dtype)
-        else:
-            mean = jnp.mean(rows, axis=1, keepdims=True)
-            var_eps = jnp.mean(jnp.square(rows - mean), axis=1, keepdims=True) + jnp.asarray(epsilon, x.dtype)
-        centred = rows - mean
-        y = centred * jax.lax.rsqrt(var_eps)
         if affine:
-            y = y * _affine_param(op, 1, gamma, n) + _affine_param(op, 2, beta, n)
-        stat_shape = (*x.shape[:k], 1)
-        return y.reshape(x.shape), mean.reshape(stat_shape), jnp.sqrt(var_eps).reshape(stat_shape)
+            n = size_from_dim(x.shape, k)
+            gamma, beta = _affine_param(op, 1, gamma, n), _affine_param(op, 2, beta, n)
+        return normalize_rows(x, gamma if affine else None, beta if affine else None, k, epsilon)
 
     return kernel
+
+
+@codegen_helper
+def normalize_rows(
+    x: jax.Array,
+    gamma: jax.Array | None = None,
+    beta: jax.Array | None = None,
+    axis: int = 1,
+    epsilon: float = 9.999999747378752e-06,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Caffe2's LayerNorm -> (y, mean, std): each row of x viewed at `axis` is normalised with its mean and
+    biased variance (then scaled by gamma and shifted by beta, when given); mean and std keep the dims before
+    `axis` plus a 1. Empty rows have mean 0 and variance 0, as in Caffe2. epsilon's default is Caffe2's 1e-5f."""
+    axis = axis % x.ndim
+    n = math.prod(x.shape[axis:])
+    rows = jnp.reshape(x, (math.prod(x.shape[:axis]), n))
+    if n == 0:
+        mean = jnp.zeros((rows.shape[0], 1), x.dtype)
+        var_eps = jnp.full((rows.shape[0], 1), epsilon, x.dtype)
+    else:
+        mean = jnp.mean(rows, axis=1, keepdims=True)
+        var_eps = jnp.mean(jnp.square(rows - mean), axis=1, keepdims=True) + jnp.asarray(epsilon, x.dtype)
+    y = (rows - mean) * jax.lax.rsqrt(var_eps)
+    if gamma is not None:
+        y = y * jnp.reshape(gamma, (n,)) + jnp.reshape(beta, (n,))
+    stat = (*x.shape[:axis], 1)
+    return jnp.reshape(y, x.shape), jnp.reshape(mean, stat), jnp.reshape(jnp.sqrt(var_eps), stat)
+
+
+@facet("emitter", "LayerNorm", "C10LayerNorm_DontUseThisOpYet")
+def emit_layer_norm(w: EmitWriter, op: Op, xs: list[str]) -> Call | str:
+    keywords = {"axis": op.int("axis", 1), "epsilon": op.float("epsilon", float(np.float32(1e-5)))}
+    args = xs if op.bool("elementwise_affine", False) else xs[:1]
+    value = call(w.helper(normalize_rows), *args, **keywords)
+    if len(op.outputs) == 3:
+        return value
+    return f"{value.flat()}[0]" if len(op.outputs) == 1 else f"{value.flat()}[:2]"
+
+
+@facet("gradient", "LayerNorm")
+def _layer_norm_gradient_maker(g: GradientContext) -> GradientOps:
+    """Gamma and beta get gradients too with `elementwise_affine`."""
+    affine = g.arg("elementwise_affine")
+    if affine is not None and affine.i:
+        inputs = [g.GO(0), g.O(0), g.O(1), g.O(2), g.I(0), g.I(1)]
+        return [gradient_op("LayerNormGradient", inputs, [g.GI(0), g.GI(1), g.GI(2)])]
+    return [gradient_op("LayerNormGradient", [g.GO(0), g.O(0), g.O(1), g.O(2), g.I(0)], [g.GI(0)])]
+
+
+facet("gradient", "C10LayerNorm_DontUseThisOpYet")(Absent("Caffe2 registers no gradient for it"))
+
+
+facet("shape_rule", "LayerNorm")(output_like_input)
 
 
 def _affine_param(op: Op, index: int, value: jax.Array, n: int, what: str = "") -> jax.Array:
@@ -79,7 +132,7 @@ def _require_float(op: Op, x: jax.Array) -> None:
         raise ShapeError(f"{op.where}: {op.type} takes a float input '{op.inputs[0]}', got {x.dtype}")
 
 
-@register("Dropout", outputs=(1, 2), random=True)
+@register("Dropout", outputs=(1, 2), random=True, shape_rule=output_like_input)
 def dropout(op: Op) -> Kernel:
     """`X -> (Y, mask)`, X a float tensor. Training keeps each element with probability `1 - ratio` and
     scales kept ones by `1/(1 - ratio)`; test mode is the identity (mask all true, which Caffe2 leaves
@@ -102,6 +155,21 @@ def dropout(op: Op) -> Kernel:
         return x * jnp.asarray(scale, x.dtype) * mask.astype(x.dtype), mask
 
     return kernel
+
+
+@facet("gradient", "Dropout")
+def _dropout_gradient_maker(g: GradientContext) -> GradientOps:
+    """In test mode there is no mask to read."""
+    inputs = [g.GO(0)] if g.flag("is_test", False) else [g.GO(0), g.O(1)]
+    return [gradient_op("DropoutGrad", inputs, [g.GI(0)])]
+
+
+@facet("emitter", "Dropout")
+def emit_dropout(w: EmitWriter, op: Op, xs: list[str]) -> str:
+    """Test mode only (the identity, mask all true), as the kernel computes it."""
+    if op.int("is_test", 0) == 0:
+        raise Unsupported("Dropout in training mode (is_test=0) is random; the module is for inference")
+    return xs[0] if len(op.outputs) == 1 else f"{xs[0]}, jnp.ones(jnp.shape({xs[0]}), jnp.bool_)"
 
 
 def _dropout_args(op: Op) -> tuple[float, bool, np.float32]:
@@ -291,6 +359,31 @@ def spatial_bn(op: Op) -> Kernel:
     return kernel
 
 
+def _enforce_for_gradient(ok: bool, message: str) -> None:
+    """A maker's CAFFE_ENFORCE."""
+    if not ok:
+        raise GradientError(message)
+
+
+@facet("gradient", "SpatialBN")
+def _spatial_bn_gradient_maker(g: GradientContext) -> GradientOps:
+    """Test mode hands the running mean and variance over as the saved mean and inverse std."""
+    is_test = g.arg("is_test")
+    num_batches = g.arg("num_batches")
+    outputs = [g.GI(0), g.GI(1), g.GI(2)]
+    n_in, n_out = len(g.op.input), len(g.op.output)
+    if is_test is not None and is_test.i:
+        _enforce_for_gradient(n_in == 5 and n_out == 1, "SpatialBN in test mode has 5 inputs and 1 output")
+        inputs = [g.I(0), g.I(1), g.GO(0), g.I(3), g.I(4)]
+    elif num_batches is not None and num_batches.i > 1:
+        _enforce_for_gradient(n_in == 7 and n_out == 5, "SpatialBN with num_batches > 1 has 7 inputs and 5 outputs")
+        inputs = [g.I(0), g.I(1), g.GO(0), g.O(3), g.O(4), g.GI(1), g.GI(2)]
+    else:
+        _enforce_for_gradient(n_in == 5 and n_out == 5, "SpatialBN in training mode has 5 inputs and 5 outputs")
+        inputs = [g.I(0), g.I(1), g.GO(0), g.O(3), g.O(4)]
+    return [gradient_op("SpatialBNGradient", inputs, outputs)]
+
+
 def _bn_view(op: Op, x: jax.Array, nchw: bool, min_ndim: int) -> tuple[jax.Array, int, int, int]:
     """X as [N, C, HxW] / [N, HxW, C]: C must not be 0 (Caffe2 divides by it); N may be."""
     if x.ndim < min_ndim:
@@ -410,6 +503,15 @@ def group_norm(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "GroupNorm")
+def _group_norm_gradient_maker(g: GradientContext) -> GradientOps:
+    _enforce_for_gradient(
+        len(g.op.output) == 3, "(i >= 0) && (i < def_.output().size()): GroupNorm's gradient reads mu and rsig"
+    )
+    inputs = [g.GO(0), g.I(0), g.I(1), g.I(2), g.O(1), g.O(2)]
+    return [gradient_op("GroupNormGradient", inputs, [g.GI(0), g.GI(1), g.GI(2)])]
+
+
 def _norm_backward(
     dy: jax.Array, x: jax.Array, mu: jax.Array, rsig: jax.Array, gamma: jax.Array, axes: tuple[int, ...]
 ) -> jax.Array:
@@ -493,6 +595,12 @@ def instance_norm(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "InstanceNorm")
+def _instance_norm_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs = [g.I(0), g.I(1), g.I(2), g.GO(0)] + [g.O(i) for i in range(1, len(g.op.output))]
+    return [gradient_op("InstanceNormGradient", inputs, [g.GI(0), g.GI(1), g.GI(2)])]
+
+
 @register("InstanceNormGradient", inputs=(4, 6), outputs=3)
 def instance_norm_gradient(op: Op) -> Kernel:
     """`(X, scale, bias, dY[, mean, rstd]) -> (dX, dscale, dbias)`; without both statistics (4 or 5
@@ -541,6 +649,13 @@ def affine_channel(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "AffineChannel")
+def _affine_channel_gradient_maker(g: GradientContext) -> GradientOps:
+    if g.flag("is_learnable", False):
+        return [gradient_op("AffineChannelGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1), g.GI(2)])]
+    return [gradient_op("AffineChannelGradient", [g.GO(0), g.I(1)], [g.GI(0)])]
+
+
 @register("AffineChannelGradient", inputs=(2, 3), outputs=(1, 3))
 def affine_channel_gradient(op: Op) -> Kernel:
     """`(dY, scale) -> dX = dY·scale[c]`, or with `is_learnable` `(dY, X, scale) -> (dX, dscale, dbias)`,
@@ -586,6 +701,9 @@ def channel_stats(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "ChannelStats")(should_not_do_gradient)
+
+
 @register("ChannelBackpropStats", inputs=4, outputs=2)
 def channel_backprop_stats(op: Op) -> Kernel:
     """`(X, mean, inv_std, dY) -> (dscale, dbias)`: SpatialBNGradient's per-channel sums for NCHW X of
@@ -604,6 +722,9 @@ def channel_backprop_stats(op: Op) -> Kernel:
         return dscale, jnp.sum(g, axis=(0, 2))
 
     return kernel
+
+
+facet("gradient", "ChannelBackpropStats")(should_not_do_gradient)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -632,6 +753,14 @@ def lp_norm(op: Op) -> Kernel:
         return (total / size).reshape(1)
 
     return kernel
+
+
+@facet("gradient", "LpNorm")
+def _lp_norm_normalize_gradient_maker(g: GradientContext) -> GradientOps:
+    """`<Op>Gradient(X, dY)`; Normalize's maker enforces its one input."""
+    if g.op.type == "Normalize":
+        _enforce_for_gradient(len(g.op.input) == 1, "Normalize has one input")
+    return [gradient_op(g.op.type + "Gradient", [g.I(0), g.GO(0)], [g.GI(0)])]
 
 
 @register("LpNormGradient", inputs=2)
@@ -677,6 +806,9 @@ def normalize(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "Normalize")(_lp_norm_normalize_gradient_maker)
+
+
 @register("NormalizeGradient", inputs=2)
 def normalize_gradient(op: Op) -> Kernel:
     """`(X, dY) -> dX = dY/n - X·Σ(X·dY)/n³`, `n = max(‖X‖₂, 1e-12)` along `axis`."""
@@ -711,6 +843,9 @@ def normalize_l1(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "NormalizeL1")(Absent("Caffe2 registers no gradient for it"))
+
+
 @register("RMSNorm", inputs=3, outputs=2)
 def rms_norm(op: Op) -> Kernel:
     """`(X, gamma, beta) -> (Y, rrms)`: rows `size_to_dim(axis) x size_from_dim(axis)`, `rrms =
@@ -733,6 +868,11 @@ def rms_norm(op: Op) -> Kernel:
         return y.reshape(x.shape), rrms.reshape(x.shape[:k])
 
     return kernel
+
+
+@facet("gradient", "RMSNorm")
+def _rms_norm_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("RMSNormGradient", [g.GO(0), g.I(0), g.I(1), g.O(1)], [g.GI(0), g.GI(1), g.GI(2)])]
 
 
 @register("RMSNormGradient", inputs=4, outputs=3)
@@ -794,3 +934,6 @@ def batch_box_cox(op: Op) -> Kernel:
         return y.reshape(x.shape)
 
     return kernel
+
+
+facet("gradient", "BatchBoxCox")(gradient_not_implemented_yet)

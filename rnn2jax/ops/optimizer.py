@@ -23,14 +23,15 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import size_from_dim
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient, should_not_do_gradient
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
-    emitter=Absent("codegen does not write this op"),
+    gradient=Absent("a parameter update: Caffe2 says SHOULD_NOT_DO_GRADIENT, the builder has no maker for it"),
+    emitter=Absent("a training-step op: the generated module is for inference and jax.grad"),
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -78,6 +79,9 @@ def iter_(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "Iter")(no_gradient)
+
+
 @register("AtomicIter", inputs=2)
 def atomic_iter(op: Op) -> Kernel:
     """(mutex, iter) -> iter + 1; the mutex only serialised Caffe2's threads."""
@@ -85,10 +89,16 @@ def atomic_iter(op: Op) -> Kernel:
     return lambda mutex, counter: _increment(op, counter)
 
 
+facet("gradient", "AtomicIter")(no_gradient)
+
+
 @register("CreateMutex", inputs=0)
 def create_mutex(op: Op) -> Kernel:
     """A placeholder scalar standing for the mutex blob that AtomicIter takes."""
     return lambda: jnp.zeros((), jnp.int32)
+
+
+facet("gradient", "CreateMutex")(should_not_do_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -429,6 +439,9 @@ def learning_rate(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "LearningRate")(no_gradient)
+
+
 # --------------------------------------------------------------------------------------------------
 # WeightedSum
 
@@ -469,6 +482,16 @@ def weighted_sum(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "WeightedSum")
+def _weighted_sum_gradient_maker(g: GradientContext) -> GradientOps:
+    """The Xs' gradients, and with `grad_on_w` the weights' too."""
+    n = len(g.op.input)
+    outputs = [g.GI(i) for i in range(0, n, 2)]
+    if g.flag("grad_on_w", False):
+        outputs += [g.GI(i) for i in range(1, n, 2)]
+    return [gradient_op("WeightedSumGradient", [g.GO(0), *g.op.input], outputs)]
+
+
 @register("WeightedSumGradient", inputs=(3, None), outputs=(1, None))
 def weighted_sum_gradient(op: Op) -> Kernel:
     """(dY, X0, w0, X1, w1, ...) -> (dX0, dX1, ...[, dw0, dw1, ...]): dXi = wi · dY; with `grad_on_w`
@@ -500,6 +523,9 @@ def weighted_sum_gradient(op: Op) -> Kernel:
         return (*dxs, *dws)
 
     return kernel
+
+
+facet("gradient", "WeightedSumGradient")(Absent("a gradient op: Caffe2 registers no gradient for it"))
 
 
 # --------------------------------------------------------------------------------------------------

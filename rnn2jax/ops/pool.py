@@ -21,13 +21,14 @@ from jax import lax
 from ..errors import ShapeError
 from ..ir.netdef import Op
 from .conv import Geometry, Window, check_float, check_image, geometry, resolve, spatial_axes
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import GradientContext, GradientOps, gradient_op
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -130,6 +131,12 @@ def max_pool(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "MaxPool", "MaxPool1D", "MaxPool2D", "MaxPool3D")
+def _pool_gradient_maker(g: GradientContext) -> GradientOps:
+    """GetPoolGradient (pool_gradient_op.cc, lp_pool_op.cc): (X, Y, dY) -> dX."""
+    return [gradient_op(g.op.type + "Gradient", [g.I(0), g.O(0), g.GO(0)], [g.GI(0)])]
+
+
 @register(*_AVERAGE)
 def average_pool(op: Op) -> Kernel:
     """The mean of each window's elements inside the image, or their sum over the kernel size with
@@ -143,6 +150,9 @@ def average_pool(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "AveragePool", "AveragePool1D", "AveragePool2D", "AveragePool3D")(_pool_gradient_maker)
+
+
 @register("LpPool")
 def lp_pool(op: Op) -> Kernel:
     """(sum of |x|^p over each window) ^ (1/p), `p` defaulting to 2 (caffe2/operators/lp_pool_op.cc)."""
@@ -153,6 +163,9 @@ def lp_pool(op: Op) -> Kernel:
         return _lp(x, _window(op, geo, x, lp=True), geo.nhwc, p)
 
     return kernel
+
+
+facet("gradient", "LpPool")(_pool_gradient_maker)
 
 
 # --------------------------------------------------------------------------------------------------

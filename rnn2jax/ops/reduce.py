@@ -16,13 +16,14 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_op, should_not_do_gradient
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -62,6 +63,13 @@ def reduce_front_back(op: Op) -> Kernel:
         return _finish(total, counts, mean).reshape(out_shape)
 
     return kernel
+
+
+@facet("gradient", "ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean")
+def _reduce_front_back_gradient_maker(g: GradientContext) -> GradientOps:
+    """(dY, X[, lengths])."""
+    inputs = [g.GO(0), g.I(0)] + ([g.I(1)] if len(g.op.input) == 2 else [])
+    return [gradient_op(g.op.type + "Gradient", inputs, [g.GI(0)])]
 
 
 def _num_reduce_dim(op: Op, with_lengths: bool) -> int:
@@ -155,6 +163,12 @@ def reduce_axes(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "ReduceSum", "ReduceMean")
+def _reduce_axes_gradient_maker(g: GradientContext) -> GradientOps:
+    """(dY, X, Y)."""
+    return [gradient_op(g.op.type + "Gradient", [g.GO(0), g.I(0), g.O(0)], [g.GI(0)])]
+
+
 def _reduce_dims(op: Op, axes: tuple[int, ...], ndim: int) -> tuple[int, ...]:
     if not axes:
         return tuple(range(ndim))
@@ -185,6 +199,9 @@ def sum_elements(op: Op) -> Kernel:
         return total * _ratio(1, x.size, x.dtype) if average else total
 
     return kernel
+
+
+facet("gradient", "SumElements")(gradient_from_input)
 
 
 @register("ReduceSumGradient", "ReduceMeanGradient", inputs=3)
@@ -271,6 +288,9 @@ def reduce_axes_extreme(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2")(_reduce_axes_gradient_maker)
+
+
 @register(*(f"{name}Gradient" for name in _AXES_TYPES), inputs=3)
 def reduce_axes_extreme_gradient(op: Op) -> Kernel:
     """`(dY, X, Y) -> dX`. Max/Min: dY wherever X equals its Y (every tie gets it). L1: `sign(X)·dY`
@@ -344,6 +364,13 @@ def reduce_front_back_max(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "ReduceFrontMax", "ReduceBackMax")
+def _reduce_front_back_max_gradient_maker(g: GradientContext) -> GradientOps:
+    """(dY, X, Y[, lengths])."""
+    inputs = [g.GO(0), g.I(0), g.O(0)] + ([g.I(1)] if len(g.op.input) == 2 else [])
+    return [gradient_op(g.op.type + "Gradient", inputs, [g.GI(0)])]
+
+
 @register(*(f"{name}Gradient" for name in _FRONT_BACK_MAX), inputs=(3, 4))
 def reduce_front_back_max_gradient(op: Op) -> Kernel:
     """`(dY, X, Y[, lengths]) -> dX`: dY where X equals its group's max, and, with lengths, only at
@@ -409,6 +436,11 @@ def row_col_max(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "RowwiseMax", "ColwiseMax")
+def _row_col_max_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op(g.op.type + "Gradient", [g.I(0), g.O(0), g.GO(0)], [g.GI(0)])]
+
+
 @register(*(f"{name}Gradient" for name in _ROW_COL), inputs=3)
 def row_col_max_gradient(op: Op) -> Kernel:
     """`(X, Y, dY) -> dX`: dY where X equals its row's (column's) max, 0 elsewhere."""
@@ -448,6 +480,9 @@ def sum_sqr_elements(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "SumSqrElements")(Absent("Caffe2 registers no gradient for it"))
+
+
 @register("SumElementsInt")
 def sum_elements_int(op: Op) -> Kernel:
     """The int32 sum of an int32 tensor as a 0-d scalar (wrapping on overflow, as C++ does)."""
@@ -457,6 +492,9 @@ def sum_elements_int(op: Op) -> Kernel:
         return jnp.sum(x, dtype=jnp.int32)
 
     return kernel
+
+
+facet("gradient", "SumElementsInt")(should_not_do_gradient)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -494,6 +532,11 @@ def moments(op: Op) -> Kernel:
         return mean.reshape(out), var.reshape(out)
 
     return kernel
+
+
+@facet("gradient", "Moments")
+def _moments_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("MomentsGradient", [g.GO(0), g.GO(1), g.I(0), g.O(0)], [g.GI(0)])]
 
 
 @register("MomentsGradient", inputs=4)
@@ -558,6 +601,11 @@ def batch_moments(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "BatchMoments")
+def _batch_moments_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("BatchMomentsGradient", [g.GO(0), g.GO(1), g.I(0)], [g.GI(0)])]
+
+
 @register("BatchMomentsGradient", inputs=3)
 def batch_moments_gradient(op: Op) -> Kernel:
     """`(dmu, dvar, X) -> dX = (dmu + 2·X·dvar) / (N·HxW)`, per channel."""
@@ -597,3 +645,6 @@ def summarize(op: Op) -> Kernel:
         return jnp.stack([jnp.min(flat), jnp.max(flat), mean, std])
 
     return kernel
+
+
+facet("gradient", "Summarize")(should_not_do_gradient)

@@ -10,6 +10,12 @@ its input roles (`Roles`), its shape rule, its builder gradient maker (Caffe2's 
 codegen emitter. A family module first states which facets its ops have none of (`declare_family`), then
 registers each op (`register`) and attaches the facets it has (`facet`). A facet is a value, or an
 `Absent` saying why the op has none; `UNSTATED` (never said) is what the scoreboard test refuses.
+
+Host ops (Save, Load, Print, ...) are records here too: their `host` facet is a `HostOp`, a function run
+in Python between jitted segments with the workspace in hand. A record may have a host op and no lowering
+(`build` is None): the lowering paths (`find`, `lookup`, `check_supported`) see only lowerings, so a host
+op is refused inside jitted code and step nets; `kind`, `supported` and `unsupported_ops(host_ops=True)`
+count it. A host op wins over a lowering of the same type when a workspace runs the net.
 """
 
 from __future__ import annotations
@@ -20,13 +26,47 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from ..errors import BadArgumentError, RegistrationError, UnsupportedOpError
+from ..errors import Advice, BadArgumentError, RegistrationError, UnsupportedOpError
 from ..ir.netdef import Net, Op
 
 Kernel = Callable[..., Any]
 Builder = Callable[..., Kernel]  # build(op), or build(op, lower) for an op that `carries_nets`
+
+
+class HostWorkspace(Protocol):
+    """What a host op is handed: the workspace running its net (`rnn2jax.runtime.Workspace`). `get` names
+    the reading op in its errors; `put` stores any value unconverted (DB cursors); `feed` converts as
+    `Workspace.feed` does; `db_root` is where relative DB names resolve (None: Caffe2's ".")."""
+
+    db_root: str | None
+
+    def get(self, name: str, op: Op | None = None) -> Any: ...
+
+    def put(self, name: str, value: Any) -> None: ...
+
+    def feed(self, name: str, value: Any) -> None: ...
+
+    def has_blob(self, name: str) -> bool: ...
+
+    def blobs(self) -> list[str]: ...
+
+
+HostRun = Callable[[Any, Op, dict[str, Any]], None]  # run(workspace: HostWorkspace, op, state)
+HostCheck = Callable[[Op], None]
+
+
+@dataclass(frozen=True)
+class HostOp:
+    """An op run on the host: `run(workspace, op, state)` between the jitted segments around it, where
+    `state` lives as long as the created net (Print's `every_n` counter), and `check(op)`, which validates
+    the op's arguments when its net is created (so a bad argument is reported before anything runs).
+    `module` registered it."""
+
+    run: HostRun
+    check: HostCheck | None = None
+    module: str = ""
 
 
 class NetFunction(Protocol):
@@ -101,10 +141,11 @@ class OpDef:
     starts): the compiler makes the net inputs they come from static, so the kernel receives them as
     concrete arrays (`np.asarray` works on them) and is specialised per value. A `shape_only` op's outputs
     depend on its inputs' shapes alone (Shape, Size), and so do an op's `shape_outputs` (Reshape's
-    old_shape, Concat's split_info): the values feeding them need not be static."""
+    old_shape, Concat's split_info): the values feeding them need not be static. A host op's record has
+    `host` (and `build` None where the type has no lowering)."""
 
     type: str
-    build: Builder
+    build: Builder | None
     inputs: tuple[int, int]
     outputs: tuple[int, int]
     random: bool = False
@@ -119,6 +160,7 @@ class OpDef:
     shape_rule: Callable[..., Any] | Absent = UNSTATED  # guesses unknown shapes for shape inference
     gradient: Callable[..., Any] | Absent = UNSTATED  # the builder gradient maker (a GradientContext -> ops)
     emitter: Callable[..., Any] | Absent = UNSTATED  # the op as a statement of the generated module (codegen)
+    host: HostOp | None = None  # run on the host between jitted segments (Save, Load, Print, ...)
 
     def reads_values_for(self, op: Op, outputs: Iterable[str]) -> bool:
         """Whether computing `outputs` of `op` reads its inputs' values (not only their shapes)."""
@@ -188,9 +230,37 @@ def overlay(opdefs: Mapping[str, OpDef]) -> Iterator[None]:
         _OVERLAY.reset(token)
 
 
-def find(op_type: str) -> OpDef | None:
-    """The OpDef of `op_type`: a custom op of the current `overlay`, else the registry's."""
+def record(op_type: str) -> OpDef | None:
     return _OVERLAY.get().get(op_type) or REGISTRY.get(op_type)
+
+
+def find(op_type: str) -> OpDef | None:
+    """The OpDef that lowers `op_type`: a custom op of the current `overlay`, else the registry's; None
+    for a type without a lowering (a host-only op such as Save cannot run inside jitted code)."""
+    opdef = record(op_type)
+    return opdef if opdef is not None and opdef.build is not None else None
+
+
+def find_host(op_type: str) -> HostOp | None:
+    """The host op of `op_type`, which a workspace runs instead of any lowering of the type."""
+    opdef = REGISTRY.get(op_type)
+    return opdef.host if opdef is not None else None
+
+
+def kind(op_type: str) -> Literal["lowered", "host", "user"] | None:
+    """How rnn2jax runs `op_type`: "host" (a host op, between jitted segments, top level only), "user"
+    (lowered by a `register_op` or `custom_ops` op), "lowered" (a built-in lowering), None (it cannot)."""
+    opdef = record(op_type)
+    if opdef is None:
+        return None
+    if find_host(op_type) is not None:
+        return "host"
+    return "user" if opdef.user else "lowered"
+
+
+def lowered_types() -> frozenset[str]:
+    """Every op type the registry lowers (what `compile` can run), host ops with no lowering left out."""
+    return frozenset(op_type for op_type, opdef in REGISTRY.items() if opdef.build is not None)
 
 
 def _bounds(count: int | tuple[int, int | None]) -> tuple[int, int]:
@@ -222,7 +292,8 @@ def register(
 
     def decorate(build: Builder) -> Builder:
         for op_type in types:
-            if op_type in REGISTRY:
+            existing = REGISTRY.get(op_type)
+            if existing is not None and existing.build is not None:
                 raise RuntimeError(f"op type {op_type} registered twice")
             REGISTRY[op_type] = OpDef(
                 op_type,
@@ -237,20 +308,73 @@ def register(
                 shape_outputs,
                 module=module,
                 **stated,
+                host=existing.host if existing is not None else None,
             )
         return build
 
     return decorate
 
 
+def register_host_op(op_type: str, run: HostRun, check: HostCheck | None = None, **facets: Any) -> HostRun:
+    """Register `run` as the host op of `op_type` (`check` validates an op when its net is created), with
+    any facets over the registering module's declared defaults. A type may also have a lowering (from
+    `register`, in either order): the host op wins when a workspace runs it."""
+    module = _caller_module(1)
+    return _register_host_op(module, op_type, HostOp(run, check, module), facets)
+
+
+def host_op(*types: str, check: HostCheck | None = None, **facets: Any) -> Callable[[HostRun], HostRun]:
+    """Decorator form of `register_host_op`, for one or more op types."""
+    module = _caller_module(1)
+
+    def decorate(run: HostRun) -> HostRun:
+        for op_type in types:
+            _register_host_op(module, op_type, HostOp(run, check, module), facets)
+        return run
+
+    return decorate
+
+
+def _register_host_op(module: str, op_type: str, host: HostOp, facets: dict[str, Any]) -> HostRun:
+    unknown = set(facets) - set(FACETS)
+    if unknown:
+        raise RegistrationError(f"{module}: unknown facets {sorted(unknown)}; facets are {', '.join(FACETS)}")
+    existing = REGISTRY.get(op_type)
+    if existing is not None and existing.host is not None:
+        raise RuntimeError(f"host op {op_type} registered twice")
+    if existing is not None:
+        if facets:
+            raise RegistrationError(
+                f"{module}: facets of op type '{op_type}', which {existing.module} registers: an op's facets "
+                "live in its family module"
+            )
+        REGISTRY[op_type] = replace(existing, host=host)
+    else:
+        stated = {**_FAMILY_DEFAULTS.get(module, {}), **facets}
+        everything = (0, UNBOUNDED)
+        REGISTRY[op_type] = OpDef(op_type, None, everything, everything, module=module, host=host, **stated)
+    return host.run
+
+
 def supported(op_type: str) -> bool:
-    return find(op_type) is not None
+    """Whether rnn2jax runs `op_type` at all: lowered, or a host op (which only a workspace runs)."""
+    return kind(op_type) is not None
+
+
+# What to do about an op type rnn2jax lacks, in Python and on the command line (whose --ops imports the module)
+REGISTER_ADVICE = Advice(
+    python="give it a lowering with rnn2jax.register_op (or compile(..., custom_ops=))",
+    command_line="give it a lowering with rnn2jax.register_op in a module of yours, loaded with --ops FILE",
+)
+REGISTER_EACH_ADVICE = replace(REGISTER_ADVICE, separator="\nfor each type: ")  # after a list of ops
 
 
 def lookup(op: Op) -> OpDef:
     opdef = find(op.type)
     if opdef is None:
-        raise UnsupportedOpError(f"{op.where}: op type '{op.type}' is not supported", ((op.where, op.type),))
+        raise UnsupportedOpError(
+            f"{op.where}: op type '{op.type}' is not supported", ((op.where, op.type),), advice=REGISTER_ADVICE
+        )
     _check_arity(op, opdef)
     return opdef
 
@@ -290,11 +414,18 @@ def _ops_to_check(net: Net, runnable_only: bool) -> Iterable[Op]:
                 yield from _ops_to_check(inner, runnable_only)
 
 
-def unsupported_ops(nets: Iterable[Net], runnable_only: bool = False) -> list[tuple[str, str]]:
+def unsupported_ops(nets: Iterable[Net], runnable_only: bool = False, host_ops: bool = False) -> list[tuple[str, str]]:
     """(location, op type) of every op, nested nets included, that has no lowering. With
     `runnable_only`, nets an op carries but does not run (a forward op's backward step net) are
-    left out."""
-    return [(op.where, op.type) for net in nets for op in _ops_to_check(net, runnable_only) if find(op.type) is None]
+    left out. With `host_ops` (a workspace runs the nets), a host op at the top level of a net counts as
+    supported; one inside a step net does not (step nets are traced)."""
+    missing = []
+    for net in nets:
+        top = {id(op) for op in net.ops} if host_ops else set()
+        for op in _ops_to_check(net, runnable_only):
+            if find(op.type) is None and not (id(op) in top and find_host(op.type) is not None):
+                missing.append((op.where, op.type))
+    return missing
 
 
 def check_supported(*nets: Net) -> None:
@@ -307,4 +438,5 @@ def check_supported(*nets: Net) -> None:
         raise UnsupportedOpError(
             f"{len(missing)} op(s) of {len(types)} unsupported type(s) ({', '.join(types)}):\n{lines}",
             tuple(missing),
+            advice=REGISTER_EACH_ADVICE,
         )

@@ -27,13 +27,14 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
 from .common import TRACED_SHAPE_HINT, size_from_dim, size_to_dim
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import GradientContext, GradientError, GradientOps, gradient_op, should_not_do_gradient
+from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -257,6 +258,19 @@ def sorted_segment_range(op: Op) -> Kernel:
     return kernel
 
 
+@facet(
+    "gradient",
+    "SortedSegmentRangeSum",
+    "SortedSegmentRangeMean",
+    "SortedSegmentRangeMax",
+    "SortedSegmentRangeLogSumExp",
+    "SortedSegmentRangeLogMeanExp",
+)
+def _sorted_segment_range_gradient_maker(g: GradientContext) -> GradientOps:
+    """AbstractSortedSegmentRangeDef: (DATA, Y, dY, SEGMENT_IDS)."""
+    return [gradient_op(g.op.type + "Gradient", [g.I(0), g.O(0), g.GO(0), g.I(1)], [g.GI(0)])]
+
+
 @register(*(f"SortedSegmentRange{r}Gradient" for r in _RANGE), inputs=4)
 def sorted_segment_range_gradient(op: Op) -> Kernel:
     """(DATA_IN, DATA_OUT, SEGMENT_GRADS [K, ...], SEGMENT_IDS [N]) -> [N, ...]."""
@@ -376,6 +390,42 @@ def segment_reduce_gradient(op: Op) -> Kernel:
 for _name, (_layout, _reducer) in _SEGMENT_OPS.items():
     _arity = 2 + (_reducer == "WeightedSum") + _layout.startswith("Sparse")
     register(_name, inputs=_arity, static_inputs=(_arity - 1,))(segment_reduce)
+
+
+@facet(
+    "gradient",
+    "SortedSegmentSum",
+    "SortedSegmentMean",
+    "SortedSegmentWeightedSum",
+    "UnsortedSegmentSum",
+    "UnsortedSegmentMean",
+    "UnsortedSegmentWeightedSum",
+    "SparseSortedSegmentSum",
+    "SparseSortedSegmentMean",
+    "SparseSortedSegmentWeightedSum",
+    "SparseUnsortedSegmentSum",
+    "SparseUnsortedSegmentMean",
+    "SparseUnsortedSegmentWeightedSum",
+)
+def _segment_gradient_maker(g: GradientContext) -> GradientOps:
+    """SegmentOpGetGradient. The Sparse* forms' gradient is a GradientSlice (INDICES, values) from the same
+    gradient op."""
+    if g.flag("grad_on_weights", False) and g.op.type.endswith("WeightedSum"):
+        raise GradientError("grads on aux inputs are not yet implemented for Segment operators.")
+    reducer = next(r for r in _SEGMENT_REDUCERS[::-1] if g.op.type.endswith(r))
+    sparse = g.op.type.startswith("Sparse")
+    layout = g.op.type.removeprefix("Sparse").removesuffix(reducer)
+    aux = 2 if reducer == "WeightedSum" else 1
+    inputs = [g.I(1)] if reducer == "WeightedSum" else []
+    inputs += [g.GO(0), g.I(aux + sparse)]
+    if sparse:
+        values = g.I(0) + "_grad_values"
+        g.set_dense(0, (g.I(aux), values))  # type: ignore[arg-type]  (a sparse gradient: indices, values)
+    else:
+        values = g.GI(0)
+    return [gradient_op(f"{layout}{reducer}Gradient", inputs, [values])]
+
+
 for _name, (_layout, _reducer) in _SEGMENT_GRADIENTS.items():
     register(_name, inputs=2 + (_reducer == "WeightedSum"))(segment_reduce_gradient)
 
@@ -409,6 +459,31 @@ def lengths_reduce(op: Op) -> Kernel:
         return _reduce(reducer, data, _lengths_ids(lengths, data.shape[0]), lengths.shape[0], weights)
 
     return kernel
+
+
+@facet("gradient", "LengthsSum", "LengthsMean")
+def _lengths_reduce_gradient_maker(g: GradientContext) -> GradientOps:
+    """LengthsOpGetGradient: `LengthsIndicesInGradient<Reducer>Gradient(dY, LENGTHS, DATA)`."""
+    kind = g.op.type.removeprefix("Lengths")
+    return [gradient_op(f"LengthsIndicesInGradient{kind}Gradient", [g.GO(0), g.I(1), g.I(0)], [g.GI(0)])]
+
+
+@facet("gradient", "LengthsMax")
+def _lengths_max_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs = [g.O(0), g.GO(0), g.I(1), g.I(0)]
+    return [gradient_op("LengthsMaxWithMainInputAndForwardOutputGradient", inputs, [g.GI(0)])]
+
+
+@facet("gradient", "LengthsWeightedSum")
+def _lengths_weighted_sum_gradient_maker(g: GradientContext) -> GradientOps:
+    """With `grad_on_weights` the gradient op also reads DATA and gives SCALARS' gradient."""
+    if g.flag("grad_on_weights", False):
+        inputs, outputs = [g.I(1), g.GO(0), g.I(2), g.I(0)], [g.GI(0), g.GI(1)]
+        return [gradient_op("LengthsWeightedSumWithMainInputGradient", inputs, outputs)]
+    return [gradient_op("LengthsWeightedSumGradient", [g.I(1), g.GO(0), g.I(2)], [g.GI(0)])]
+
+
+facet("roles", "LengthsSum")(Roles(integers=slice(1, None)))  # LENGTHS
 
 
 def _lengths_grad_rows(op: Op, grad: Any, gi: int, lengths: Any, li: int) -> None:
@@ -538,6 +613,16 @@ def reduce_front_weighted_sum(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "ReduceFrontWeightedSum")
+def _reduce_front_weighted_sum_gradient_maker(g: GradientContext) -> GradientOps:
+    """DATA's shape through a Shape op; both ops get the forward arguments."""
+    dims = "_" + g.O(0) + "_dims"
+    return [
+        gradient_op("Shape", [g.I(0)], [dims]),
+        gradient_op("ReduceFrontWeightedSumGradient", [g.I(1), g.GO(0), dims], [g.GI(0)]),
+    ]
+
+
 @register("ReduceFrontWeightedSumGradient", inputs=3, static_inputs=(2,))
 def reduce_front_weighted_sum_gradient(op: Op) -> Kernel:
     """(SCALARS, dY, SHAPE of DATA (int64, from a Shape op)) -> dDATA: each block is its weight * dY."""
@@ -575,6 +660,9 @@ def reduce_tail_sum(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "ReduceTailSum")(Absent("Caffe2 registers no gradient for it"))
+
+
 # --------------------------------------------------------------------------------------------------
 # Conversions between lengths, offsets, ranges and segment ids (caffe2/operators/utility_ops.h)
 
@@ -591,6 +679,9 @@ def lengths_to_ranges(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "LengthsToRanges")(Absent("Caffe2 registers no gradient for it"))
+
+
 @register("LengthsToOffsets")
 def lengths_to_offsets(op: Op) -> Kernel:
     """LENGTHS [N] int32 -> int32 [N] of offsets, [N + 1] with `include_last_offset` (the total last)."""
@@ -603,6 +694,9 @@ def lengths_to_offsets(op: Op) -> Kernel:
         return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends]) if last else ends - lengths
 
     return kernel
+
+
+facet("gradient", "LengthsToOffsets")(Absent("Caffe2 registers no gradient for it"))
 
 
 @register("LengthsToShape")
@@ -620,6 +714,9 @@ def lengths_to_shape(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "LengthsToShape")(should_not_do_gradient)
+
+
 @register("LengthsToSegmentIds", static_inputs=(0,))
 def lengths_to_segment_ids(op: Op) -> Kernel:
     """LENGTHS [S] int32 -> int32 [sum(LENGTHS)]: each row's segment index."""
@@ -631,6 +728,9 @@ def lengths_to_segment_ids(op: Op) -> Kernel:
         return np.repeat(np.arange(lens.size, dtype=np.int32), lens)
 
     return kernel
+
+
+facet("gradient", "LengthsToSegmentIds")(should_not_do_gradient)
 
 
 def _non_negative(op: Op, lengths: np.ndarray, i: int) -> None:
@@ -655,6 +755,9 @@ def lengths_to_weights(op: Op) -> Kernel:
         return np.repeat(weights, lens).astype(np.float32)
 
     return kernel
+
+
+facet("gradient", "LengthsToWeights")(Absent("Caffe2 registers no gradient for it"))
 
 
 def _segment_count(op: Op, ids: np.ndarray, sizes: Any) -> int:
@@ -704,6 +807,9 @@ def segment_ids_to_lengths(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "SegmentIdsToLengths")(should_not_do_gradient)
+
+
 @register("SegmentIdsToRanges", inputs=(1, 2), static_inputs=(0,))
 def segment_ids_to_ranges(op: Op) -> Kernel:
     """SEGMENT_IDS [N] (sorted, int32/int64) -> int32 [K, 2] of (offset, length); a segment with no ids
@@ -722,3 +828,6 @@ def segment_ids_to_ranges(op: Op) -> Kernel:
         return np.stack([starts, np.bincount(ids, minlength=count)], axis=1).astype(np.int32)
 
     return kernel
+
+
+facet("gradient", "SegmentIdsToRanges")(should_not_do_gradient)

@@ -13,13 +13,16 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .emit import Call, EmitWriter, Unsupported, call, codegen_helper
+from .gradient_makers import GradientContext, GradientOps, argument, gradient_op
+from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
+from .shape_facts import INT32, Context, Guesses, Solver, Spec, prod
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -97,7 +100,7 @@ def _per_row(op: Op, what: str, values: jax.Array, rows: int, empty: bool) -> ja
     return jnp.reshape(flat[:rows], (rows, 1))
 
 
-@register("SequenceMask", inputs=(1, 2))
+@register("SequenceMask", inputs=(1, 2), roles=Roles(lengths=(1,)))
 def sequence_mask(op: Op) -> Kernel:
     """Replace the masked elements of a `rows x cols` view of the input by `fill_val` (0 with `grad`).
     Modes, args and the batch/repeat views follow SequenceMaskOp (boolean_mask_ops.{h,cc})."""
@@ -131,3 +134,43 @@ def sequence_mask(op: Op) -> Kernel:
         return jnp.reshape(jnp.where(masked, jnp.asarray(fill, x.dtype), view), x.shape)
 
     return kernel
+
+
+@facet("gradient", "SequenceMask")
+def _sequence_mask_gradient_maker(g: GradientContext) -> GradientOps:
+    """SequenceMask of dY with `grad` set, the forward's arguments first."""
+    g.copy_args = False
+    inputs = [g.GO(0)] if len(g.op.input) == 1 else [g.GO(0), g.I(1)]
+    return [gradient_op("SequenceMask", inputs, [g.GI(0)], [*g.op.arg, argument("grad", True)])]
+
+
+@codegen_helper
+def mask_past_lengths(x: jax.Array, lengths: jax.Array, axis: int = 1, fill: float = -jnp.inf) -> jax.Array:
+    """Caffe2's SequenceMask in mode 'sequence': x viewed as [rows, cols] at `axis`; element (i, j) becomes
+    `fill` where j >= lengths[i]. (The kernel above serves every mode and view, with Caffe2's checks; for
+    this mode its maths is this.)"""
+    axis = axis % x.ndim
+    if x.size == 0:
+        return jnp.asarray(x)
+    rows, cols = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
+    column = jnp.reshape(jnp.reshape(lengths, (-1,))[:rows], (rows, 1))
+    masked = jax.lax.broadcasted_iota(jnp.int32, (rows, cols), 1) >= column
+    return jnp.reshape(jnp.where(masked, jnp.asarray(fill, x.dtype), jnp.reshape(x, (rows, cols))), x.shape)
+
+
+@facet("emitter", "SequenceMask")
+def emit_sequence_mask(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    if op.str("mode") != "sequence" or op.has("batch") or op.has("repeat_from_axis") or len(xs) != 2:
+        raise Unsupported("SequenceMask other than mode 'sequence' with lengths (no batch, repeat_from_axis)")
+    fill = 0.0 if op.bool("grad", False) else op.float("fill_val", float("-inf"))
+    keywords: dict = {"axis": op.int("axis", 1)} | ({"fill": fill} if fill != float("-inf") else {})
+    return call(w.helper(mask_past_lengths), *xs, **keywords)
+
+
+@facet("shape_rule", "SequenceMask")
+def sequence_mask_shapes(op: Op, ins: list, outs: list, ctx: Context, solver: Solver) -> Guesses:
+    """SequenceMask(X, lengths): lengths hold one int32 per row of X's leading `axis` dims."""
+    if len(ins) < 2 or ins[1] is not None or ins[0] is None or op.str("mode", "sequence") != "sequence":
+        return {}, {}
+    axis = op.int("axis", 1)
+    return {1: Spec((prod(ins[0].shape[:axis]),), INT32)}, {}

@@ -23,13 +23,21 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import literal, runtime_check, runtime_checked
 from .common import TRACED_SHAPE_HINT, canonical_axis
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import (
+    GradientContext,
+    GradientError,
+    GradientOps,
+    gradient_op,
+    no_gradient,
+    should_not_do_gradient,
+)
+from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -126,7 +134,7 @@ def _padding_widths(op: Op) -> tuple[int, int]:
 # PackRNNSequence / UnpackRNNSequence (each is the other's gradient)
 
 
-@register("PackRNNSequence", inputs=2, static_inputs=(1,))
+@register("PackRNNSequence", inputs=2, static_inputs=(1,), roles=Roles(lengths=(1,)))
 def pack_rnn_sequence(op: Op) -> Kernel:
     """(values [Σlen, …], lengths [C]) -> [max(len), C, …], zero padded: column c is segment c."""
 
@@ -148,7 +156,14 @@ def pack_rnn_sequence(op: Op) -> Kernel:
     return kernel
 
 
-@register("UnpackRNNSequence", inputs=2, static_inputs=(1,))
+@facet("gradient", "PackRNNSequence")
+def _pack_unpack_gradient_maker(g: GradientContext) -> GradientOps:
+    """The inverse op (ReversePackedSegs is its own), on dY and the lengths."""
+    back = {"PackRNNSequence": "UnpackRNNSequence", "UnpackRNNSequence": "PackRNNSequence"}
+    return [gradient_op(back.get(g.op.type, g.op.type), [g.GO(0), g.I(1)], [g.GI(0)])]
+
+
+@register("UnpackRNNSequence", inputs=2, static_inputs=(1,), roles=Roles(lengths=(1,)))
 def unpack_rnn_sequence(op: Op) -> Kernel:
     """(packed [T, C, …], lengths [C]) -> [Σlen, …]: the segments, concatenated."""
 
@@ -171,6 +186,9 @@ def unpack_rnn_sequence(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "UnpackRNNSequence")(_pack_unpack_gradient_maker)
+
+
 # --------------------------------------------------------------------------------------------------
 # AddPadding / RemovePadding / GatherPadding
 
@@ -183,7 +201,7 @@ def _optional_lengths(op: Op, data: Any, lengths: Any) -> Any:
     return lengths
 
 
-@register("AddPadding", inputs=(1, 4), outputs=(1, 2))
+@register("AddPadding", inputs=(1, 4), outputs=(1, 2), roles=Roles(lengths=(1,)))
 def add_padding(op: Op) -> Kernel:
     """(data [N, …], lengths?, start_padding?, end_padding?) -> (data with `padding_width` rows before
     and `end_padding_width` rows after each range, lengths + both widths)."""
@@ -221,7 +239,22 @@ def add_padding(op: Op) -> Kernel:
     return kernel
 
 
-@register("RemovePadding", inputs=(1, 2), outputs=(1, 2))
+@facet("gradient", "AddPadding")
+def _add_padding_gradient_maker(g: GradientContext) -> GradientOps:
+    """RemovePadding of dY; the paddings' gradients by GatherPadding."""
+    inputs = [g.GO(0)]
+    if len(g.op.input) > 1:
+        if len(g.op.output) < 2:
+            raise GradientError("AddPadding with a lengths input needs its lengths output for the gradient")
+        inputs.append(g.O(1))
+    ops = [gradient_op("RemovePadding", inputs, [g.GI(0)])]
+    if len(g.op.input) >= 3:
+        pads = [g.GI(i) for i in range(2, len(g.op.input))]
+        ops.append(gradient_op("GatherPadding", inputs, pads))
+    return ops
+
+
+@register("RemovePadding", inputs=(1, 2), outputs=(1, 2), roles=Roles(lengths=(1,)))
 def remove_padding(op: Op) -> Kernel:
     """(data [N, …], lengths?) -> (data without the padding rows of each range, lengths − both widths).
     AddPadding's gradient (on the data)."""
@@ -244,6 +277,12 @@ def remove_padding(op: Op) -> Kernel:
         return jnp.take(data, rows, axis=0), out_lengths
 
     return kernel
+
+
+@facet("gradient", "RemovePadding")
+def _remove_padding_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs = [g.GO(0)] + ([g.O(1)] if len(g.op.input) > 1 else [])
+    return [gradient_op("AddPadding", inputs, [g.GI(0)])]
 
 
 @register("GatherPadding", inputs=2, outputs=(1, 2))
@@ -308,6 +347,9 @@ def reverse_packed_segs(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "ReversePackedSegs")(_pack_unpack_gradient_maker)
+
+
 # --------------------------------------------------------------------------------------------------
 # OneHot, BatchOneHot, ArgMax/ArgMin, Where
 
@@ -332,6 +374,9 @@ def one_hot(op: Op) -> Kernel:
         return (jnp.asarray(indices)[:, None] == columns[None, :]).astype(jnp.float32)
 
     return kernel
+
+
+facet("gradient", "OneHot")(no_gradient)
 
 
 @register("BatchOneHot", inputs=3)
@@ -363,6 +408,9 @@ def batch_one_hot(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "BatchOneHot")(no_gradient)
+
+
 def _arg_reduce(op: Op, reduce: Any) -> Kernel:
     axis = op.int("axis", -1)
     keepdims = op.bool("keepdims", True)
@@ -384,10 +432,16 @@ def arg_max(op: Op) -> Kernel:
     return _arg_reduce(op, jnp.argmax)
 
 
+facet("gradient", "ArgMax")(should_not_do_gradient)
+
+
 @register("ArgMin")
 def arg_min(op: Op) -> Kernel:
     """Index (int64) of the first minimum along `axis` (default -1); `keepdims` (default 1)."""
     return _arg_reduce(op, jnp.argmin)
+
+
+facet("gradient", "ArgMin")(should_not_do_gradient)
 
 
 @register("Where", inputs=3)
@@ -411,3 +465,6 @@ def where(op: Op) -> Kernel:
         return jnp.where(jnp.asarray(c).astype(bool), x, y)
 
     return kernel
+
+
+facet("gradient", "Where")(should_not_do_gradient)

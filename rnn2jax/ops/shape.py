@@ -20,15 +20,29 @@ import numpy as np
 
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
+from ..proto import caffe2_pb2 as pb
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import TRACED_SHAPE_HINT, Dims, canonical_axis, data_type_arg, size_from_dim, size_to_dim
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .emit import Call, EmitWriter, Unsupported, call, codegen_helper, only_first
+from .emit import literal as source_literal
+from .gradient_makers import (
+    GradientContext,
+    GradientError,
+    GradientOps,
+    argument,
+    concat_of_output_gradients,
+    gradient_op,
+    no_gradient,
+    should_not_do_gradient,
+)
+from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
+from .shape_facts import INT32, Context, Guesses, Solver, Spec, output_like_input
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -105,10 +119,47 @@ def copy(op: Op) -> Kernel:
     return _identity
 
 
+@facet("gradient", "Alias")
+def _alias_gradient_maker(g: GradientContext) -> GradientOps:
+    g.set_dense(0, g.GO(0))
+    return []
+
+
+@facet("gradient", "Copy")
+def _copy_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("CopyOnDeviceLike", [g.GO(0), g.I(0)], [g.GI(0)])]
+
+
+@facet("gradient", "CopyCPUToGPU", "CopyGPUToCPU")
+def _device_copy_gradient_maker(g: GradientContext) -> GradientOps:
+    """The copy the other way."""
+    back = "CopyGPUToCPU" if g.op.type == "CopyCPUToGPU" else "CopyCPUToGPU"
+    return [gradient_op(back, [g.GO(0)], [g.GI(0)])]
+
+
+facet("gradient", "EnsureCPUOutput")(no_gradient)
+
+
+facet("gradient", "CopyFromCPUInput")(Absent("Caffe2 registers no gradient for it"))
+
+
+facet("shape_rule", "Copy", "Alias", "EnsureCPUOutput", "CopyGPUToCPU", "CopyCPUToGPU")(output_like_input)
+
+
 @register("CopyOnDeviceLike", inputs=2)
 def copy_on_device_like(op: Op) -> Kernel:
     """Copies input 0 to input 1's device: on one device, input 0 itself."""
     return _identity
+
+
+facet("gradient", "CopyOnDeviceLike")(Absent("Caffe2 registers no gradient for it"))
+
+
+@facet("emitter", "Copy", "Alias", "EnsureCPUOutput", "CopyGPUToCPU", "CopyCPUToGPU", "CopyFromCPUInput")
+@facet("emitter", "CopyOnDeviceLike")
+def emit_copy(w: EmitWriter, op: Op, xs: list[str]) -> str:
+    """On one XLA device every copy, alias or device move is the value itself."""
+    return xs[0]
 
 
 @register("ResizeLike", inputs=2)
@@ -126,9 +177,20 @@ def resize_like(op: Op) -> Kernel:
     return kernel
 
 
-@register("StopGradient")
+facet("gradient", "ResizeLike")(Absent("Caffe2 says SHOULD_NOT_DO_GRADIENT; the builder has no maker for it"))
+
+
+@register("StopGradient", shape_rule=output_like_input)
 def stop_gradient(op: Op) -> Kernel:
     return jax.lax.stop_gradient
+
+
+facet("gradient", "StopGradient")(no_gradient)
+
+
+@facet("emitter", "StopGradient")
+def emit_stop_gradient(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    return call("lax.stop_gradient", xs[0])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -210,6 +272,32 @@ def reshape(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "Reshape")
+def _reshape_gradient_maker(g: GradientContext) -> GradientOps:
+    """Back to the old shape the forward op gave out."""
+    g.copy_args = False
+    return [gradient_op("Reshape", [g.GO(0), g.O(1)], [g.GI(0), "_" + g.GI(0) + "_dims"])]
+
+
+@codegen_helper
+def reshape_with_old_shape(x: jax.Array, shape: list[int]) -> tuple[jax.Array, np.ndarray]:
+    """Caffe2's Reshape -> (reshaped, old shape as int64): a 0 copies the input's dim (input not empty), one
+    -1 takes what is left. (The lowering's kernel resolves the shape in `_resolve_shape`, with Caffe2's
+    checks and symbolic dims; this is its arithmetic for a net already checked.)"""
+    total = math.prod(x.shape)
+    dims = [x.shape[i] if d == 0 and total else int(d) for i, d in enumerate(shape)]
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        dims[dims.index(-1)] = total // known if known else 0
+    return jnp.reshape(x, dims), np.asarray(x.shape, np.int64)
+
+
+@facet("emitter", "Reshape")
+def emit_reshape(w: EmitWriter, op: Op, xs: list[str]) -> Call | str:
+    shape = f"np.asarray({xs[1]}).tolist()" if len(xs) == 2 else source_literal(list(op.ints("shape")))
+    return only_first(op, call(w.helper(reshape_with_old_shape), xs[0], shape))
+
+
 # --------------------------------------------------------------------------------------------------
 # Transpose, Squeeze, ExpandDims, Flatten
 
@@ -229,6 +317,23 @@ def shape(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "Shape")(should_not_do_gradient)
+
+
+@codegen_helper
+def shape_of(x: jax.Array, axes: tuple[int, ...] = ()) -> np.ndarray:
+    """Caffe2's Shape: the dims (or those at `axes`) as an int64 NumPy array, known while tracing. (The
+    lowering's kernel keeps symbolic dims as `Dims`; with concrete shapes it gives this.)"""
+    dims = [x.shape[a] for a in axes] if axes else list(x.shape)
+    return np.asarray(dims, np.int64)
+
+
+@facet("emitter", "Shape")
+def emit_shape(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    axes = op.ints("axes", ())
+    return call(w.helper(shape_of), xs[0], *((source_literal(tuple(axes)),) if axes else ()))
+
+
 @register("Transpose")
 def transpose(op: Op) -> Kernel:
     """Argument `axes` (a permutation of 0..ndim-1); by default the dims are reversed."""
@@ -244,6 +349,27 @@ def transpose(op: Op) -> Kernel:
         return jnp.transpose(x, axes)
 
     return kernel
+
+
+@facet("gradient", "Transpose")
+def _transpose_gradient_maker(g: GradientContext) -> GradientOps:
+    """Forward args copied in place, `axes` replaced by the inverse permutation."""
+    g.copy_args = False
+    op = gradient_op("Transpose", [g.GO(0)], [g.GI(0)], g.op.arg)
+    for arg in op.arg:
+        if arg.name == "axes":
+            inverse = [0] * len(arg.ints)
+            for i, axis in enumerate(arg.ints):
+                inverse[axis] = i
+            arg.ClearField("ints")
+            arg.ints.extend(inverse)
+    return [op]
+
+
+@facet("emitter", "Transpose")
+def emit_transpose(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    axes = op.ints("axes", ())
+    return call("jnp.transpose", xs[0], *((source_literal(tuple(axes)),) if axes else ()))
 
 
 @register("Squeeze")
@@ -263,6 +389,16 @@ def squeeze(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "Squeeze")
+def _squeeze_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("ExpandDims", [g.GO(0)], [g.GI(0)])]
+
+
+@facet("emitter", "Squeeze")
+def emit_squeeze(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    return call("jnp.squeeze", xs[0], source_literal(_sorted_dims(op)))
+
+
 @register("ExpandDims")
 def expand_dims(op: Op) -> Kernel:
     """Argument `dims`: where the new size-1 dims are in the output."""
@@ -279,6 +415,16 @@ def expand_dims(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "ExpandDims")
+def _expand_dims_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("Squeeze", [g.GO(0)], [g.GI(0)])]
+
+
+@facet("emitter", "ExpandDims")
+def emit_expand_dims(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    return call("jnp.expand_dims", xs[0], source_literal(_sorted_dims(op)))
+
+
 @register("Flatten")
 def flatten(op: Op) -> Kernel:
     """To 2-D: [size_to_dim(axis), size_from_dim(axis)]."""
@@ -292,6 +438,11 @@ def flatten(op: Op) -> Kernel:
         return jnp.reshape(x, (size_to_dim(x.shape, axis), size_from_dim(x.shape, axis)))
 
     return kernel
+
+
+@facet("gradient", "Flatten")
+def _flatten_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("ResizeLike", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -331,6 +482,53 @@ def concat(op: Op) -> Kernel:
         return jnp.concatenate(xs, axis=ax), _shape_constant([x.shape[ax] for x in xs], np.int32)
 
     return kernel
+
+
+@facet("gradient", "Concat")
+def _concat_gradient_maker(g: GradientContext) -> GradientOps:
+    """A Split of dY by the forward's split_info (no op when the output has no gradient)."""
+    if g.g_output[0] is None:
+        return []
+    return [gradient_op("Split", [g.GO(0), g.O(1)], [g.GI(i) for i in range(len(g.op.input))])]
+
+
+@facet("gradient", "DepthConcat")
+def _depth_concat_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("Split", [g.GO(0), g.O(1)], [g.GI(i) for i in range(len(g.op.input))])]
+
+
+@codegen_helper
+def concat_with_split_info(
+    xs: list[jax.Array], axis: int = 1, add_axis: bool = False
+) -> tuple[jax.Array, np.ndarray]:
+    """Caffe2's Concat -> (the concatenation, the sizes along the axis as int32 split_info); add_axis stacks
+    along a new axis. (The lowering's kernel checks dtypes, ranks and dims first and keeps symbolic sizes in
+    split_info; its maths is this.)"""
+    axis = axis % (xs[0].ndim + add_axis)
+    if add_axis:
+        return jnp.stack(xs, axis=axis), np.ones(len(xs), np.int32)
+    return jnp.concatenate(xs, axis=axis), np.array([x.shape[axis] for x in xs], np.int32)
+
+
+@facet("emitter", "Concat", "DepthConcat")
+def emit_concat(w: EmitWriter, op: Op, xs: list[str]) -> Call | str:
+    axis, add_axis = _concat_split_axis(op)
+    keywords: dict = {"axis": axis} | ({"add_axis": True} if add_axis else {})
+    return only_first(op, call(w.helper(concat_with_split_info), f"[{', '.join(xs)}]", **keywords))
+
+
+@facet("shape_rule", "Concat")
+def concat_shapes(op: Op, ins: list, outs: list, ctx: Context, solver: Solver) -> Guesses:
+    """Concat: the one input not known is what the output has beyond the others along the axis."""
+    if op.int("add_axis", 0) or op.has("order") or not outs or outs[0] is None:
+        return {}, {}
+    missing = [i for i, s in enumerate(ins) if s is None]
+    out = outs[0].shape
+    if len(missing) != 1 or any(len(s.shape) != len(out) for s in ins if s is not None):
+        return {}, {}
+    axis = op.int("axis", 1) % len(out)
+    rest = out[axis] - sum(s.shape[axis] for s in ins if s is not None)
+    return {missing[0]: Spec((*out[:axis], rest, *out[axis + 1 :]), outs[0].dtype)}, {}
 
 
 @register("Split", "DepthSplit", inputs=(1, 2), outputs=(1, None), static_inputs=(1,))
@@ -381,10 +579,33 @@ def split(op: Op) -> Kernel:
             sizes = (dim // n,) * n
         if sum(sizes) != dim or min(sizes) < 0:
             raise ShapeError(f"{op.where}: split sizes {list(sizes)} do not add up to dim {ax} of size {dim}")
-        offsets = np.cumsum(sizes)[:-1].tolist()
-        return tuple(jnp.split(x, offsets, axis=ax))
+        return split_by_sizes(x, sizes, ax)
 
     return kernel
+
+
+facet("gradient", "Split", "DepthSplit")(concat_of_output_gradients)
+
+
+@codegen_helper
+def split_by_sizes(x: jax.Array, sizes: list[int] | tuple[int, ...], axis: int = 1) -> tuple[jax.Array, ...]:
+    """Caffe2's Split: consecutive parts of x along `axis`, of the given sizes."""
+    return tuple(jnp.split(x, np.cumsum(np.asarray(sizes))[:-1].tolist(), axis=axis % x.ndim))
+
+
+@facet("emitter", "Split", "DepthSplit")
+def emit_split(w: EmitWriter, op: Op, xs: list[str]) -> Call | str:
+    axis, add_axis = _concat_split_axis(op)
+    if add_axis:
+        raise Unsupported("Split with add_axis=1")
+    n = len(op.outputs)
+    if len(xs) == 2:
+        value = call(w.helper(split_by_sizes), xs[0], f"np.asarray({xs[1]}).tolist()", axis=axis)
+    elif op.ints("split", ()):
+        value = call(w.helper(split_by_sizes), xs[0], source_literal(list(op.ints("split"))), axis=axis)
+    else:
+        value = call("jnp.split", xs[0], str(n), axis=axis)
+    return f"{value.flat()}[0]" if n == 1 else value
 
 
 # --------------------------------------------------------------------------------------------------
@@ -466,6 +687,36 @@ def slice_(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "Slice")
+def _slice_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs = [g.I(i) for i in range(len(g.op.input))] + [g.GO(0)]
+    return [gradient_op("SliceGradient", inputs, [g.GI(0)])]
+
+
+@codegen_helper
+def slice_dims(x: jax.Array, starts: list[int], ends: list[int]) -> jax.Array:
+    """Caffe2's Slice: a negative index i means dim + 1 + i; indices clamp to the dim; dims after
+    len(starts) are kept whole. (The lowering's `_slice_limits` computes these bounds with Caffe2's checks:
+    valid ranges, one sliced dim.)"""
+    bounds = []
+    for i, dim in enumerate(x.shape):
+        if i >= len(starts) or dim == 0:
+            bounds.append(slice(0, dim))
+            continue
+        start, end = (int(v) + dim + 1 if v < 0 else int(v) for v in (starts[i], ends[i]))
+        bounds.append(slice(min(start, dim), min(end, dim)))
+    return x[tuple(bounds)]
+
+
+@facet("emitter", "Slice")
+def emit_slice(w: EmitWriter, op: Op, xs: list[str]) -> Call:
+    if len(xs) == 3:
+        bounds = [f"np.asarray({xs[1]}).tolist()", f"np.asarray({xs[2]}).tolist()"]
+    else:
+        bounds = [source_literal(list(op.ints("starts"))), source_literal(list(op.ints("ends")))]
+    return call(w.helper(slice_dims), xs[0], *bounds)
+
+
 @register("SliceGradient", inputs=(2, 4), static_inputs=lambda op: (1, 2) if len(op.inputs) == 4 else ())
 def slice_gradient(op: Op) -> Kernel:
     """(data[, starts, ends], dY) -> dX: zeros shaped like data (in dY's dtype) with dY written where
@@ -510,9 +761,38 @@ def cast(op: Op) -> Kernel:
     return lambda x: jnp.asarray(x).astype(dtype)
 
 
+def _cast_data_type(arg: pb.Argument | None) -> int:
+    """`cast::GetCastDataType`: an int, or a type name such as "float" / "INT32"."""
+    if arg is None:
+        return pb.TensorProto.FLOAT
+    if arg.HasField("i"):
+        return arg.i
+    return pb.TensorProto.DataType.Value(arg.s.decode().upper())
+
+
+@facet("gradient", "Cast")
+def _cast_gradient_maker(g: GradientContext) -> GradientOps:
+    """`Cast(GO) -> GI` with `to` and `from_type` swapped; the forward op must name its `from_type`."""
+    g.copy_args = False
+    to, from_type = g.arg("to"), g.arg("from_type")
+    if from_type is None:
+        raise GradientError("Argument 'from_type' of type int or string is required to get the gradient of CastOp")
+    args = [argument("to", _cast_data_type(from_type)), argument("from_type", _cast_data_type(to))]
+    return [gradient_op("Cast", [g.GO(0)], [g.GI(0)], args)]
+
+
 def _is_byte(op: Op) -> bool:
     arg = op.args["to"]
     return str(arg.value).lower() == "byte" if arg.kind == "s" else op.int("to") == 3  # TensorProto.BYTE
+
+
+@facet("emitter", "Cast")
+def emit_cast(w: EmitWriter, op: Op, xs: list[str]) -> str:
+    """The kernel's expression, written out."""
+    to = data_type_arg(op, "to")
+    if to == np.bool_:
+        return f"jnp.asarray({xs[0]}) != 0"
+    return f"jnp.asarray({xs[0]}).astype(jnp.{np.dtype(to).name})"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -548,7 +828,7 @@ def _check_range(op: Op, indices: Any, dim: int, wrap: bool) -> None:
 runtime_checked("Gather", "BatchGatherGradient")
 
 
-@register("Gather", inputs=2)
+@register("Gather", inputs=2, roles=Roles(integers=slice(1, None)))
 def gather(op: Op) -> Kernel:
     """(DATA, INDICES) -> OUT = DATA.shape[:axis] + INDICES.shape + DATA.shape[axis+1:].
 
@@ -589,6 +869,33 @@ def gather(op: Op) -> Kernel:
         return jnp.reshape(out, (*outer, *out.shape[1:]))
 
     return kernel
+
+
+@facet("gradient", "Gather")
+def _gather_gradient_maker(g: GradientContext) -> GradientOps:
+    """axis 0: a GradientSlice (indices, GO), or SparseToDense with `dense_gradient`; else
+    BatchGatherGradient with the maker's own `axis` ahead of the copied forward args."""
+    axis_arg = g.arg("axis")
+    axis = axis_arg.i if axis_arg is not None else 0
+    if axis == 0:
+        if g.flag("dense_gradient", False):
+            return [gradient_op("SparseToDense", [g.I(1), g.GO(0), g.I(0)], [g.GI(0)])]
+        g.set_dense(0, (g.I(1), g.GO(0)))  # type: ignore[arg-type]  (a sparse gradient: indices, values)
+        return []
+    inputs = [g.I(0), g.I(1), g.GO(0)]
+    return [gradient_op("BatchGatherGradient", inputs, [g.GI(0)], [argument("axis", axis)])]
+
+
+@facet("shape_rule", "Gather")
+def gather_shapes(op: Op, ins: list, outs: list, ctx: Context, solver: Solver) -> Guesses:
+    """Gather(DATA, INDICES): int32 indices whose shape is the output's leading dims, else [T, N] ([N])."""
+    if len(ins) < 2 or ins[1] is not None or ins[0] is None:
+        return {}, {}
+    rank = len(ins[0].shape) - 1
+    if outs and outs[0] is not None and len(outs[0].shape) > rank:
+        return {1: Spec(outs[0].shape[: len(outs[0].shape) - rank], INT32)}, {}
+    lead = ctx.leading(2) or ctx.leading(1)
+    return ({1: Spec(lead, INT32)} if lead else {}), {}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -641,6 +948,12 @@ def sparse_to_dense(op: Op) -> Kernel:
         return out.at[_in_range(indices, n)].add(values)
 
     return kernel
+
+
+facet(
+    "gradient",
+    "SparseToDense",
+)(Absent("Caffe2 has a maker (GetSparseToDenseGradient) that the builder does not port yet"))
 
 
 @register("BatchGatherGradient", inputs=3)

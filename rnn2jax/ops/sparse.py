@@ -24,13 +24,23 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, first_bad, literal, runtime_checked
 from .common import size_from_dim
-from .registry import NO_ROLES, Absent, Kernel, declare_family, register
+from .gradient_makers import (
+    GradientContext,
+    GradientOps,
+    argument,
+    concat_of_output_gradients,
+    gradient_not_implemented_yet,
+    gradient_op,
+    no_gradient,
+    should_not_do_gradient,
+)
+from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -172,6 +182,9 @@ def gather_ranges(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "GatherRanges")(Absent("Caffe2 registers no gradient for it"))
+
+
 @register("LengthsGather", inputs=3, static_inputs=(1, 2))
 def lengths_gather(op: Op) -> Kernel:
     """(ITEMS [sum(LENGTHS), ...], LENGTHS [S] int32, INDICES [K]) -> the segments INDICES names,
@@ -193,6 +206,9 @@ def lengths_gather(op: Op) -> Kernel:
         return _gather_rows(items, index)
 
     return kernel
+
+
+facet("gradient", "LengthsGather")(should_not_do_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,6 +260,11 @@ def pack_segments(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "PackSegments")
+def _pack_segments_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("UnpackSegments", [g.I(0), g.GO(0)], [g.GI(1)])]
+
+
 @register("UnpackSegments", inputs=2, static_inputs=(0,))
 def unpack_segments(op: Op) -> Kernel:
     """(LENGTHS [B], PACKED [B, T, ...]) -> DATA [sum(min(LENGTHS, T)), ...]: PackSegments undone.
@@ -274,6 +295,11 @@ def unpack_segments(op: Op) -> Kernel:
         return _gather_rows(flat, index)
 
     return kernel
+
+
+@facet("gradient", "UnpackSegments")
+def _unpack_segments_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("PackSegments", [g.I(0), g.GO(0)], [g.GI(1)])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -310,6 +336,11 @@ def batch_gather(op: Op) -> Kernel:
         return jnp.take(data, indices, axis=1, mode="clip")
 
     return kernel
+
+
+@facet("gradient", "BatchGather")
+def _batch_gather_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("BatchGatherGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -400,6 +431,12 @@ def sparse_to_dense_mask(op: Op) -> Kernel:
         return (out, present) if presence else out
 
     return kernel
+
+
+@facet("gradient", "SparseToDenseMask")
+def _sparse_to_dense_mask_gradient_maker(g: GradientContext) -> GradientOps:
+    inputs = [g.I(0), g.GO(0)] + ([g.I(3)] if len(g.op.input) == 4 else [])
+    return [gradient_op("SparseToDenseMaskGradient", inputs, [g.GI(1)])]
 
 
 @register("SparseToDenseMaskGradient", inputs=(2, 3))
@@ -501,6 +538,9 @@ def gather_ranges_to_dense(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "GatherRangesToDense")(no_gradient)
+
+
 # --------------------------------------------------------------------------------------------------
 # Lengths ops
 
@@ -518,6 +558,11 @@ def lengths_tile(op: Op) -> Kernel:
         return _gather_rows(data, np.repeat(np.arange(lengths.size), lengths))
 
     return kernel
+
+
+@facet("gradient", "LengthsTile")
+def _lengths_tile_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("LengthsSum", [g.GO(0), g.I(1)], [g.GI(0)])]
 
 
 runtime_checked("LengthsPad")
@@ -559,6 +604,9 @@ def lengths_pad(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "LengthsPad")(no_gradient)
+
+
 @register("LengthsRangeFill", static_inputs=(0,))
 def lengths_range_fill(op: Op) -> Kernel:
     """LENGTHS [B] int32 -> [sum(LENGTHS)] int32: 0..LENGTHS[i]-1 for each i in turn."""
@@ -570,6 +618,9 @@ def lengths_range_fill(op: Op) -> Kernel:
         return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
     return kernel
+
+
+facet("gradient", "LengthsRangeFill")(no_gradient)
 
 
 runtime_checked("LengthsTopK")
@@ -596,6 +647,11 @@ def lengths_top_k(op: Op) -> Kernel:
         return _segment_top_k(flat, lengths, k)
 
     return kernel
+
+
+@facet("gradient", "LengthsTopK")
+def _lengths_top_k_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("LengthsTopKGradient", [g.I(1), g.O(1), g.GO(0)], [g.GI(0)])]
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -697,6 +753,11 @@ def batch_sparse_to_dense(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "BatchSparseToDense")
+def _batch_sparse_to_dense_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("BatchDenseToSparse", [g.I(0), g.I(1), g.GO(0)], [g.GI(2)])]
+
+
 @register("BatchDenseToSparse", inputs=3)
 def batch_dense_to_sparse(op: Op) -> Kernel:
     """(LENGTHS [B], INDICES [K], DENSE [B, D] float) -> VALUES [K]: DENSE[row of k, INDICES[k]]."""
@@ -712,6 +773,11 @@ def batch_dense_to_sparse(op: Op) -> Kernel:
         return dense[jnp.clip(rows, 0, dense.shape[0] - 1), jnp.clip(indices, 0, dense.shape[1] - 1)]
 
     return kernel
+
+
+@facet("gradient", "BatchDenseToSparse")
+def _batch_dense_to_sparse_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("BatchSparseToDense", [g.I(0), g.I(1), g.GO(0), g.I(2)], [g.GI(2)])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -736,6 +802,11 @@ def boolean_mask(op: Op) -> Kernel:
         return _gather_rows(data, index), index.astype(np.dtype(np.int64))
 
     return kernel
+
+
+@facet("gradient", "BooleanMask")
+def _boolean_mask_gradient_maker(g: GradientContext) -> GradientOps:
+    return [gradient_op("BooleanMaskGradient", [g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 @register("BooleanMaskGradient", inputs=2, static_inputs=(0,))
@@ -775,6 +846,9 @@ def boolean_mask_lengths(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "BooleanMaskLengths")(no_gradient)
+
+
 # --------------------------------------------------------------------------------------------------
 # Unique, RemoveDataBlocks, FindDuplicateElements
 
@@ -790,6 +864,9 @@ def unique(op: Op) -> Kernel:
         return values.astype(np.dtype(x.dtype)), inverse.reshape(x.shape).astype(np.int32)
 
     return kernel
+
+
+facet("gradient", "Unique")(should_not_do_gradient)
 
 
 @register("RemoveDataBlocks", inputs=2, static_inputs=(1,))
@@ -809,6 +886,9 @@ def remove_data_blocks(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "RemoveDataBlocks")(should_not_do_gradient)
+
+
 @register("FindDuplicateElements", static_inputs=(0,))
 def find_duplicate_elements(op: Op) -> Kernel:
     """DATA [N] -> the positions (int64) of the elements equal to an earlier one
@@ -825,6 +905,9 @@ def find_duplicate_elements(op: Op) -> Kernel:
         return np.asarray(duplicates, np.dtype(np.int64))
 
     return kernel
+
+
+facet("gradient", "FindDuplicateElements")(should_not_do_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -860,6 +943,9 @@ def index_hash(op: Op) -> Kernel:
         return jnp.where(result >= 0, result, result + modulo).astype(dtype)
 
     return kernel
+
+
+facet("gradient", "IndexHash")(should_not_do_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -904,6 +990,9 @@ def scatter_assign(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "ScatterAssign")(should_not_do_gradient)
+
+
 @register("ScatterWeightedSum", inputs=(5, None))
 def scatter_weighted_sum(op: Op) -> Kernel:
     """(X0 [N, ...], W0, INDICES [K], X1 [K, ...], W1, ...) -> X0 with rows INDICES[k] scaled by W0
@@ -940,6 +1029,9 @@ def scatter_weighted_sum(op: Op) -> Kernel:
         return out.reshape(x0.shape)
 
     return kernel
+
+
+facet("gradient", "ScatterWeightedSum")(should_not_do_gradient)
 
 
 @register("Scatter", inputs=3)
@@ -985,6 +1077,9 @@ def scatter(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "Scatter")(should_not_do_gradient)
+
+
 # --------------------------------------------------------------------------------------------------
 # SegmentOneHot
 
@@ -1016,6 +1111,9 @@ def segment_one_hot(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "SegmentOneHot")(no_gradient)
+
+
 # --------------------------------------------------------------------------------------------------
 # Bucketize, LengthsSplit, SplitByLengths
 
@@ -1034,6 +1132,9 @@ def bucketize(op: Op) -> Kernel:
         return jnp.searchsorted(jnp.asarray(boundaries), x, side="left").astype(np.int32)
 
     return kernel
+
+
+facet("gradient", "Bucketize")(Absent("Caffe2 registers no gradient for it"))
 
 
 def _n_split_position(op: Op) -> tuple[int, ...]:
@@ -1067,6 +1168,9 @@ def lengths_split(op: Op) -> Kernel:
         return jnp.where(larger, res[:, None], res[:, None] - 1).reshape(-1)
 
     return kernel
+
+
+facet("gradient", "LengthsSplit")(gradient_not_implemented_yet)
 
 
 @register("SplitByLengths", inputs=2, outputs=(1, None), static_inputs=(1,))
@@ -1107,6 +1211,9 @@ def split_by_lengths(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "SplitByLengths")(concat_of_output_gradients)
+
+
 # --------------------------------------------------------------------------------------------------
 # MergeIdLists
 
@@ -1141,6 +1248,9 @@ def merge_id_lists(op: Op) -> Kernel:
         return out_lengths, out
 
     return kernel
+
+
+facet("gradient", "MergeIdLists")(no_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1189,6 +1299,9 @@ def partition(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "Partition")(no_gradient)
+
+
 @register("LengthsPartition", inputs=(2, None), outputs=(2, None), static_inputs=(1,))
 def lengths_partition(op: Op) -> Kernel:
     """(LENGTHS [B] int32, KEYS [sum(LENGTHS)], X_1, ...) -> per shard (LENGTHS: each segment's keys
@@ -1211,6 +1324,9 @@ def lengths_partition(op: Op) -> Kernel:
         return tuple(outputs)
 
     return kernel
+
+
+facet("gradient", "LengthsPartition")(no_gradient)
 
 
 @register("GatherByKey", inputs=(2, None))
@@ -1252,6 +1368,15 @@ def gather_by_key(op: Op) -> Kernel:
     return kernel
 
 
+@facet("gradient", "GatherByKey")
+def _gather_by_key_gradient_maker(g: GradientContext) -> GradientOps:
+    """A Partition of dY by the keys, into each input's keys and gradient."""
+    outputs = []
+    for i in range(1, len(g.op.input)):
+        outputs += ["_" + g.GI(i) + "_keys", g.GI(i)]
+    return [gradient_op("Partition", [g.I(0), g.GO(0)], outputs, [argument("pack_first_input", 0)])]
+
+
 # --------------------------------------------------------------------------------------------------
 # BatchBucketOneHot, BooleanUnmask
 
@@ -1286,6 +1411,9 @@ def batch_bucket_one_hot(op: Op) -> Kernel:
         return jnp.concatenate(parts, axis=1) if parts else jnp.zeros((n, 0), np.float32)
 
     return kernel
+
+
+facet("gradient", "BatchBucketOneHot")(Absent("Caffe2 registers no gradient for it"))
 
 
 runtime_checked("BooleanUnmask")
@@ -1342,6 +1470,9 @@ def boolean_unmask(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "BooleanUnmask")(no_gradient)
+
+
 # --------------------------------------------------------------------------------------------------
 # BatchBucketize, PadEmptySamples
 
@@ -1385,6 +1516,9 @@ def batch_bucketize(op: Op) -> Kernel:
     return kernel
 
 
+facet("gradient", "BatchBucketize")(no_gradient)
+
+
 @register("PadEmptySamples", inputs=(1, None), outputs=(1, None), static_inputs=(0,))
 def pad_empty_samples(op: Op) -> Kernel:
     """(LENGTHS [B] int32, FEATURE_1 [sum(LENGTHS), ...], ...) -> (LENGTHS with 0 made 1, each FEATURE
@@ -1414,3 +1548,6 @@ def pad_empty_samples(op: Op) -> Kernel:
         return tuple(outputs)
 
     return kernel
+
+
+facet("gradient", "PadEmptySamples")(Absent("Caffe2 registers no gradient for it"))

@@ -4,26 +4,38 @@ between them.
 Consecutive pure ops form one segment: one `jax.jit` function from the blobs the segment reads to every
 blob it writes (written back to the workspace, as Caffe2's in-place updates are). A net of pure ops is
 one segment, so one dispatch per run; jax.jit compiles it once per input signature (the shapes and
-dtypes of the blobs it reads) and caches it. Host ops (`host_ops.py`) run in Python between segments.
+dtypes of the blobs it reads) and caches it. Host ops (records of the op registry with a `host` facet)
+run in Python between segments.
+
+The executor builds on no other runtime module: it reads and writes blobs through `SegmentWorkspace`,
+which `rnn2jax.runtime.workspace.Workspace` implements (the workspace makes executors, never the reverse).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
-from ..errors import InputTypeError, MissingBlobError, UnsupportedOpError
+from ..errors import InputTypeError, UnsupportedOpError
 from ..ir.netdef import Net, Op
 from ..lowering.interpreter import LoweredNet, specialisation_key
-from ..ops.registry import lookup, unsupported_ops
-from .host_ops import HostOpDef, lookup_host_op
+from ..ops.registry import REGISTER_EACH_ADVICE, HostOp, HostWorkspace, find_host, lookup, unsupported_ops
 
-if TYPE_CHECKING:
-    from .workspace import Workspace
+
+class SegmentWorkspace(HostWorkspace, Protocol):
+    """What running an executor needs of a workspace, beyond what host ops get: the blobs of the
+    workspace itself (read directly on the fast path), writing back every blob a segment writes, and the
+    run counter that random ops fold into their keys."""
+
+    _values: dict[str, Any]
+
+    def _write_all(self, values: Mapping[str, Any]) -> None: ...
+
+    def _next_counter(self) -> int: ...
 
 
 MAX_SPECIALISATIONS = 32  # executables kept per segment, one per distinct value of its static blobs
@@ -100,14 +112,14 @@ class PureSegment:
         out = self.lowered(env, key=key)
         return {name: out[name] for name in self.outputs}
 
-    def run(self, workspace: Workspace, counter: int) -> None:
+    def run(self, workspace: SegmentWorkspace, counter: int) -> None:
         values = workspace._values
         try:
             env = {name: values[name] for name in self.inputs}
         except KeyError:
             env = {name: workspace.get(name, self.first_reader[name]) for name in self.inputs}
         for name in self.optional:
-            if workspace._has_value(name):
+            if workspace.has_blob(name):
                 env[name] = workspace.get(name)
         static = {name: np.asarray(env.pop(name)) for name in self.static if name in env}
         key = specialisation_key(static)
@@ -144,11 +156,11 @@ class HostStep:
     """One host op, with the state it keeps for as long as its net exists."""
 
     op: Op
-    opdef: HostOpDef
+    host: HostOp
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def run(self, workspace: Workspace, counter: int) -> None:
-        self.opdef.run(workspace, self.op, self.state)
+    def run(self, workspace: SegmentWorkspace, counter: int) -> None:
+        self.host.run(workspace, self.op, self.state)
 
 
 class Executor:
@@ -160,21 +172,21 @@ class Executor:
         ops = [op for net in self.nets for op in net.ops]
         if len(self.nets) > 1:  # fused: distinct op positions, so random ops draw distinct keys
             ops = [dataclasses.replace(op, index=i) for i, op in enumerate(ops)]
-        _check_supported(self.nets, ops)
+        _check_supported(self.nets)
         self.ops = tuple(ops)
         self.pieces: list[PureSegment | HostStep] = []
         pending: list[Op] = []
         for op in ops:
-            opdef = lookup_host_op(op.type)
-            if opdef is None:
+            host = find_host(op.type)
+            if host is None:
                 pending.append(op)
                 continue
             if pending:
                 self.pieces.append(PureSegment(pending, f"{self.label}, ops #{pending[0].index}-", seed))
                 pending = []
-            if opdef.check is not None:
-                opdef.check(op)
-            self.pieces.append(HostStep(op, opdef))
+            if host.check is not None:
+                host.check(op)
+            self.pieces.append(HostStep(op, host))
         if pending:
             self.pieces.append(PureSegment(pending, self.label, seed))
 
@@ -191,7 +203,7 @@ class Executor:
         """The same segments (and jit caches) with fresh host-op state: a newly created net."""
         clone = object.__new__(Executor)
         clone.__dict__.update(self.__dict__)
-        clone.pieces = [HostStep(p.op, p.opdef) if isinstance(p, HostStep) else p for p in self.pieces]
+        clone.pieces = [HostStep(p.op, p.host) if isinstance(p, HostStep) else p for p in self.pieces]
         return clone
 
     @property
@@ -214,15 +226,14 @@ class Executor:
     def outputs(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(name for op in self.ops for name in op.outputs))
 
-    def run(self, workspace: Workspace) -> None:
+    def run(self, workspace: SegmentWorkspace) -> None:
         for piece in self.pieces:
             piece.run(workspace, workspace._next_counter())
 
 
-def _check_supported(nets: Sequence[Net], ops: Sequence[Op]) -> None:
+def _check_supported(nets: Sequence[Net]) -> None:
     """Every op has a lowering or a host op (host ops only at the top level); all misses at once."""
-    host = {op.where for op in ops if lookup_host_op(op.type) is not None}
-    missing = [(where, t) for where, t in unsupported_ops(nets, runnable_only=True) if where not in host]
+    missing = unsupported_ops(nets, runnable_only=True, host_ops=True)
     if missing:
         types = sorted({t for _, t in missing})
         lines = "\n".join(f"  {where}" for where, _ in missing)
@@ -230,15 +241,5 @@ def _check_supported(nets: Sequence[Net], ops: Sequence[Op]) -> None:
             f"{len(missing)} op(s) of {len(types)} unsupported type(s) ({', '.join(types)}), with neither "
             f"a lowering nor a host op:\n{lines}",
             tuple(missing),
+            advice=REGISTER_EACH_ADVICE,
         )
-
-
-def check_inputs_exist(executor: Executor, workspace: Workspace) -> None:
-    """Caffe2 refuses to create a net that reads a blob the workspace does not hold (operator.cc's
-    'Encountered a non-existing input blob')."""
-    for name, op in executor.first_readers().items():
-        if not workspace._exists(name):
-            raise MissingBlobError(
-                f"{op.where}: reads blob '{name}', which the workspace does not hold; "
-                f"the workspace's blobs are: {workspace._blob_list()}"
-            )

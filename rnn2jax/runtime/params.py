@@ -92,8 +92,16 @@ def as_caffe2_strings(array: np.ndarray) -> np.ndarray:
     return strings
 
 
+def _unreadable(what: str, path: PathLike, error: OSError) -> StorageError:
+    """A file that cannot be opened (missing, a directory, no permission): a storage problem, not a parse one."""
+    if isinstance(error, FileNotFoundError):
+        return StorageError(f"cannot read {what} '{os.fspath(path)}': file not found")
+    return StorageError(f"cannot read {what} '{os.fspath(path)}': {error.strerror or error}")
+
+
 def load_arrays(path: PathLike, what: str = "array file") -> dict[str, np.ndarray]:
-    """Read an `.npz` file into a dict; a bad or missing file is a one-line `ParseError`."""
+    """Read an `.npz` file into a dict: a file that cannot be opened (missing, say) is a one-line
+    `StorageError`, one that is not an `.npz` archive a `ParseError`."""
     try:
         archive = np.load(path, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):
@@ -101,17 +109,18 @@ def load_arrays(path: PathLike, what: str = "array file") -> dict[str, np.ndarra
         with archive:
             return {name: archive[name] for name in archive.files}
     except OSError as error:
-        raise ParseError(f"cannot read {what} '{os.fspath(path)}': {error.strerror or error}") from None
+        raise _unreadable(what, path, error) from None
     except (ValueError, zipfile.BadZipFile, EOFError) as error:
         raise ParseError(f"{what} '{os.fspath(path)}' is not a readable .npz file: {error}") from None
 
 
 def load_array(path: PathLike, what: str = "array file") -> np.ndarray:
-    """Read one `.npy` file; a bad or missing file is a one-line `ParseError`."""
+    """Read one `.npy` file: a file that cannot be opened is a one-line `StorageError`, one that is not
+    an `.npy` array a `ParseError`."""
     try:
         value = np.load(path, allow_pickle=False)
     except OSError as error:
-        raise ParseError(f"cannot read {what} '{os.fspath(path)}': {error.strerror or error}") from None
+        raise _unreadable(what, path, error) from None
     except (ValueError, EOFError) as error:
         raise ParseError(f"{what} '{os.fspath(path)}' is not a readable .npy file: {error}") from None
     if not isinstance(value, np.ndarray):
@@ -139,7 +148,7 @@ def run_storage_init_net(net: Net, seed: int, db_root: PathLike | None) -> dict[
 
     A DB that is not where the net says is a `StorageError` naming the op, the DB and (when `db_root` is
     not given) the hint to pass it; an op rnn2jax cannot run (ImageInput, ...) is an UnsupportedOpError."""
-    from .storage_ops import loaded_values
+    from ..ops.storage import loaded_values
     from .workspace import Workspace
 
     workspace = Workspace(db_root=db_root, seed=seed)

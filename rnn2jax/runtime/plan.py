@@ -35,19 +35,50 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import jax.numpy as jnp
 import numpy as np
 
 from ..errors import PlanError
 from ..ir.netdef import ExecutionStep, Net, Plan
-from .executor import Executor
-from .workspace import Workspace
+from .executor import Executor, SegmentWorkspace
 
 ShouldContinue = Callable[[int], bool]
 # observer(path of step names, iterations done, the step's num_iter or None) after each iteration of a step
 Observer = Callable[[tuple[str, ...], int, int | None], None]
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """One running step and how many of its iterations are finished (`step.num_iter` says how many it runs)."""
+
+    step: ExecutionStep
+    done: int
+
+
+# progress(every running step, outermost first) after each iteration of any step: where the whole plan is,
+# so that a display can follow the training loop's step rather than the one-iteration steps inside it
+Progress = Callable[[tuple[StepProgress, ...]], None]
+
+
+class PlanWorkspace(SegmentWorkspace, Protocol):
+    """What running a plan needs of a workspace (`rnn2jax.runtime.workspace.Workspace` is one, and calls
+    `run_plan` from its own `run_plan`): its created nets and the executors it makes for them, whether a
+    blob exists (a created net will write it), and child workspaces."""
+
+    _nets: dict[str, Executor]
+
+    def has_net(self, name: str) -> bool: ...
+
+    def create_net(self, net: Any, overwrite: bool = False) -> str: ...
+
+    def child(self) -> PlanWorkspace: ...
+
+    def _executor(self, nets: tuple[Net, ...]) -> Executor: ...
+
+    def _exists(self, name: str) -> bool: ...
 
 
 class PlanInterrupted(KeyboardInterrupt):
@@ -66,12 +97,20 @@ class _Runner:
     """One RunPlan: the plan's nets, which of them override nets the workspace already had, and where
     the plan is (the stack of steps and their iterations) for interruptions."""
 
-    def __init__(self, plan: Plan, workspace: Workspace, should_continue: ShouldContinue, observer: Observer | None):
+    def __init__(
+        self,
+        plan: Plan,
+        workspace: PlanWorkspace,
+        should_continue: ShouldContinue,
+        observer: Observer | None,
+        progress: Progress | None = None,
+    ):
         self.plan = plan
         self.should_continue = should_continue
         self.observer = observer
+        self.progress = progress
         self.needs_override = {name: workspace.has_net(name) for name in plan.nets}
-        self.stack: list[list[Any]] = []
+        self.stack: list[list[Any]] = []  # [step name, iteration under way, step], outermost first
         self.running: str = ""
         self.interrupt_requested = False
         self.workspace_seq = 0
@@ -79,7 +118,7 @@ class _Runner:
     def where(self) -> str:
         if not self.stack:
             return f"plan '{self.plan.name}' before its first step"
-        steps = " > ".join(f"step '{name}' at iteration {it}" for name, it in self.stack)
+        steps = " > ".join(f"step '{name}' at iteration {it}" for name, it, _ in self.stack)
         running = f", running {self.running}" if self.running else ""
         return f"plan '{self.plan.name}': {steps}{running}"
 
@@ -87,7 +126,7 @@ class _Runner:
         if self.interrupt_requested:
             raise PlanInterrupted(self.where())
 
-    def net(self, name: str, step: ExecutionStep, workspace: Workspace) -> Net:
+    def net(self, name: str, step: ExecutionStep, workspace: PlanWorkspace) -> Net:
         """Caffe2's createAndGetNet: the plan's net, created in `workspace` unless already there."""
         net = self.plan.nets.get(name)
         if net is None:
@@ -105,7 +144,7 @@ class _StepWrapper:
     """Caffe2's ExecutionStepWrapper: a step prepared once, or afresh for every run when it creates
     its own workspace."""
 
-    def __init__(self, runner: _Runner, step: ExecutionStep, workspace: Workspace, should_continue: ShouldContinue):
+    def __init__(self, runner: _Runner, step: ExecutionStep, workspace: PlanWorkspace, should_continue: ShouldContinue):
         self.runner, self.step, self.workspace, self.should_continue = runner, step, workspace, should_continue
         self._compiled = None if step.create_workspace else _CompiledStep(runner, step, workspace, should_continue)
 
@@ -116,7 +155,7 @@ class _StepWrapper:
 
 
 class _CompiledStep:
-    def __init__(self, runner: _Runner, step: ExecutionStep, outer: Workspace, external: ShouldContinue):
+    def __init__(self, runner: _Runner, step: ExecutionStep, outer: PlanWorkspace, external: ShouldContinue):
         self.step = step
         self.label = f"plan '{runner.plan.name}', execution step '{step.name}'"
         workspace = outer.child() if step.create_workspace else outer
@@ -148,7 +187,7 @@ class _CompiledStep:
     def should_stop(self) -> bool:
         """Caffe2's getShouldStop: false while the blob holds nothing; else it must be a bool scalar."""
         name = self.step.should_stop_blob
-        if name is None or not self.workspace._has_value(name):
+        if name is None or not self.workspace.has_blob(name):
             return False
         value = self.workspace.get(name)
         dtype, size = getattr(value, "dtype", None), getattr(value, "size", None)
@@ -172,7 +211,7 @@ def _continuation(step: ExecutionStep, label: str) -> ShouldContinue:
     return _always
 
 
-def _inject_workspace_id(runner: _Runner, workspace: Workspace) -> None:
+def _inject_workspace_id(runner: _Runner, workspace: PlanWorkspace) -> None:
     if not workspace.has_blob("NODE_ID"):
         return
     node_id = int(np.asarray(workspace.get("NODE_ID")).ravel()[0])
@@ -213,7 +252,7 @@ def _execute(runner: _Runner, wrapper: _StepWrapper) -> None:
         reporter.add(step.report_interval or 0, lambda: report_net.run(workspace))
     for report in compiled.reports:
         reporter.add((report.step.run_every_ms or 0) / 1000, lambda report=report: _execute(runner, report))
-    frame: list[Any] = [step.name, 0]
+    frame: list[Any] = [step.name, 0, step]
     runner.stack.append(frame)
     try:
         _iterate(runner, compiled, reporter, frame)
@@ -228,7 +267,7 @@ def _execute(runner: _Runner, wrapper: _StepWrapper) -> None:
 def _iterate(runner: _Runner, compiled: _CompiledStep, reporter: _Reporter, frame: list[Any]) -> None:
     step, workspace = compiled.step, compiled.workspace
     should_continue, should_stop = compiled.should_continue, compiled.should_stop
-    observer, path = runner.observer, tuple(name for name, _ in runner.stack)
+    observer, path = runner.observer, tuple(name for name, _, _ in runner.stack)
     check_stop = step.should_stop_blob is not None
     instances = step.num_concurrent_instances or 1
     sequential = (not step.concurrent_substeps or len(step.substeps) <= 1) and instances <= 1
@@ -259,19 +298,25 @@ def _iterate(runner: _Runner, compiled: _CompiledStep, reporter: _Reporter, fram
             reporter.tick()
         if observer is not None:
             observer(path, iteration, step.num_iter)
+        if runner.progress is not None:
+            # the outer steps have finished as many iterations as the index of the one under way
+            outer = tuple(StepProgress(running, under_way) for _, under_way, running in runner.stack[:-1])
+            runner.progress((*outer, StepProgress(step, iteration)))
 
 
 def run_plan(
-    workspace: Workspace,
+    workspace: PlanWorkspace,
     plan: Plan,
     *,
     should_continue: ShouldContinue | None = None,
     observer: Observer | None = None,
+    progress: Progress | None = None,
     defer_interrupt: bool = False,
 ) -> None:
-    """Run `plan` on `workspace` (Caffe2's RunPlanOnWorkspace). With `defer_interrupt` (in the main
-    thread), a first Ctrl-C stops the plan between iterations; a second one stops it at once."""
-    runner = _Runner(plan, workspace, should_continue or _always, observer)
+    """Run `plan` on `workspace` (Caffe2's RunPlanOnWorkspace). `observer` hears of each iteration of each
+    step; `progress` of the same, with every running step. With `defer_interrupt` (in the main thread), a
+    first Ctrl-C stops the plan between iterations; a second one stops it at once."""
+    runner = _Runner(plan, workspace, should_continue or _always, observer, progress)
     if not (defer_interrupt and threading.current_thread() is threading.main_thread()):
         _run_steps(runner, workspace)
         return
@@ -288,6 +333,6 @@ def run_plan(
         signal.signal(signal.SIGINT, previous)
 
 
-def _run_steps(runner: _Runner, workspace: Workspace) -> None:
+def _run_steps(runner: _Runner, workspace: PlanWorkspace) -> None:
     for step in runner.plan.steps:
         _execute(runner, _StepWrapper(runner, step, workspace, runner.should_continue))

@@ -27,7 +27,8 @@ from ..errors import BadArgumentError, InputTypeError, MissingBlobError, Workspa
 from ..ir.dtypes import in_caffe2_dtypes
 from ..ir.loader import load
 from ..ir.netdef import Net, Plan
-from .executor import Executor, check_inputs_exist
+from . import plan as plan_runner
+from .executor import Executor
 
 _SHOWN_BLOBS = 30
 _TWIN_CANDIDATES = 8  # programs kept per outline (ops' types and blob names) when looking for a twin
@@ -159,7 +160,7 @@ class Workspace:
         if net.name in self._nets and not overwrite:
             raise WorkspaceError(f"{net.where}: the workspace already has a net '{net.name}'; pass overwrite=True")
         executor = self._executor((net,))
-        check_inputs_exist(executor, self)
+        self._check_inputs_exist(executor)
         self._declare(executor.outputs())
         self._nets[net.name] = executor
         return net.name
@@ -188,7 +189,7 @@ class Workspace:
         blobs it reads change shape or dtype."""
         net = self._net(net)
         executor = self._executor((net,))
-        check_inputs_exist(executor, self)
+        self._check_inputs_exist(executor)
         executor.run(self)
 
     @in_caffe2_dtypes
@@ -198,17 +199,24 @@ class Workspace:
         *,
         should_continue: Callable[[int], bool] | None = None,
         observer: Any = None,
+        progress: Any = None,
         defer_interrupt: bool = False,
     ) -> None:
         """Run a PlanDef's execution steps (see `rnn2jax.runtime.plan`). `should_continue(i)` is asked
         before iteration i of every step (Caffe2's RunPlan hook; the CLI's --iters); `observer` hears of
-        every iteration; with `defer_interrupt`, Ctrl-C stops the plan between iterations."""
-        from .plan import run_plan
-
+        every iteration, `progress` too with every running step (`rnn2jax run-plan`'s progress line); with
+        `defer_interrupt`, Ctrl-C stops the plan between iterations."""
         loaded = load(plan)
         if not isinstance(loaded, Plan):
             raise InputTypeError(f"{loaded.where} is a net, not a plan; run it with Workspace.run")
-        run_plan(self, loaded, should_continue=should_continue, observer=observer, defer_interrupt=defer_interrupt)
+        plan_runner.run_plan(
+            self,
+            loaded,
+            should_continue=should_continue,
+            observer=observer,
+            progress=progress,
+            defer_interrupt=defer_interrupt,
+        )
 
     def child(self) -> Workspace:
         """A workspace that sees this one's blobs (an execution step's `create_workspace`)."""
@@ -245,6 +253,16 @@ class Workspace:
                 executor.share_code(twin)
             entry = self._cache.put(self._cache.executors, key, (nets, executor))
         return entry[1].instance()
+
+    def _check_inputs_exist(self, executor: Executor) -> None:
+        """Caffe2 refuses to create a net that reads a blob the workspace does not hold (operator.cc's
+        'Encountered a non-existing input blob')."""
+        for name, op in executor.first_readers().items():
+            if not self._exists(name):
+                raise MissingBlobError(
+                    f"{op.where}: reads blob '{name}', which the workspace does not hold; "
+                    f"the workspace's blobs are: {self._blob_list()}"
+                )
 
     def _next_counter(self) -> int:
         root = self._root

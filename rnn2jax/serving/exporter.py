@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from ..compiler.compiled_net import CompiledNet
-from ..errors import BadArgumentError, Rnn2JaxError, ShapeError
+from ..errors import Advice, BadArgumentError, Rnn2JaxError, ShapeError
 from ..ir.dtypes import in_caffe2_dtypes
 
 # What jax.export lowers for (its names; "gpu" is not one: CUDA and ROCm are lowered separately).
@@ -108,8 +108,8 @@ def export_net(
         raise  # an op's error, with the op and blob named (lower.py)
     except jax.errors.InconclusiveDimensionOperation as error:
         raise ShapeError(
-            f"{fn.net.where}: cannot be exported with symbolic dims: {_first_line(error)}; give those dims "
-            "sizes in --input-shape"
+            f"{fn.net.where}: cannot be exported with symbolic dims: {_first_line(error)}",
+            advice=Advice("give those dims sizes in the input specs", "give those dims sizes in --shape"),
         ) from None
     except (NotImplementedError, ValueError) as error:  # jax's lowering, e.g. a primitive one platform lacks
         raise Rnn2JaxError(f"{fn.net.where}: cannot export for {', '.join(platforms)}: {_first_line(error)}") from None
@@ -123,7 +123,11 @@ def _refuse_static_inputs(fn: CompiledNet) -> None:
     named = "; ".join(f"'{n}' decides a shape in {readers[n].where}" for n in fn.static_inputs)
     raise ShapeError(
         f"{fn.net.where}: input(s) {', '.join(fn.static_inputs)} decide output shapes by their values ({named}), "
-        "so an export cannot take them as arguments; give their values with --params to bake them in"
+        "so an export cannot take them as arguments",
+        advice=Advice(
+            "give their values as parameters (compile(..., params=)) to bake them in",
+            "give their values with --params to bake them in",
+        ),
     )
 
 

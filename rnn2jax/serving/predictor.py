@@ -22,9 +22,9 @@ import numpy as np
 
 from ..errors import MissingBlobError, StorageError
 from ..ir.netdef import Net, decode_net
+from ..ops.storage import DBReader, loaded_values
 from ..proto import caffe2_pb2 as pb
 from ..proto import metanet_pb2
-from ..runtime.storage_ops import DBReader, loaded_values
 from ..runtime.workspace import Workspace
 from ..storage import read_blobs
 from ..storage.db import describe

@@ -23,7 +23,7 @@ from ...errors import BadArgumentError, ShapeError
 from ...ir.netdef import Op
 from ...lowering.interpreter import LoweredNet
 from ...ops.recurrent.spec import decode_spec
-from ...runtime.host_ops import HOST_OPS, register_host_op
+from ...ops.registry import NO_ROLES, Absent, declare_family, find_host, register_host_op
 
 if TYPE_CHECKING:
     from ...runtime.workspace import Workspace
@@ -77,5 +77,12 @@ def _fetch_step_blobs(workspace: Workspace, op: Op, state: dict[str, Any]) -> No
     workspace.put(op.outputs[0], np.array([n.encode() for n in names], dtype=object))
 
 
-if "RecurrentNetworkBlobFetcher" not in HOST_OPS:
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("host op: shape inference traces no host op"),
+    gradient=Absent("no builder gradient maker"),
+    emitter=Absent("host op: codegen writes only jitted code"),
+)
+if find_host("RecurrentNetworkBlobFetcher") is None:
     register_host_op("RecurrentNetworkBlobFetcher", _fetch_step_blobs)

@@ -9,8 +9,9 @@ The names a Caffe2 script gets back are decided here, exactly as Caffe2's front 
 * net names are made unique by a process-wide counter (`lstm`, `lstm_1`, ...);
 * ops given no output names get `<net>/<OpType>` (then `_2`, `_3`, ...) or `<net>_blob_<k>`.
 
-Gradients come from rnn2jax's port of Caffe2's gradient makers and IR (`rnn2jax.caffe2.gradients`),
-which emit the OperatorDefs real Caffe2 emitted, byte for byte.
+Gradients come from rnn2jax's port of Caffe2's gradient makers (each the `gradient` facet of its op's
+registry record, `rnn2jax.ops.gradient_makers`) and IR (`rnn2jax.ops.backward_pass`), which emit the
+OperatorDefs real Caffe2 emitted, byte for byte.
 """
 
 from __future__ import annotations
@@ -19,9 +20,14 @@ from collections import namedtuple
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from .. import gradients as _gradients
-from ..grad_makers import _MAKERS as _BUILTIN_MAKERS
-from ..grad_makers import GradientContext, GradientError, get_gradient_for_op, register_gradient
+from ...ops import backward_pass as _backward_pass
+from ...ops.gradient_makers import (
+    GradientContext,
+    GradientError,
+    get_gradient_for_op,
+    gradient_maker,
+    register_gradient,
+)
 from ..opdef import make_argument
 from ..proto import caffe2_pb2
 from . import scope
@@ -29,8 +35,8 @@ from .scope import DeviceScope, NameScope  # noqa: F401  (Caffe2 scripts use cor
 
 DataType = caffe2_pb2.TensorProto.DataType
 GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
-get_ssa = _gradients.get_ssa
-get_undefined_blobs = _gradients.get_undefined_blobs
+get_ssa = _backward_pass.get_ssa
+get_undefined_blobs = _backward_pass.get_undefined_blobs
 
 # ------------------------------------------------------------------------------------------------
 # Devices and engines
@@ -127,10 +133,9 @@ def RefreshRegisteredOperators(trigger_lazy: bool = True) -> None:
 
 def IsOperator(op_type: str) -> bool:
     """True for op types rnn2jax can run: lowered ops, user ops, host ops and the Python op."""
-    from ...ops.registry import find
-    from ...runtime.host_ops import lookup_host_op
+    from ...ops.registry import supported
 
-    return find(op_type) is not None or lookup_host_op(op_type) is not None
+    return supported(op_type)
 
 
 def IsOperatorWithEngine(op_type: str, engine: str) -> bool:
@@ -340,12 +345,12 @@ class GradientRegistry:
             ys = [str(y) for y in ys]
         else:
             raise TypeError("ys should be a list or a dict of blob names.")
-        ops, grad_map = _gradients.get_backward_pass(list(operators), ys)
+        ops, grad_map = _backward_pass.get_backward_pass(list(operators), ys)
         return ops, {BlobReference(k): _as_gradient(v) for k, v in grad_map.items() if v is not None}
 
 
 def _builtin_maker(op_type: str) -> Callable | None:
-    return _BUILTIN_MAKERS.get(op_type)
+    return gradient_maker(op_type)
 
 
 def _plain(grad: Any) -> Any:
@@ -543,8 +548,9 @@ class Net:
         """A Python op: `f(inputs, outputs)` runs on the host with the input blobs and writable outputs
         (`f(inputs, outputs, workspace)` with `pass_workspace`); `grad_f` likewise for its gradient."""
         from .python_op import register_python_function
+        from .workspace import C
 
-        token = register_python_function(f, grad_f, python_func_type, pass_workspace)
+        token = register_python_function(f, grad_f, python_func_type, C.Workspace if pass_workspace else None)
         return lambda *args, **kwargs: self._CreateAndAddToSelf(
             "Python",
             *args,

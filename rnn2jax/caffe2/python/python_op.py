@@ -4,6 +4,8 @@
 (a NumPy array; writable for outputs), `.shape`, `.reshape(shape)`, `.feed(array)`. Functions are kept
 in this process by token, as Caffe2 kept them; a net holding a token from another process cannot run.
 `PythonGradient` runs `grad_f` with the forward inputs, outputs and output gradients as inputs.
+Both are host ops of the op registry; this module builds on no other module of the Caffe2 API (what
+`pass_workspace` hands `f` is made by the caller of `register_python_function`, `core.Net.Python`).
 """
 
 from __future__ import annotations
@@ -16,15 +18,20 @@ import jax
 import numpy as np
 
 from ...errors import BadArgumentError
-from ...runtime.host_ops import HOST_OPS, register_host_op
-from ..grad_makers import GradientContext, gradient_op, register_gradient
+from ...ops.gradient_makers import GradientContext, gradient_op
+from ...ops.registry import NO_ROLES, Absent, declare_family, facet, find_host, register_host_op
 
-_FUNCTIONS: dict[str, tuple[Callable, Callable | None, bool]] = {}
+WorkspaceView = Callable[[Any], Any]  # the running workspace -> what a `pass_workspace` function gets
+_FUNCTIONS: dict[str, tuple[Callable, Callable | None, WorkspaceView | None]] = {}
 _tokens = itertools.count()
 
 
-def register_python_function(f: Callable, grad_f: Callable | None, python_func_type: Any, pass_workspace: bool) -> str:
-    """Keep `f` (and `grad_f`) under a new token, as Caffe2's `_RegisterPythonImpl` did."""
+def register_python_function(
+    f: Callable, grad_f: Callable | None, python_func_type: Any, workspace_view: WorkspaceView | None
+) -> str:
+    """Keep `f` (and `grad_f`) under a new token, as Caffe2's `_RegisterPythonImpl` did. With a
+    `workspace_view` (Caffe2's `pass_workspace`), they get a third argument: that view of the workspace
+    running the op."""
     if python_func_type is not None:
         func = python_func_type(f)
         f, grad_f = func.forward, func.backward
@@ -34,7 +41,7 @@ def register_python_function(f: Callable, grad_f: Callable | None, python_func_t
         if isinstance(grad_f, tuple):
             grad_f = grad_f[0](*grad_f[1], **grad_f[2])
     token = f"python_op:{next(_tokens)}"
-    _FUNCTIONS[token] = (f, grad_f, pass_workspace)
+    _FUNCTIONS[token] = (f, grad_f, workspace_view)
     return token
 
 
@@ -64,7 +71,7 @@ class TensorCPU:
         self.reshape(shape)
 
 
-def _function(op: Any, gradient: bool) -> tuple[Callable, bool]:
+def _function(op: Any, gradient: bool) -> tuple[Callable, WorkspaceView | None]:
     token = op.str("token", "")
     entry = _FUNCTIONS.get(token)
     if entry is None:
@@ -72,26 +79,24 @@ def _function(op: Any, gradient: bool) -> tuple[Callable, bool]:
             f"{op.where}: Python op token '{token}' was not registered in this process "
             "(Python ops run functions defined by the script that built the net)"
         )
-    f, grad_f, pass_workspace = entry
+    f, grad_f, workspace_view = entry
     if gradient:
         if grad_f is None:
             raise BadArgumentError(f"{op.where}: the Python op was registered without a gradient function")
-        return grad_f, pass_workspace
-    return f, pass_workspace
+        return grad_f, workspace_view
+    return f, workspace_view
 
 
 def _run(gradient: bool) -> Callable:
     def run(workspace: Any, op: Any, state: dict[str, Any]) -> None:
-        f, pass_workspace = _function(op, gradient)
+        f, workspace_view = _function(op, gradient)
         inputs = [TensorCPU(np.asarray(workspace.get(name, op))) for name in op.inputs]
         outputs = []
         for name in op.outputs:
             value = workspace.get(name, op) if workspace._has_value(name) else None
             outputs.append(TensorCPU(np.asarray(value) if isinstance(value, jax.Array | np.ndarray) else None))
-        if pass_workspace:
-            from . import workspace as compat_workspace
-
-            f(inputs, outputs, compat_workspace._CWorkspace(workspace))
+        if workspace_view is not None:
+            f(inputs, outputs, workspace_view(workspace))
         else:
             f(inputs, outputs)
         for name, tensor in zip(op.outputs, outputs, strict=True):
@@ -100,12 +105,19 @@ def _run(gradient: bool) -> Callable:
     return run
 
 
-if "Python" not in HOST_OPS:
+# The Python op's builder gradient maker is `_python_gradient` below, attached to its record.
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("host op: shape inference traces no host op"),
+    emitter=Absent("host op: codegen writes only jitted code"),
+)
+if find_host("Python") is None:
     register_host_op("Python", _run(gradient=False))
-    register_host_op("PythonGradient", _run(gradient=True))
+    register_host_op("PythonGradient", _run(gradient=True), gradient=Absent("no builder gradient maker"))
 
 
-@register_gradient("Python")
+@facet("gradient", "Python")
 def _python_gradient(g: GradientContext) -> list:
     """Caffe2's GetPythonGradient: inputs, outputs and (selected) output gradients in; input gradients out."""
     outputs_arg = g.arg("grad_output_indices")

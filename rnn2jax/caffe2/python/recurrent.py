@@ -3,7 +3,7 @@
 It adds one op to the main net: inputs (sequence, initial states, then every other external input of
 the step net, the "references"), outputs (`<state output>_all`, `_last` per state, then
 `<scope>/step_workspaces`) and the arguments of section 2.3 of SEMANTICS.md. Unless `forward_only`,
-it also builds the backward step net B from the step net's gradient (gradients.py), section 2.10:
+it also builds the backward step net B from the step net's gradient (ops/backward_pass.py), section 2.10:
 recomputed ops first, then gradient ops; B's external inputs are the forward scratches B reads, the
 state-output gradients, the step net's external inputs and outputs; then the `_accum` rewrite makes
 B's writes to an externally provided gradient add to it rather than overwrite it.
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ...ops.backward_pass import get_backward_pass, get_ssa, get_undefined_blobs
 from ...proto import caffe2_pb2 as pb
-from ..gradients import get_backward_pass, get_ssa, get_undefined_blobs
 from .core import BlobReference, CreateOperator, Net
 
 

@@ -1,4 +1,5 @@
-"""Caffe2's `rnn_cell`: RNN cells and the `LSTM`/`BasicRNN`/`MILSTM`/`LayerNorm*` builders.
+"""Caffe2's `rnn_cell`: RNN cells, the `LSTM`/`BasicRNN`/`MILSTM`/`LayerNorm*` builders, and the attention
+cells and `LSTMWithAttention` (over attention.py's computations).
 
 A cell adds its per-step ops to a step model; `apply_over_sequence` prepares the input in the main net
 (the `<scope>/i2h` FC), builds the step net and wraps it with `recurrent_net` (section 3.0 of
@@ -13,6 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import brew
+from .attention import (
+    AttentionType,
+    apply_dot_attention,
+    apply_recurrent_attention,
+    apply_regular_attention,
+    apply_soft_coverage_attention,
+)
 from .core import BlobReference, ScopedBlobReference
 from .model_helper import ModelHelper
 from .modeling.initializers import Initializer  # noqa: F401  (Caffe2 scripts reach it as rnn_cell.Initializer)
@@ -622,10 +630,249 @@ def LayerNormMILSTM(
     return _LSTM(LayerNormMILSTMCell, model, input_blob, seq_lengths, initial_states, dim_in, dim_out, *args, **kwargs)
 
 
-def __getattr__(name: str) -> Any:
-    """Caffe2 kept the attention cells in rnn_cell; they live in attention.py here (it imports this)."""
-    if name in ("AttentionCell", "LSTMWithAttentionCell", "MILSTMWithAttentionCell", "LSTMWithAttention"):
-        from . import attention
+# ------------------------------------------------------------------------------------------------
+# Attention cells (in rnn_cell, as in Caffe2; the attention computations are attention.py's)
 
-        return getattr(attention, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+class AttentionCell(RNNCell):
+    """A decoder cell plus attention; states: decoder states (hidden replaced by
+    `<name>/hidden_t_external`), `<name>/attention_weighted_encoder_context_t` (+ `coverage_t`)."""
+
+    def __init__(
+        self,
+        encoder_output_dim: int,
+        encoder_outputs: str,
+        encoder_lengths: str | None,
+        decoder_cell: RNNCell,
+        decoder_state_dim: int,
+        attention_type: AttentionType,
+        weighted_encoder_outputs: str | None,
+        attention_memory_optimization: bool,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if attention_type not in tuple(AttentionType):
+            raise ValueError(f"unknown attention type {attention_type}")
+        self.encoder_output_dim = encoder_output_dim
+        self.encoder_outputs = encoder_outputs
+        self.encoder_lengths = encoder_lengths
+        self.decoder_cell = decoder_cell
+        self.decoder_state_dim = decoder_state_dim
+        self.weighted_encoder_outputs = weighted_encoder_outputs
+        self.encoder_outputs_transposed = None
+        self.attention_type = attention_type
+        self.attention_memory_optimization = attention_memory_optimization
+        self.coverage_weights = None
+
+    def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
+        coverage = self.attention_type == AttentionType.SoftCoverage
+        decoder_prev_states = states[:-2] if coverage else states[:-1]
+        context_prev = states[-2] if coverage else states[-1]
+        if extra_inputs is not None:
+            raise ValueError("AttentionCell takes no extra inputs")
+        decoder_states = self.decoder_cell._apply(
+            model,
+            input_t,
+            seq_lengths,
+            decoder_prev_states,
+            timestep,
+            extra_inputs=[(context_prev, self.encoder_output_dim)],
+        )
+        self.hidden_t_intermediate = self.decoder_cell._prepare_output(model, decoder_states)
+        common = {
+            "model": model,
+            "encoder_output_dim": self.encoder_output_dim,
+            "encoder_outputs_transposed": self.encoder_outputs_transposed,
+            "decoder_hidden_state_t": self.hidden_t_intermediate,
+            "decoder_hidden_state_dim": self.decoder_state_dim,
+            "scope": self.name,
+            "encoder_lengths": self.encoder_lengths,
+        }
+        weighted = {"weighted_encoder_outputs": self.weighted_encoder_outputs}
+        if self.attention_type == AttentionType.Recurrent:
+            result = apply_recurrent_attention(
+                **common, **weighted, attention_weighted_encoder_context_t_prev=context_prev
+            )
+        elif self.attention_type == AttentionType.Regular:
+            result = apply_regular_attention(**common, **weighted)
+        elif self.attention_type == AttentionType.Dot:
+            result = apply_dot_attention(**common)
+        else:
+            result = apply_soft_coverage_attention(
+                **common, **weighted, coverage_t_prev=states[-1], coverage_weights=self.coverage_weights
+            )
+        context, self.attention_weights_3d, attention_blobs = result[:3]
+        if self.attention_memory_optimization:
+            self.recompute_blobs.extend(attention_blobs)
+        output = [*decoder_states, context]
+        if coverage:
+            output.append(result[3])
+        index = self.decoder_cell.get_output_state_index()
+        output[index] = model.Copy(output[index], self.scope("hidden_t_external"))
+        model.net.AddExternalOutputs(*output)
+        return output
+
+    def get_attention_weights(self) -> BlobReference:
+        return self.attention_weights_3d
+
+    def prepare_input(self, model, input_blob):
+        """Main net: transposed encoder outputs, weighted encoder outputs (not for Dot), decoder i2h."""
+        if self.encoder_outputs_transposed is None:
+            self.encoder_outputs_transposed = brew.transpose(
+                model, self.encoder_outputs, self.scope("encoder_outputs_transposed"), axes=[1, 2, 0]
+            )
+        if self.weighted_encoder_outputs is None and self.attention_type != AttentionType.Dot:
+            self.weighted_encoder_outputs = brew.fc(
+                model,
+                self.encoder_outputs,
+                self.scope("weighted_encoder_outputs"),
+                dim_in=self.encoder_output_dim,
+                dim_out=self.encoder_output_dim,
+                axis=2,
+            )
+        return self.decoder_cell.prepare_input(model, input_blob)
+
+    def build_initial_coverage(self, model: ModelHelper) -> BlobReference:
+        """SoftCoverage: `coverage_weights` FC, and 1-D zeros `[encoder_length]` as initial coverage."""
+        self.coverage_weights = brew.fc(
+            model,
+            self.encoder_outputs,
+            self.scope("coverage_weights"),
+            dim_in=self.encoder_output_dim,
+            dim_out=self.encoder_output_dim,
+            axis=2,
+        )
+        encoder_length = model.net.Slice(model.net.Shape(self.encoder_outputs), starts=[0], ends=[1])
+        return model.net.ConstantFill(encoder_length, self.scope("initial_coverage"), value=0.0, input_as_shape=1)
+
+    def get_state_names(self):
+        names = list(self.decoder_cell.get_state_names())
+        names[self.get_output_state_index()] = self.scope("hidden_t_external")
+        names.append(self.scope("attention_weighted_encoder_context_t"))
+        if self.attention_type == AttentionType.SoftCoverage:
+            names.append(self.scope("coverage_t"))
+        return names
+
+    def get_output_dim(self) -> int:
+        return self.decoder_state_dim + self.encoder_output_dim
+
+    def get_output_state_index(self) -> int:
+        return self.decoder_cell.get_output_state_index()
+
+    def _prepare_output(self, model, states):
+        context = states[-2] if self.attention_type == AttentionType.SoftCoverage else states[-1]
+        with NameScope(self.name or ""):
+            return brew.concat(model, [self.hidden_t_intermediate, context], "states_and_context_combination", axis=2)
+
+    def _prepare_output_sequence(self, model, state_outputs):
+        coverage = self.attention_type == AttentionType.SoftCoverage
+        decoder_output = self.decoder_cell._prepare_output_sequence(
+            model, state_outputs[:-4] if coverage else state_outputs[:-2]
+        )
+        context_index = 2 * (len(self.get_state_names()) - (2 if coverage else 1))
+        with NameScope(self.name or ""):
+            return brew.concat(
+                model,
+                [decoder_output, state_outputs[context_index]],
+                "states_and_context_combination",
+                axis=2,
+            )
+
+
+class LSTMWithAttentionCell(AttentionCell):
+    """AttentionCell over an `LSTMCell` named `<name>/decoder`."""
+
+    def __init__(
+        self,
+        encoder_output_dim,
+        encoder_outputs,
+        encoder_lengths,
+        decoder_input_dim,
+        decoder_state_dim,
+        name,
+        attention_type,
+        weighted_encoder_outputs,
+        forget_bias,
+        lstm_memory_optimization,
+        attention_memory_optimization,
+        forward_only=False,
+    ):
+        decoder_cell = LSTMCell(
+            input_size=decoder_input_dim,
+            hidden_size=decoder_state_dim,
+            forget_bias=forget_bias,
+            memory_optimization=lstm_memory_optimization,
+            name=f"{name}/decoder",
+            forward_only=False,
+            drop_states=False,
+        )
+        super().__init__(
+            encoder_output_dim=encoder_output_dim,
+            encoder_outputs=encoder_outputs,
+            encoder_lengths=encoder_lengths,
+            decoder_cell=decoder_cell,
+            decoder_state_dim=decoder_state_dim,
+            name=name,
+            attention_type=attention_type,
+            weighted_encoder_outputs=weighted_encoder_outputs,
+            attention_memory_optimization=attention_memory_optimization,
+            forward_only=forward_only,
+        )
+
+
+def LSTMWithAttention(
+    model: ModelHelper,
+    decoder_inputs: str,
+    decoder_input_lengths: str | None,
+    initial_decoder_hidden_state: str,
+    initial_decoder_cell_state: str,
+    initial_attention_weighted_encoder_context: str,
+    encoder_output_dim: int,
+    encoder_outputs: str,
+    encoder_lengths: str | None,
+    decoder_input_dim: int,
+    decoder_state_dim: int,
+    scope: str,
+    attention_type: AttentionType = AttentionType.Regular,
+    outputs_with_grads: Sequence[int] = (0, 4),
+    weighted_encoder_outputs: str | None = None,
+    lstm_memory_optimization: bool = False,
+    attention_memory_optimization: bool = False,
+    forget_bias: float = 0.0,
+    forward_only: bool = False,
+) -> list[BlobReference]:
+    """`rnn_cell.LSTMWithAttention`: the RecurrentNetwork outputs (`_all`, `_last` for hidden_t_external,
+    decoder cell_state, attention context, and coverage for SoftCoverage).
+
+    As in Caffe2, `lstm_memory_optimization` has no effect (it sets the decoder cell's recompute list,
+    which is not the one passed to recurrent_net).
+    """
+    cell = LSTMWithAttentionCell(
+        encoder_output_dim=encoder_output_dim,
+        encoder_outputs=encoder_outputs,
+        encoder_lengths=encoder_lengths,
+        decoder_input_dim=decoder_input_dim,
+        decoder_state_dim=decoder_state_dim,
+        name=scope,
+        attention_type=attention_type,
+        weighted_encoder_outputs=weighted_encoder_outputs,
+        forget_bias=forget_bias,
+        lstm_memory_optimization=lstm_memory_optimization,
+        attention_memory_optimization=attention_memory_optimization,
+        forward_only=forward_only,
+    )
+    initial_states = [
+        initial_decoder_hidden_state,
+        initial_decoder_cell_state,
+        initial_attention_weighted_encoder_context,
+    ]
+    if attention_type == AttentionType.SoftCoverage:
+        initial_states.append(cell.build_initial_coverage(model))
+    _, result = cell.apply_over_sequence(
+        model=model,
+        inputs=decoder_inputs,
+        seq_lengths=decoder_input_lengths,
+        initial_states=initial_states,
+        outputs_with_grads=outputs_with_grads,
+    )
+    return result

@@ -405,16 +405,23 @@ def InferShapesAndTypes(
     blob_types: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, list[int]], dict[str, int]]:
     """Shapes and TensorProto types of every blob the nets read and write, from the blobs in the
-    current workspace (or `blob_dimensions`/`blob_types`), traced without running anything.
+    current workspace (or `blob_dimensions`/`blob_types`), traced without running anything
+    (`rnn2jax.checking.shape_inference.trace_shapes`; a blob without a type is FLOAT, as in Caffe2).
     Raises RuntimeError when a net cannot be traced (host ops, missing blobs), as Caffe2 did."""
-    from ._shape_inference import infer_shapes_and_types
+    from ...checking.shape_inference import InputSpec, trace_shapes
 
+    types_given = blob_types or {}
+    given = {
+        name: InputSpec(tuple(dims), DATA_TYPES.get(types_given.get(name, 1), np.dtype(np.float32)).name)
+        for name, dims in (blob_dimensions or {}).items()
+    }
     try:
-        return infer_shapes_and_types(
-            _ws(), [_proto(n) for n in nets], dict(blob_dimensions or {}), dict(blob_types or {}), _ENUM_OF_DTYPE
-        )
+        specs = trace_shapes([_proto(n) for n in nets], given, _ws())
     except Rnn2JaxError as error:
         raise _as_runtime_error(error) from None
+    shapes = {name: list(spec.shape) for name, spec in specs.items()}
+    enums = {name: _ENUM_OF_DTYPE.get(np.dtype(spec.dtype)) for name, spec in specs.items()}
+    return shapes, {name: enum for name, enum in enums.items() if enum is not None}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -548,13 +555,12 @@ class _OpSchema:
     @staticmethod
     def get(op_type: str) -> _OpSchema | None:
         """The schema of `op_type`, or None when rnn2jax cannot run it (as Caffe2 for schemaless ops)."""
-        from ...ops.registry import find
-        from ...runtime.host_ops import lookup_host_op
+        from ...ops.registry import find, find_host
 
         opdef = find(op_type)
         if opdef is not None:
             return _OpSchema(op_type, opdef.inputs, opdef.outputs, (opdef.build.__doc__ or "").strip())
-        host = lookup_host_op(op_type)
+        host = find_host(op_type)
         if host is not None:
             return _OpSchema(op_type, (0, _OpSchema.inf), (0, _OpSchema.inf), (host.run.__doc__ or "").strip())
         return None
@@ -569,7 +575,7 @@ class _OpSchema:
 
     @staticmethod
     def get_gradient_impl(op_type: str) -> str:
-        from ..grad_makers import has_gradient_maker
+        from ...ops.gradient_makers import has_gradient_maker
 
         return "rnn2jax" if has_gradient_maker(op_type) else ""
 
@@ -587,7 +593,5 @@ class C:
 
 def RegisteredOperators() -> list[str]:
     from ...ops.registry import REGISTRY
-    from ...runtime.host_ops import HOST_OPS, lookup_host_op
 
-    lookup_host_op("")  # loads the host-op modules
-    return sorted(set(REGISTRY) | set(HOST_OPS))
+    return sorted(REGISTRY)

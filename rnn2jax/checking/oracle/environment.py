@@ -52,6 +52,13 @@ def caffe2_python(venv: str | os.PathLike) -> Path:
     return Path(venv) / "bin" / "python"
 
 
+def default_venv() -> Path:
+    """Where `rnn2jax setup-caffe2` makes the venv unless told otherwise, and where `compare`, `verify --caffe2`
+    and `exec` look for it: $XDG_DATA_HOME/rnn2jax/caffe2-venv (~/.local/share/rnn2jax/caffe2-venv)."""
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "rnn2jax" / "caffe2-venv"
+
+
 def create_environment(venv: str | os.PathLike, python: str | None = None, quiet: bool = False) -> Path:
     """Create (or complete) `venv` with real Caffe2 and return its interpreter. Idempotent: an existing
     venv whose Caffe2 imports is left as it is."""

@@ -43,7 +43,8 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from ..common import matmul_precision
-from ..rnn_units import _sigmoid, _tanh
+from ..rnn_units import caffe2_sigmoid as _sigmoid
+from ..rnn_units import caffe2_tanh as _tanh
 from .fusion import _plain_fc
 
 

@@ -36,17 +36,20 @@ from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...ir.netdef import Op
-from ..registry import NO_ROLES, Absent, LowerNet, declare_family, register
+from ..emit import EmitWriter, codegen_helper
+from ..gradient_makers import GradientContext, GradientError, GradientOps, gradient_op
+from ..registry import NO_ROLES, Absent, LowerNet, declare_family, facet, register
+from ..shape_facts import INT32, Context, Guesses, Solver, Spec, latest
 from .cell_vjp import lstm_cell_rows
 from .coverage import check_forward_rows, unwritten_fill
 from .fusion import FusedLSTM, find_fused_lstms
-from .spec import Alias, Link, check_link_rows, decode_spec, initial_rows
+from .spec import Alias, Link, check_link_rows, decode_spec, initial_rows, state_rows
 
 declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
+    gradient=Absent("Caffe2 registers no gradient for it"),
     emitter=Absent("codegen does not write this op"),
 )
 
@@ -333,7 +336,9 @@ class RecurrentLowering:
             try:
                 fused.step(ops[position], env, externals.fused[fused])
             except (TypeError, ValueError) as error:
-                raise ShapeError(f"{ops[position].where} (fused with op #{fused.fc} FC): {error}") from error
+                where, text = ops[position].where, str(error)  # the unit's own error names it already
+                detail = text.removeprefix(f"{where}: ")
+                raise ShapeError(f"{where} (fused with op #{fused.fc} FC): {detail}") from error
             if after_op is not None:
                 after_op(ops[position], env)
 
@@ -525,3 +530,91 @@ class _CompactBuffer:
 @register("RecurrentNetwork", inputs=(1, None), outputs=(2, None), random=True, scoped=True, carries_nets=True)
 def recurrent_network(op: Op, lower: LowerNet) -> RecurrentLowering:
     return RecurrentLowering(op, lower)
+
+
+@codegen_helper
+def initial_row(value: jax.Array, batch: int) -> jax.Array:
+    """A recurrent state's initial value as its one initial row [1, N, D] (the scan carries one row)."""
+    rows = state_rows(value, batch)
+    if rows.shape[0] != 1:
+        raise ValueError(f"initial state of shape {value.shape}: this module takes one initial row")
+    return rows
+
+
+@facet("emitter", "RecurrentNetwork")
+def emit_recurrent_network(w: EmitWriter, op: Op, xs: list[str]) -> None:
+    """The lowering's common form (each state read at offset 0 and written at offset 1 through links of
+    window 1, one initial row) as a `lax.scan` whose body is the step net. The generator's scan writer
+    writes it, statements and outputs; it reads only the blobs the step net needs (`xs` is empty)."""
+    w.recurrent_network(op)
+
+
+@facet("gradient", "RecurrentNetwork")
+def _recurrent_network_gradient_maker(g: GradientContext) -> GradientOps:
+    """One `RecurrentNetworkGradient` op carrying all forward args (section 2.7 of SEMANTICS.md)."""
+
+    def ints(name: str) -> list[int]:
+        arg = g.arg(name)
+        return [] if arg is None else list(arg.ints)
+
+    with_grads = ints("outputs_with_grads")
+    if not with_grads:
+        raise GradientError("RecurrentNetwork needs a non-empty outputs_with_grads")
+    inputs = [g.GO(k) for k in with_grads] + list(g.op.input) + list(g.op.output)
+    outputs = [g.GI(0)] + [g.GI(i) for i in ints("param")] + [g.GI(i) for i in ints("initial_recurrent_state_ids")]
+    return [gradient_op("RecurrentNetworkGradient", inputs, outputs)]
+
+
+@facet("shape_rule", "RecurrentNetwork")
+def recurrent_network_shapes(op: Op, ins: list, outs: list, ctx: Context, solver: Solver) -> Guesses:
+    """RecurrentNetwork: infer its step net (batch N, one step) from what the op's inputs give, then read
+    back the initial states ([1, N, H]), the input sequence ([T, N, D]) and the references it reads."""
+    spec, lowered = solver.step_net(op)
+    sequence = ins[0]
+    steps, batch = ctx.steps, ctx.batch  # --batch/--steps decide, over what a default made of the sequence
+    if steps is None and sequence is not None and sequence.shape:
+        steps = sequence.shape[0]
+    if batch is None and sequence is not None and len(sequence.shape) >= 2:
+        batch = sequence.shape[1]
+    if batch is None:
+        batch = next((ins[i].shape[1] for i in spec.initial_ids if ins[i] is not None and len(ins[i].shape) == 3), None)
+    if batch is None:
+        return {}, {}
+    known = {n: s for n, s in zip(op.inputs, ins, strict=True) if s is not None}
+    initial = {state: op.inputs[i] for state, i in zip(spec.states, spec.initial_ids, strict=True)}
+    fixed: dict[str, Spec] = {spec.timestep: Spec((1,), INT32)}
+    for link in spec.links:
+        if link.external in initial:
+            start = known.get(initial[link.external])
+            if start is not None and start.shape:
+                fixed[link.internal] = Spec((link.window, batch, start.shape[-1]), start.dtype)
+        elif link.external in known:
+            outer = known[link.external]
+            fixed[link.internal] = Spec((link.window, *outer.shape[1:]), outer.dtype)
+    local = {link.internal for link in spec.links} | {spec.timestep}
+    for name in lowered.reads_before_writes():
+        if name not in local and name in known:
+            fixed[name] = known[name]
+    inner = solver.solve_step_net(op, lowered, fixed, batch)
+    guess_in: dict[int, Spec] = {}
+    for state, name in initial.items():
+        position = op.inputs.index(name)
+        if ins[position] is not None:
+            continue
+        for link in spec.links:
+            found = latest(inner, link.internal) if link.external == state else None
+            if found is not None and found.shape:
+                guess_in[position] = Spec((1, batch, found.shape[-1]), found.dtype, state=True)
+                break
+    for link in spec.links:
+        if link.external in initial or link.external not in op.inputs or steps is None:
+            continue
+        position = op.inputs.index(link.external)
+        found = latest(inner, link.internal)
+        if ins[position] is None and found is not None and found.shape:
+            rows = steps - 1 + link.offset + link.window
+            guess_in[position] = Spec((rows, *found.shape[1:]), found.dtype)
+    for position, name in enumerate(op.inputs):
+        if ins[position] is None and position not in guess_in and (name, -1) in inner and name not in local:
+            guess_in[position] = inner[(name, -1)]
+    return guess_in, {}

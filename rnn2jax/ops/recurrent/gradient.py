@@ -39,8 +39,8 @@ declare_family(
     __name__,
     roles=NO_ROLES,
     shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("no builder gradient maker"),
-    emitter=Absent("codegen does not write this op"),
+    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
+    emitter=Absent("a gradient op: the generated module is differentiated with jax.grad"),
 )
 
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from ...errors import BadArgumentError, ShapeError
 from ...ir.netdef import Net, Op
+from ..emit import codegen_helper
 
 
 @dataclass(frozen=True)
@@ -162,13 +163,19 @@ def decode_spec(op: Op) -> RecurrentSpec:
     )
 
 
-def initial_rows(op: Op, name: str, value: jax.Array, batch: int) -> jax.Array:
-    """A state's initial value as its first L rows `[L, N, D]`: `[D]` is repeated over the batch,
-    `[N, D]` and `[1, N, D]` are one row, `[L, N, D]` are L rows."""
+@codegen_helper
+def state_rows(value: jax.Array, batch: int) -> jax.Array:
+    """A recurrent state's initial value as its first L rows [L, N, D]: [D] is repeated over the batch,
+    [N, D] and [1, N, D] are one row, [L, N, D] are L rows."""
     if value.ndim == 1:
         return jnp.broadcast_to(value, (1, batch, value.shape[0]))
-    if value.ndim in (2, 3) and value.shape[-2] == batch:
-        return value[None] if value.ndim == 2 else value
+    return value[None] if value.ndim == 2 else value
+
+
+def initial_rows(op: Op, name: str, value: jax.Array, batch: int) -> jax.Array:
+    """`state_rows`, once the value is checked to be one of its forms for this batch size."""
+    if value.ndim == 1 or (value.ndim in (2, 3) and value.shape[-2] == batch):
+        return state_rows(value, batch)
     raise ShapeError(
         f"{op.where}: initial state '{name}' has shape {list(value.shape)}; expected [D], [N, D], [1, N, D] "
         f"or [L, N, D] with N = {batch} (the batch size of input '{op.inputs[0]}')"

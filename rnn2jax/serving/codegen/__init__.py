@@ -3,15 +3,17 @@ parameters, for users leaving Caffe2 and rnn2jax behind.
 
 `generate(net, params)` returns the module's source and the parameters it reads; `write_module` writes
 both (`model.py` and `model.npz` beside it). The module's `apply(params, inputs)` gives what
-`rnn2jax.compile(net, params=params)` gives, by blob name: the same maths op by op (rnn2jax/ops), with
-each RecurrentNetwork as a `lax.scan` over its step net.
+`rnn2jax.compile(net, params=params)` gives, by blob name: the same maths op by op, each op written by its
+`emitter` facet (rnn2jax/ops) and calling the same functions as the lowering's kernels (copied by source),
+with each RecurrentNetwork as a `lax.scan` over its step net.
 """
 
 from __future__ import annotations
 
+import io
 import os
-import re
 import textwrap
+import tokenize
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,12 +24,13 @@ from ...compiler.compiled_net import CompiledNet, as_net
 from ...errors import BadArgumentError, ParseError, UnsupportedOpError
 from ...ir.files import atomic_write
 from ...ir.netdef import Net, Op
+from ...ops.emit import HELPERS
 from ...runtime.params import save_params
-from .body import Plans, emit_ops
-from .emitters import EMITTERS
-from .helpers import HELPERS, with_dependencies
+from .body import emit_ops, why_not_written
+from .helpers import helper_source, with_dependencies
 from .liveness import live_after
 from .names import Names, Scope
+from .recurrent import Plans
 from .writer import Writer
 
 __all__ = ["check_ops", "generate", "module_path", "write_module"]
@@ -63,8 +66,8 @@ def generate(
     plans = Plans()
     after, _ = live_after(net.ops, names_out, plans.reads)
     root = _Root(Names(set(HELPERS)), set(compiled.params), set(compiled.input_names))
-    writer = Writer(net, root, "    ", set(), [])
-    emit_ops(writer, net.ops, after, plans)
+    writer = Writer(net, root, "    ", set(), [], write_scan=plans.write_scan)
+    emit_ops(writer, net.ops, after)
     if writer.problems:
         _refuse(net, writer.problems)
     results = [(name, writer.read(name)) for name in names_out]
@@ -76,9 +79,9 @@ def generate(
 def check_ops(net: Net) -> None:
     """Refuse a net with ops codegen has no code for, all listed at once (run before rnn2jax's own checks,
     which stop at the ops rnn2jax cannot run)."""
-    missing = [op for op in _forward_ops(net) if op.type not in EMITTERS and op.type != "RecurrentNetwork"]
+    missing = [(op, why) for op in _forward_ops(net) if (why := why_not_written(op.type)) is not None]
     if missing:
-        _refuse(net, [(op, "no emitter for this op type") for op in missing])
+        _refuse(net, missing)
 
 
 def _forward_ops(net: Net) -> Iterator[Op]:
@@ -127,7 +130,7 @@ def _module(net: Net, root: _Root, writer: Writer, results: list, static: Sequen
         *returned,
         "    }",
     ]
-    helpers = [HELPERS[name][0] for name in with_dependencies(writer.helpers)]
+    helpers = [helper_source(name) for name in with_dependencies(writer.helpers)]
     body = "\n\n\n".join([*helpers, _LOAD_PARAMS, "\n".join(apply)])
     header = [
         f'"""Caffe2 net {net.name!r} as JAX, written by `rnn2jax codegen`: it needs only jax and numpy.',
@@ -139,9 +142,6 @@ def _module(net: Net, root: _Root, writer: Writer, results: list, static: Sequen
         "",
         *_imports(body),
         "",
-        "HIGHEST = lax.Precision.HIGHEST  # Caffe2 multiplies in float32: no reduced-precision passes"
-        if "HIGHEST" in body
-        else "",
         f"INPUTS = {_tuple_literal(inputs)}",
         f"OUTPUTS = {_tuple_literal([name for name, _ in results])}",
     ]
@@ -156,14 +156,24 @@ _LOAD_PARAMS = '''def load_params():
 
 
 def _imports(body: str) -> list[str]:
+    """The imports `body` uses: a module is used where its name starts an attribute access in code (not in a
+    docstring or comment, and `jax.lax.x` does not use `lax`)."""
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(body).readline) if t.type != tokenize.COMMENT]
+    accessed = {
+        token.string
+        for before, token, after in zip([None, *tokens[:-1]], tokens, [*tokens[1:], None], strict=True)
+        if token.type == tokenize.NAME and after is not None and after.string == "."
+        and (before is None or before.string != ".")
+    }
+
     def used(module: str) -> bool:
-        return re.search(rf"\b{module}\.", body) is not None
+        return module in accessed
 
     stdlib = ["import math"] if used("math") else []
     third = ["import jax"] if used("jax") else []
     third += ["import jax.numpy as jnp"] if used("jnp") else []
     third += ["import numpy as np"]
-    third += ["from jax import lax"] if used("lax") or "HIGHEST" in body else []
+    third += ["from jax import lax"] if used("lax") else []
     return [*stdlib, "from pathlib import Path", "", *third]
 
 

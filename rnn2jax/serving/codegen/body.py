@@ -1,51 +1,54 @@
 """A net's ops as statements, in order: only those whose outputs are used (a liveness pass from the
-wanted blobs back), each under a comment naming the original op."""
+wanted blobs back), each under a comment naming the original op and written by the op's `emitter` facet
+(rnn2jax/ops, through `Writer`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from ...ir.netdef import Op
-from .emitters import EMITTERS, Unsupported
-from .recurrent import RecurrentPlan, emit_recurrent
+from ...ops.emit import Unsupported
+from ...ops.registry import UNSTATED, Absent, find
 from .writer import Writer, op_summary
 
-
-class Plans:
-    """The RecurrentNetwork ops' plans, built once per op (liveness asks for their reads first)."""
-
-    def __init__(self) -> None:
-        self._plans: dict[int, RecurrentPlan] = {}
-
-    def get(self, op: Op) -> RecurrentPlan:
-        key = id(op)
-        if key not in self._plans:
-            self._plans[key] = RecurrentPlan(op, self)
-        return self._plans[key]
-
-    def reads(self, op: Op) -> Iterable[str]:
-        return self.get(op).reads if op.type == "RecurrentNetwork" else op.inputs
+_GENERIC = "codegen does not write this op"  # what most families declare; no news to a reader of the error
 
 
-def emit_ops(w: Writer, ops: Sequence[Op], after: list[set[str]], plans: Plans) -> None:
+def why_not_written(op_type: str) -> str | None:
+    """Why codegen has no code for ops of `op_type` (None: it has an emitter), with the op family's reason
+    when that says more than the generic one."""
+    opdef = find(op_type)
+    if opdef is not None and opdef.emitter:
+        return None
+    why = opdef.emitter.why if opdef is not None and isinstance(opdef.emitter, Absent) else ""
+    if not why or why == _GENERIC or opdef.emitter is UNSTATED:
+        return "no emitter for this op type"
+    return f"no emitter for this op type ({why})"
+
+
+def emit_ops(w: Writer, ops: Sequence[Op], after: list[set[str]]) -> None:
+    """Write `ops`; `after[i]` are the blobs still needed after ops[i]. An op codegen cannot write is kept
+    in `w.problems` (all are reported at once) and its outputs bound, so later ops still resolve them."""
     for position, op in enumerate(ops):
         live = [name in after[position] for name in op.outputs]
         if not any(live):
             w.comment(f"{op_summary(op)}: not emitted, nothing reads its outputs")
             continue
-        if op.type == "RecurrentNetwork":
-            emit_recurrent(w, plans.get(op), live, emit_ops)
-            continue
-        emit = EMITTERS.get(op.type)
-        xs = [w.read(name, op) for name in op.inputs]
+        opdef = find(op.type)
+        # an op that carries nets (RecurrentNetwork) reads what its step net needs itself
+        xs = [] if opdef is not None and opdef.carries_nets else [w.read(name, op) for name in op.inputs]
+        w.live = live
         try:
-            if emit is None:
-                raise Unsupported("no emitter for this op type")
-            value = emit(w, op, xs)
+            why = why_not_written(op.type)
+            if why is not None:
+                raise Unsupported(why)
+            value = opdef.emitter(w, op, xs)
         except Unsupported as why:
             w.problems.append((op, str(why)))
             for name in op.outputs:
                 w.write(name)  # bound, so later ops still resolve their inputs
+            continue
+        if value is None:  # the emitter wrote the op's statements itself
             continue
         w.comment(op_summary(op))
         w.assign([w.write(name, keep) for name, keep in zip(op.outputs, live, strict=True)], value)

@@ -9,7 +9,7 @@ import re
 
 # Names the generated module defines or uses besides blobs: never given to a blob.
 MODULE_NAMES = frozenset(
-    {"jax", "jnp", "np", "lax", "math", "Path", "HIGHEST", "INPUTS", "OUTPUTS", "load_params", "apply"}
+    {"jax", "jnp", "np", "lax", "math", "Path", "INPUTS", "OUTPUTS", "load_params", "apply"}
     | {"params", "inputs", "carry", "xs", "t", "new_carry", "rows"}
 )
 _AMBIGUOUS = frozenset({"l", "I", "O"})  # ruff E741

@@ -1,7 +1,7 @@
-"""A RecurrentNetwork op as `lax.scan`: its step net becomes the scan body, whose carry is the current
-row of each recurrent state, whose xs are the timestep and a row of each linked sequence, and whose ys
-are the rows the step writes; aliases then pick the final row (`_last`), all written rows (`_all`) or
-the initial and written rows.
+"""A RecurrentNetwork op as `lax.scan` (what its `emitter` facet, rnn2jax/ops/recurrent/forward.py, asks
+the writer for): its step net becomes the scan body, whose carry is the current row of each recurrent
+state, whose xs are the timestep and a row of each linked sequence, and whose ys are the rows the step
+writes; aliases then pick the final row (`_last`), all written rows (`_all`) or the initial and written rows.
 
 This is the common form of rnn2jax's lowering (rnn2jax/ops/recurrent/forward.py): each state read at
 offset 0 and written at offset 1 through links of window 1, one initial row. Other arrangements
@@ -10,18 +10,37 @@ offset 0 and written at offset 1 through links of window 1, one initial row. Oth
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 from ...ir.netdef import Op
-from ...ops.recurrent.spec import Link, decode_spec
-from .emitters import Unsupported
+from ...ops.emit import Unsupported, call
+from ...ops.recurrent.forward import initial_row
+from ...ops.recurrent.spec import Link, RecurrentSpec, decode_spec
+from .body import emit_ops
 from .liveness import live_after
 from .names import Scope, sanitise
-from .writer import Writer, call, op_summary
+from .writer import Writer, op_summary
 
-if TYPE_CHECKING:
-    from .body import Plans
+
+class Plans:
+    """The RecurrentNetwork ops' plans, built once per op (liveness asks for their reads first)."""
+
+    def __init__(self) -> None:
+        self._plans: dict[int, RecurrentPlan] = {}
+
+    def get(self, op: Op) -> RecurrentPlan:
+        key = id(op)
+        if key not in self._plans:
+            self._plans[key] = RecurrentPlan(op, self)
+        return self._plans[key]
+
+    def reads(self, op: Op) -> Iterable[str]:
+        """The blobs writing `op` reads: a RecurrentNetwork's are those its step net needs."""
+        return self.get(op).reads if op.type == "RecurrentNetwork" else op.inputs
+
+    def write_scan(self, w: Writer, op: Op) -> None:
+        """`Writer.write_scan`: the op as a scan, for its outputs that `w.live` says are read."""
+        emit_recurrent(w, self.get(op), w.live)
 
 
 class RecurrentPlan:
@@ -88,19 +107,18 @@ def _link_text(link: Link) -> str:
     return f"link {link.internal} -> {link.external} (offset {link.offset}, window {link.window})"
 
 
-def emit_recurrent(w: Writer, plan: RecurrentPlan, live: list[bool], emit_ops: Callable) -> None:
+def emit_recurrent(w: Writer, plan: RecurrentPlan, live: list[bool]) -> None:
+    """The step function, the scan and the aliases; `Unsupported` (before writing anything) for an
+    arrangement the scan form does not cover."""
     op, spec = plan.op, plan.spec
     problem = plan.problem
     if not problem and live[-1] and op.outputs[-1] not in {a.dst for a in spec.aliases}:
         problem = f"output '{op.outputs[-1]}' (step_workspaces) is kept for a backward step net; codegen has none"
     if problem:
-        w.problems.append((op, problem))
-        for name in op.outputs:
-            w.write(name)  # bound, so later ops still resolve their inputs
-        return
+        raise Unsupported(problem)
     names = w.scope.names
     fn = names.fresh(f"{sanitise(spec.step_net.name or 'step')}_step")
-    body = Writer(spec.step_net, Scope(names, w.scope), w.indent + "    ", w.helpers, w.problems)
+    body = w.nested(spec.step_net, Scope(names, w.scope))
     w.comment(op_summary(op))
     w.comment(
         f"step net '{spec.step_net.name}' as a lax.scan body: carry = the recurrent states' rows "
@@ -122,7 +140,7 @@ def emit_recurrent(w: Writer, plan: RecurrentPlan, live: list[bool], emit_ops: C
     for link, row in zip(sequences, rows, strict=True):
         body.comment(f"link: {link.internal} is row t of {link.external}")
         body.assign(row, f"{row}[None]")
-    emit_ops(body, spec.step_net.ops, plan.after, plan.plans)
+    emit_ops(body, spec.step_net.ops, plan.after)
     new = [body.read(plan.writes_of[state].internal) for state in spec.states]
     kept = _kept_rows(spec)
     body.assign_tuple("new_carry", new)
@@ -136,7 +154,7 @@ def emit_recurrent(w: Writer, plan: RecurrentPlan, live: list[bool], emit_ops: C
     _emit_scan(w, plan, fn, live, kept)
 
 
-def _kept_rows(spec) -> list[str]:
+def _kept_rows(spec: RecurrentSpec) -> list[str]:
     """The states whose written rows an alias needs (offset 1 or 0), in state order."""
     wanted = {a.src for a in spec.aliases if a.offset in (0, 1)}
     return [s for s in spec.states if s in wanted]
@@ -149,7 +167,7 @@ def _emit_scan(w: Writer, plan: RecurrentPlan, fn: str, live: list[bool], kept: 
     for state, index in zip(spec.states, spec.initial_ids, strict=True):
         value = w.read(op.inputs[index], op)
         initial[state] = w.write(state)
-        w.assign(initial[state], call(w.helper("initial_row"), value, f"{sequence}.shape[1]"))
+        w.assign(initial[state], call(w.helper(initial_row), value, f"{sequence}.shape[1]"))
     names = w.scope.names
     init, xs = names.fresh(f"{fn}_init"), names.fresh(f"{fn}_xs")
     final, rows = names.fresh(f"{fn}_final"), names.fresh(f"{fn}_rows")

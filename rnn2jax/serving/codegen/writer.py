@@ -1,40 +1,20 @@
 """Lines of generated code: statements wrapped to the line length, comments naming the original ops,
-and the blob names each statement reads and writes resolved through a `Scope`."""
+and the blob names each statement reads and writes resolved through a `Scope`. `Writer` is what op
+emitters (rnn2jax/ops, `rnn2jax.ops.emit.EmitWriter`) write through."""
 
 from __future__ import annotations
 
-import math
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...errors import MissingBlobError
 from ...ir.netdef import Net, Op
+from ...ops.emit import Call, Unsupported
+from .helpers import helper_name
 from .names import Scope
 
 LINE_LENGTH = 120
-
-
-@dataclass(frozen=True)
-class Call:
-    """`fn(arg, ...)`: rendered on one line, or one argument per line when too long."""
-
-    fn: str
-    args: tuple[str, ...]
-
-    def flat(self) -> str:
-        return f"{self.fn}({', '.join(self.args)})"
-
-
-def call(fn: str, *args: str, **keywords: object) -> Call:
-    """A call; keyword values are Python literals (defaults are the caller's business)."""
-    return Call(fn, (*args, *(f"{k}={literal(v)}" for k, v in keywords.items())))
-
-
-def literal(value: object) -> str:
-    """A Python expression for an argument value (inf and nan as jnp constants)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "jnp.nan" if math.isnan(value) else ("jnp.inf" if value > 0 else "-jnp.inf")
-    return repr(value)
 
 
 def op_summary(op: Op) -> str:
@@ -48,9 +28,28 @@ class Writer:
     net: Net
     scope: Scope
     indent: str
-    helpers: set[str]
+    helpers: set[str]  # the helpers the module carries (shared by the whole module)
     problems: list[tuple[Op, str]]  # ops without code, with why (shared by the whole module)
     lines: list[str] = field(default_factory=list)
+    live: list[bool] = field(default_factory=list)  # the current op's outputs: whether a later op reads them
+    # writes a RecurrentNetwork op as a lax.scan (recurrent.py's `Plans.write_scan`), for `recurrent_network`
+    write_scan: Callable[[Writer, Op], None] | None = None
+
+    def nested(self, net: Net, scope: Scope) -> Writer:
+        """A writer for a function defined inside this one (a scan body), one indentation deeper."""
+        return Writer(net, scope, self.indent + "    ", self.helpers, self.problems, write_scan=self.write_scan)
+
+    # -- what emitters ask for ----------------------------------------------------------------------
+
+    def helper(self, fn: Callable[..., object]) -> str:
+        name = helper_name(fn)
+        self.helpers.add(name)
+        return name
+
+    def recurrent_network(self, op: Op) -> None:
+        if self.write_scan is None:
+            raise Unsupported("RecurrentNetwork needs the generator's scan writer")
+        self.write_scan(self, op)
 
     # -- blobs ----------------------------------------------------------------------------------
 
@@ -63,10 +62,6 @@ class Writer:
 
     def write(self, blob: str, live: bool = True) -> str:
         return self.scope.bind(blob) if live else "_"
-
-    def helper(self, name: str) -> str:
-        self.helpers.add(name)
-        return name
 
     # -- lines ----------------------------------------------------------------------------------
 

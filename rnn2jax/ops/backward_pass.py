@@ -1,12 +1,14 @@
-"""`get_backward_pass`: Caffe2's Python gradient IR (`core.IR`, `GradientRegistry.GetBackwardPass`).
+"""`get_backward_pass`: Caffe2's Python gradient IR (`core.IR`, `GradientRegistry.GetBackwardPass`), on which the
+Caffe2 API's `AddGradientOperators` and `GetBackwardPass` build.
 
 Forward ops are "played" to give every blob write a version; then ops are visited in reverse and each
-op whose outputs have gradients gets its maker's gradient ops (grad_makers.py). When a blob version is
-read by several ops, each consumer's gradient contribution is collected ("generators") and, at its
-first reader, summed: the first generator keeps its name, later ones are renamed
-`_<name>_autosplit_<k>`, and a `Sum` writes the total (pass-through contributions add their blob).
-A gradient op may only read a forward blob that still has the version the forward op saw; in-place
-chains that break this raise RuntimeError, as core.py did (section 3.3 of SEMANTICS.md).
+op whose outputs have gradients gets its maker's gradient ops (`gradient_makers.get_gradient_for_op`: the
+`gradient` facet of the op's record). When a blob version is read by several ops, each consumer's gradient
+contribution is collected ("generators") and, at its first reader, summed: the first generator keeps its
+name, later ones are renamed `_<name>_autosplit_<k>`, and a `Sum` writes the total (pass-through
+contributions add their blob). A gradient op may only read a forward blob that still has the version the
+forward op saw; in-place chains that break this raise GradientError (a RuntimeError), as core.py did
+(section 3.3 of SEMANTICS.md).
 
 A sparse gradient (Caffe2's GradientSlice) is an `(indices, values)` pair; several of them for one blob
 (two lookups into one embedding table) are accumulated as Caffe2 did, by two `Concat`s (indices, values)
@@ -21,17 +23,9 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from ..proto import caffe2_pb2 as pb
-from .grad_makers import GradientError, get_gradient_for_op, register_gradient
+from .gradient_makers import GradientError, get_gradient_for_op
 
-__all__ = [
-    "GradientError",
-    "get_backward_pass",
-    "get_gradient_for_op",
-    "get_ssa",
-    "get_undefined_blobs",
-    "register_gradient",
-    "version_checks",
-]
+__all__ = ["get_backward_pass", "get_ssa", "get_undefined_blobs", "version_checks"]
 
 AUTO_GEN_SUM_TAG = "is_auto_gen_sum_ops:1"
 ONLY_KEEP_TAG = "only_keep_is_auto_gen_sum_ops_tag:1"

@@ -11,6 +11,9 @@ directory); here a relative name goes under `db_root` when the workspace has one
 Every op checks its arguments when its net is created (`check`), and every failure is a one-line
 `Rnn2JaxError` naming the op (net, index, type), the DB and the blob. Loaded blobs keep the dtype the
 DB holds (NumPy arrays; pure ops convert them on entry), so a Load-then-Save round trip is exact.
+
+They are host ops (`register_host_op`): the workspace runs each between the jitted segments around it
+and hands itself in (`HostWorkspace`), so this family builds on storage/ and the IR, never the runtime.
 """
 
 from __future__ import annotations
@@ -21,49 +24,60 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ..errors import BadArgumentError, MissingBlobError, Rnn2JaxError, StorageError
+from ..errors import Advice, BadArgumentError, MissingBlobError, Rnn2JaxError, StorageError
 from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from ..proto.tensor import DATA_TYPES, tensor_values
 from ..storage.blobs import write_blobs
 from ..storage.db import DBAccessError, backend, db_type_info, describe, open_cursor
 from ..storage.serialization import BlobAssembler, blob_name
-from .host_ops import register_host_op
+from .registry import NO_ROLES, Absent, HostWorkspace, declare_family, register_host_op
 
-if TYPE_CHECKING:
-    from .workspace import Workspace
+declare_family(
+    __name__,
+    roles=NO_ROLES,
+    shape_rule=Absent("host op: shape inference traces no host op"),
+    gradient=Absent("a host op: Caffe2 says NO_GRADIENT or SHOULD_NOT_DO_GRADIENT; the builder has no maker"),
+    emitter=Absent("host op: codegen writes only jitted code"),
+)
 
 
 # --------------------------------------------------------------------------------------------------
 # Paths and shared checks
 
 
-def _root(workspace: Workspace) -> str:
+def _root(workspace: HostWorkspace) -> str:
     return workspace.db_root if workspace.db_root is not None else "."
 
 
-def full_db_name(workspace: Workspace, db: str, absolute: bool) -> str:
+def full_db_name(workspace: HostWorkspace, db: str, absolute: bool) -> str:
     """Caffe2's `absolute_path ? db : RootFolder() + "/" + db` (an absolute `db` still goes under the root)."""
     return db if absolute else f"{_root(workspace)}/{db}"
 
 
-def _not_found_hint(workspace: Workspace, db: str, absolute: bool) -> str:
+_DB_ROOT_ADVICE = Advice(python="pass db_root=DIR", command_line="pass --db-root DIR")
+
+
+def _not_found(error: StorageError, workspace: HostWorkspace, db: str, absolute: bool) -> StorageError:
+    """`error` (a DB that does not exist) with where relative names are read, and how to say elsewhere."""
     if absolute:
-        return ""
+        return error
     if os.path.isabs(db):
-        return " (absolute_path is not set, so Caffe2 reads even an absolute name under the root folder)"
-    if workspace.db_root is None:
-        return (
-            " (relative DB names are read under the workspace's db_root, here the current directory: "
-            "pass db_root=DIR or --db-root DIR)"
+        return StorageError(
+            f"{error} (absolute_path is not set, so Caffe2 reads even an absolute name under the root folder)"
         )
-    return f" (relative DB names are read under db_root '{workspace.db_root}')"
+    if workspace.db_root is None:
+        return StorageError(
+            f"{error} (relative DB names are read under the workspace's db_root, here the current directory)",
+            advice=_DB_ROOT_ADVICE,
+        )
+    return StorageError(f"{error} (relative DB names are read under db_root '{workspace.db_root}')")
 
 
 def _check_db_type(op: Op, db_type: str, what: str = "db_type") -> None:
@@ -78,11 +92,13 @@ def _check_db_type(op: Op, db_type: str, what: str = "db_type") -> None:
 
 def _reraise(op: Op, error: Rnn2JaxError) -> Rnn2JaxError:
     """The same error class with the op in front (storage errors name the DB and blob already)."""
-    text = str(error)
-    return type(error)(text if text.startswith(op.where) else f"{op.where}: {text}")
+    text = BaseException.__str__(error)  # the message without its advice, which the new error keeps
+    located = type(error)(text if text.startswith(op.where) else f"{op.where}: {text}")
+    located.advice = error.advice
+    return located
 
 
-def _array(workspace: Workspace, name: str, op: Op) -> Any:
+def _array(workspace: HostWorkspace, name: str, op: Op) -> Any:
     value = workspace.get(name, op)
     if isinstance(value, jax.Array):
         return np.asarray(value)
@@ -201,7 +217,7 @@ def _check_load(op: Op) -> None:
     _load_spec(op)
 
 
-def load(workspace: Workspace, op: Op, state: dict[str, Any]) -> None:
+def load(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """Read the op's outputs (or, with load_all, every blob) from one or more DBs, or from a DB reader."""
     spec = _load_spec(op)
     wanted = None if spec.load_all else frozenset(spec.source_names)
@@ -251,7 +267,7 @@ def load(workspace: Workspace, op: Op, state: dict[str, Any]) -> None:
             workspace.put(output, found[source][0])
 
 
-def _opener(workspace: Workspace, path: str, spec: _LoadSpec, db: str) -> Any:
+def _opener(workspace: HostWorkspace, path: str, spec: _LoadSpec, db: str) -> Any:
     @contextlib.contextmanager
     def open_records() -> Iterator[Iterator[tuple[bytes, bytes]]]:
         try:
@@ -259,7 +275,7 @@ def _opener(workspace: Workspace, path: str, spec: _LoadSpec, db: str) -> Any:
                 yield records
         except StorageError as error:
             if "does not exist" in str(error):
-                raise StorageError(f"{error}{_not_found_hint(workspace, db, spec.absolute)}") from None
+                raise _not_found(error, workspace, db, spec.absolute) from None
             raise
 
     return open_records
@@ -314,7 +330,7 @@ def _check_save(op: Op) -> None:
     _chunk_size(op)
 
 
-def save_blobs(workspace: Workspace, op: Op, db: str) -> str:
+def save_blobs(workspace: HostWorkspace, op: Op, db: str) -> str:
     """Write the op's inputs to a new DB `db` (atomically: a failure leaves the old DB and no partial one);
     returns the path written."""
     names = _save_names(op, op.inputs)
@@ -336,7 +352,7 @@ def save_blobs(workspace: Workspace, op: Op, db: str) -> str:
     return path
 
 
-def save(workspace: Workspace, op: Op, state: dict[str, Any]) -> None:
+def save(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """Caffe2's Save: every input, by name (or override), into a new DB that replaces any old one."""
     save_blobs(workspace, op, op.str("db"))
 
@@ -385,7 +401,7 @@ def _check_checkpoint(op: Op) -> None:
     _check_save(op)
 
 
-def checkpoint(workspace: Workspace, op: Op, state: dict[str, Any]) -> None:
+def checkpoint(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """Caffe2's Checkpoint: every `every` iterations (the int64 first input), Save every input (the
     iteration blob too) to the DB named by `db` with %d replaced by the iteration."""
     value = _array(workspace, op.inputs[0], op)
@@ -412,7 +428,7 @@ def _check_db_exists(op: Op) -> None:
     op.bool("absolute_path", False)
 
 
-def db_exists(workspace: Workspace, op: Op, state: dict[str, Any]) -> None:
+def db_exists(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """A bool scalar: whether the DB opens for reading (Caffe2's DBExists tries to open it)."""
     db_type = op.str("db_type")
     path = full_db_name(workspace, op.str("db_name"), op.bool("absolute_path", False))
@@ -519,15 +535,15 @@ def _check_create_db(op: Op) -> None:
         raise BadArgumentError(f"{op.where}: shard_id {shard} of num_shards {shards}: need 0 <= shard_id < num_shards")
 
 
-def create_db(workspace: Workspace, op: Op, state: dict[str, Any]) -> None:
+def create_db(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """A DBReader over `db` (of `db_type`, Caffe2's default leveldb) in the op's output blob."""
     db = op.str("db")
     path = db if os.path.isabs(db) or workspace.db_root is None else os.path.join(workspace.db_root, db)
     try:
         reader = DBReader(path, op.str("db_type", "leveldb"), op.int("num_shards", 1), op.int("shard_id", 0))
     except StorageError as error:
-        hint = _not_found_hint(workspace, db, False) if "does not exist" in str(error) else ""
-        raise _reraise(op, StorageError(f"{error}{hint}")) from None
+        found = _not_found(error, workspace, db, False) if "does not exist" in str(error) else error
+        raise _reraise(op, found) from None
     workspace.put(op.outputs[0], reader)
 
 
@@ -568,7 +584,7 @@ def _record_tensors(where: str, key: bytes, value: bytes, count: int) -> list[np
     return tensors
 
 
-def tensor_protos_db_input(workspace: Workspace, op: Op, state: dict[str, Any]) -> None:
+def tensor_protos_db_input(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """Read `batch_size` records of TensorProtos (one tensor per output) and stack each output's tensors
     into a batch [batch_size, ...]; with batch_size 0, one record's tensors as they are."""
     reader = workspace.get(op.inputs[0], op)
@@ -597,7 +613,7 @@ def tensor_protos_db_input(workspace: Workspace, op: Op, state: dict[str, Any]) 
 register_host_op("TensorProtosDBInput", tensor_protos_db_input, check=_check_tensor_protos_input)
 
 
-def loaded_values(workspace: Workspace) -> dict[str, Any]:
+def loaded_values(workspace: HostWorkspace) -> dict[str, Any]:
     """The workspace's array blobs (host objects such as DB readers left out): what an init net made."""
     values = {}
     for name in workspace.blobs():
