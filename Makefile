@@ -41,7 +41,7 @@ test: $(STAMP) $(CAFFE2_STAMP)
 	$(MAKE) --no-print-directory test-caffe2-api
 
 # Caffe2-style tests on rnn2jax's `caffe2` (pytest plugin rnn2jax.caffe2.pytest_plugin, which loads Caffe2's test
-# utilities from the real-Caffe2 venv): the project's own (tests/caffe2_api), and Caffe2's own RNN test files,
+# utilities from the real-Caffe2 venv): the project's own (tests/caffe2_style), and Caffe2's own RNN test files,
 # unmodified, run from a temporary copy (in place pytest would import the real caffe2 package beside them).
 test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 	@src=$$(ls -d $(CAFFE2_VENV)/lib/python3.9/site-packages/caffe2 2>/dev/null); \
@@ -49,7 +49,7 @@ test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	for name in $(CAFFE2_UPSTREAM_TESTS); do cp "$$src/python/operator_test/$$name.py" "$$tmp/"; done; \
 	$(BIN)/python -m pytest -q -n 2 --rootdir=. -c pyproject.toml -p rnn2jax.caffe2.pytest_plugin \
-		-p tests.caffe2_upstream --caffe2-source "$$src" tests/caffe2_api "$$tmp"
+		-p tests.caffe2_upstream --caffe2-source "$$src" tests/caffe2_style "$$tmp"
 
 # Both fuzzers side by side for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=1800 FUZZ_SEED=7`): atheris over the
 # corpus in tests/fuzz/corpus (grown in place), and the hypothesis mutation fuzzer, both seeded with FUZZ_SEED

@@ -2,7 +2,7 @@
 
 The columns come from the registries, never from hand-kept lists: real Caffe2's operator and gradient
 registries (asked through the oracle worker), rnn2jax's op registry, the builder's gradient makers, and
-the `CASES` tables of the differential tests (`tests/test_caffe2_*.py`), which the test suite runs against
+the `CASES` tables of the differential tests (`tests/ops/test_<family>.py`), which the test suite runs against
 real Caffe2. `tests/test_ops_scoreboard.py` fails when the file is stale.
 
     .venv/bin/python scripts/ops_scoreboard.py [--caffe2 .venv-caffe2/bin/python] [-o docs/ops.md]
@@ -18,13 +18,18 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from rnn2jax.ops.registry import FACETS, NO_ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 OUTPUT = ROOT / "docs" / "ops.md"
+DIFFERENTIAL_FOLDERS = ("ops", "recurrent")  # where each op family's tests live
 
 _ENGINE = re.compile(r"^(.*?)_ENGINE_(\w+)$")
 _HAS_GRADIENT = {"gradient"}
+_FACET_WORDS = {"roles": "roles", "shape_rule": "shape rule", "gradient": "maker", "emitter": "emitter"}
 _GRADIENT_WORDS = {
     "gradient": "yes",
     "no_gradient": "none (NO_GRADIENT)",
@@ -44,14 +49,16 @@ class Tested:
 
 
 def differential_cases() -> Tested:
-    sys.path.insert(0, str(TESTS))
+    """The `CASES` tables (`differential.cases(...)`) of the op families' tests: tests/ops/ and tests/recurrent/
+    (RecurrentNetwork's). Test modules import each other by name, as pytest's `pythonpath` lets them."""
+    sys.path[:0] = [str(TESTS), *(str(p) for p in sorted(TESTS.iterdir()) if p.is_dir())]
     sys.path.insert(0, str(ROOT))  # some test modules import `tests.conftest`
     forward, with_gradient, gradient_ops = set(), set(), {}
-    for path in sorted(TESTS.glob("test_caffe2_*.py")):
+    for path in sorted(p for folder in DIFFERENTIAL_FOLDERS for p in (TESTS / folder).glob("test_*.py")):
+        if "\nCASES = cases(" not in path.read_text():
+            continue
         module = importlib.import_module(path.stem)
         table = getattr(module, "CASES", {})
-        if not isinstance(table, Mapping):  # a CASES that is not a differential table (test_caffe2_api_*)
-            continue
         for op_type, case in table.items():
             forward.add(op_type)
             if case.gradient_ops:
@@ -68,8 +75,30 @@ def _family(schema_file: str | None) -> str:
     return re.sub(r"\.(cc|cu|cpp|h)$", "", path)
 
 
-def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], makers: set[str], tested: Tested) -> str:
-    """The scoreboard as Markdown."""
+def facets(record: Any) -> str:
+    """The facets an op's record has, in the registry's order (lowering and host first)."""
+    names = ["lowering"] if record.build is not None else []
+    names += ["host"] if record.host is not None else []
+    names += [_FACET_WORDS[f] for f in FACETS if getattr(record, f) and not (f == "roles" and record.roles == NO_ROLES)]
+    return ", ".join(names)
+
+
+def module_of(record: Any) -> str:
+    """`ops/norm.py`: where every facet of the op is (a package module's path, relative to rnn2jax/)."""
+    return f"`{record.module.removeprefix('rnn2jax.').replace('.', '/')}.py`" if record.module else ""
+
+
+def render(
+    catalog,
+    gradient_kinds: Mapping[str, str],
+    registered: set[str],
+    makers: set[str],
+    tested: Tested,
+    records: Mapping[str, Any] | None = None,
+) -> str:
+    """The scoreboard as Markdown. `registered` are the lowered types; `records` every registry record (host
+    ops too), for the module and facets columns."""
+    records = records or {}
     engines: dict[str, list[str]] = defaultdict(list)
     types: set[str] = set()
     for key in catalog.ops:
@@ -83,6 +112,7 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
         families[_family(catalog.schema_files.get(op_type))].append(op_type)
 
     lowered = types & registered
+    host = sorted(t for t in types - registered if t in records and records[t].host is not None)
     fwd = lowered & (tested.forward | set(tested.gradient_ops))
     with_grad = {t for t in lowered if gradient_kinds.get(t) in _HAS_GRADIENT}
     grad_tested = with_grad & tested.with_gradient
@@ -96,7 +126,8 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
         "",
         f"- Real Caffe2 registers **{len(catalog.ops)}** operator keys: **{len(types)}** op types, plus "
         f"{len(catalog.ops) - len(types)} engine variants of them (`Conv_ENGINE_CUDNN`, ...).",
-        f"- rnn2jax lowers **{len(lowered)}** of those op types.",
+        f"- rnn2jax lowers **{len(lowered)}** of those op types; a workspace runs **{len(host)}** more as host ops "
+        f"(in Python between jitted segments): {', '.join(host)}.",
         f"- **{len(fwd)}** of them have a forward differential test against real Caffe2 (run by `make test`).",
         f"- **{len(with_grad)}** lowered op types have a gradient in Caffe2; **{len(grad_tested)}** of them have a "
         "gradient differential test (Caffe2's gradient ops run in both, the builder's gradient OperatorDefs "
@@ -108,15 +139,22 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
         lines.append(f"- rnn2jax also registers {len(ours_only)} type(s) real Caffe2 does not: {', '.join(ours_only)}.")
     lines += [
         "",
-        "Columns: **lowered**: rnn2jax compiles it; **Caffe2 gradient**: what Caffe2's gradient registry "
-        "says; **builder maker**: `rnn2jax.ops.gradient_makers.get_gradient_for_op` knows it; **differential test**: "
+        "Columns: **lowered**: rnn2jax compiles it (`host op`: a workspace runs it in Python between jitted "
+        "segments); **module**: the family module holding every facet of the op (docs/architecture.md); "
+        "**facets**: those it has (each other facet it states it has none of, saying why); **Caffe2 gradient**: "
+        "what Caffe2's gradient registry says; **builder maker**: `rnn2jax.ops.gradient_makers.get_gradient_for_op` "
+        "knows it; **differential test**: "
         "`fwd` (outputs compared with real Caffe2), `grad` (its gradient ops too), `via X` (checked as the "
         "gradient op of X).",
         "",
     ]
     for family in sorted(families, key=lambda f: (not any(t in registered for t in families[f]), f)):
-        lines += [f"## {family}", "", "| op | lowered | Caffe2 gradient | builder maker | differential test |"]
-        lines.append("|---|---|---|---|---|")
+        lines += [
+            f"## {family}",
+            "",
+            "| op | lowered | module | facets | Caffe2 gradient | builder maker | differential test |",
+        ]
+        lines.append("|---|---|---|---|---|---|---|")
         for op_type in sorted(families[family]):
             name = op_type + (f" (engines: {', '.join(sorted(engines[op_type]))})" if engines[op_type] else "")
             test = []
@@ -126,8 +164,11 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
                 test.append("grad")
             if op_type in tested.gradient_ops:
                 test.append(f"via {tested.gradient_ops[op_type]}")
+            record = records.get(op_type)
+            lowered_word = "yes" if op_type in registered else ("host op" if record is not None else "")
             lines.append(
-                f"| {name} | {'yes' if op_type in registered else ''} | "
+                f"| {name} | {lowered_word} | {module_of(record) if record else ''} | "
+                f"{facets(record) if record else ''} | "
                 f"{_GRADIENT_WORDS.get(gradient_kinds.get(op_type, 'none'), '')} | "
                 f"{'yes' if op_type in makers else ''} | {', '.join(test)} |"
             )
@@ -138,14 +179,16 @@ def render(catalog, gradient_kinds: Mapping[str, str], registered: set[str], mak
 def generate(python: str | Path) -> str:
     from rnn2jax.checking.oracle import Caffe2Oracle
     from rnn2jax.ops.gradient_makers import gradient_maker_types
-    from rnn2jax.ops.registry import lowered_types, supported
+    from rnn2jax.ops.registry import REGISTRY, lowered_types, supported
 
     supported("FC")  # loads every op family
+    import rnn2jax.caffe2.python.workspace  # noqa: F401  (registers the Caffe2 API's host ops: Python, ...)
+
     with Caffe2Oracle(python) as oracle:
         catalog = oracle.catalog()
         kinds = oracle.gradient_kinds()
     tested = differential_cases()  # first: importing the tests registers makers too (the Python op's), as in pytest
-    return render(catalog, kinds, set(lowered_types()), gradient_maker_types(), tested)
+    return render(catalog, kinds, set(lowered_types()), gradient_maker_types(), tested, dict(REGISTRY))
 
 
 def main() -> None:

@@ -27,10 +27,10 @@ settings.load_profile(os.environ.get("RNN2JAX_HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_ignore_collect(collection_path, config):
-    """tests/caffe2_api holds Caffe2-style tests: they import `caffe2` (rnn2jax.caffe2.install) and Caffe2's
+    """tests/caffe2_style holds Caffe2-style tests: they import `caffe2` (rnn2jax.caffe2.install) and Caffe2's
     hypothesis_test_util, which loads its own hypothesis profile, so they run in their own pytest process
     under rnn2jax.caffe2.pytest_plugin (`make test` does both)."""
-    if collection_path.name == "caffe2_api" and not config.pluginmanager.has_plugin("rnn2jax.caffe2.pytest_plugin"):
+    if collection_path.name == "caffe2_style" and not config.pluginmanager.has_plugin("rnn2jax.caffe2.pytest_plugin"):
         return True
     return None
 

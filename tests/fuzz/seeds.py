@@ -17,13 +17,14 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the tests' own modules, when run as a script
 
+from test_builder_cells import CELLS, random_params, training_net  # noqa: E402
+
 import rnn2jax  # noqa: E402
 from fuzz.contract import Hint, container  # noqa: E402
 from helpers import REALNETS  # noqa: E402
 from rnn2jax.caffe2.python.core import reset_net_names  # noqa: E402
 from rnn2jax.ir.wire import parse_message  # noqa: E402
 from rnn2jax.proto import caffe2_pb2 as pb  # noqa: E402
-from test_caffe2_cells import CELLS, random_params, training_net  # noqa: E402
 
 SEED_DIR = HERE / "seeds"
 SIZES = {

@@ -1,0 +1,117 @@
+"""docs/ops.md is current, and every op rnn2jax lowers is checked against real Caffe2.
+
+The scoreboard is regenerated here from the same registries the script reads (real Caffe2's through the oracle,
+rnn2jax's, and the differential tests' CASES tables), so a new op, maker or test that is not in the committed file
+fails this test: run `.venv/bin/python scripts/ops_scoreboard.py`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import ops_scoreboard  # noqa: E402
+
+from rnn2jax.ops.gradient_makers import gradient_maker_types  # noqa: E402
+from rnn2jax.ops.registry import FACETS, REGISTRY, UNSTATED, Absent, Roles, lowered_types, supported  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def registries(caffe2):
+    _all_records()  # every op family, and the Caffe2 API's host ops
+    return caffe2.catalog(), caffe2.gradient_kinds(), ops_scoreboard.differential_cases()
+
+
+def test_scoreboard_is_current(registries):
+    catalog, kinds, tested = registries
+    records = dict(REGISTRY)
+    text = ops_scoreboard.render(catalog, kinds, set(lowered_types()), gradient_maker_types(), tested, records) + "\n"
+    committed = ops_scoreboard.OUTPUT.read_text() if ops_scoreboard.OUTPUT.exists() else ""
+    assert committed == text, "docs/ops.md is stale: run .venv/bin/python scripts/ops_scoreboard.py"
+
+
+def test_every_lowered_op_is_a_caffe2_op(registries):
+    catalog, _, _ = registries
+    assert set(REGISTRY) <= set(catalog.ops), sorted(set(REGISTRY) - set(catalog.ops))
+
+
+# Caffe2's CPU build cannot create these ("Cannot create operator of type 'CopyCPUToGPU' on the device
+# 'CPU'"), so their gradient ops (each other) cannot run there; their forward is compared with Caffe2's Copy and their
+# builder gradient makers with Caffe2's byte for byte (tests/test_caffe2_ops_shape.py).
+CANNOT_RUN_ON_CAFFE2_CPU = {"CopyCPUToGPU", "CopyGPUToCPU"}
+
+
+def test_every_lowered_op_has_a_differential_test(registries):
+    _, kinds, tested = registries
+    untested = sorted(lowered_types() - tested.forward - set(tested.gradient_ops))
+    assert not untested, f"no differential test against real Caffe2 for: {', '.join(untested)}"
+    with_gradient = {t for t in lowered_types() if kinds.get(t) == "gradient"} - CANNOT_RUN_ON_CAFFE2_CPU
+    no_gradient_test = sorted(with_gradient - tested.with_gradient)
+    assert not no_gradient_test, f"Caffe2 has a gradient but no gradient test: {', '.join(no_gradient_test)}"
+
+
+def _all_records() -> dict:
+    """Every record, the Caffe2 API's host ops (Python, RecurrentNetworkBlobFetcher) included."""
+    import rnn2jax.caffe2.python.workspace  # noqa: F401  (registers the Caffe2 API's host ops)
+
+    supported("FC")  # loads every op family
+    return dict(REGISTRY)
+
+
+def test_every_op_states_each_facet_or_that_it_has_none():
+    unstated = [(t, f) for t, record in _all_records().items() for f in FACETS if getattr(record, f) is UNSTATED]
+    assert not unstated, f"facets nobody stated (attach one, or declare it Absent with why): {unstated}"
+    for op_type, record in _all_records().items():
+        assert record.module, f"{op_type} names no module"
+        assert record.build is not None or record.host is not None, f"{op_type} has neither lowering nor host run"
+        for name in FACETS:
+            value = getattr(record, name)
+            assert isinstance(value, Absent | Roles) or callable(value), (op_type, name, value)
+            if isinstance(value, Absent):
+                assert value.why and value is not UNSTATED, (op_type, name)
+
+
+# One op per family of facets, across families: every facet each has is in its family module (its own code,
+# or a shared shape the family attaches from the ops layer's vocabulary modules, named here).
+TEN_OPS = ("LSTMUnit", "FC", "SpatialBN", "Gather", "SparseLengthsSum", "Relu", "Reshape", "RecurrentNetwork", "Load",
+           "Adam")
+SHARED_VOCABULARY = ("rnn2jax.ops.gradient_makers", "rnn2jax.ops.shape_facts")
+
+
+def _defined_in(value) -> str:
+    function = getattr(value, "func", value)  # functools.partial
+    return function.__module__
+
+
+@pytest.mark.parametrize("op_type", TEN_OPS)
+def test_every_facet_of_an_op_is_in_its_family_module(op_type):
+    record = _all_records()[op_type]
+    assert record.module.startswith("rnn2jax.ops."), record.module
+    places = {_defined_in(record.build)} if record.build is not None else set()
+    places |= {_defined_in(record.host.run)} if record.host is not None else set()
+    for name in FACETS:
+        value = getattr(record, name)
+        if callable(value):
+            places.add(_defined_in(value))
+        elif isinstance(value, Roles):
+            for positions in (value.lengths, value.integers):
+                places |= {_defined_in(positions)} if callable(positions) else set()
+    assert places - set(SHARED_VOCABULARY) == {record.module}, (op_type, record.module, places)
+
+
+def test_the_ten_ops_have_the_facets_the_scoreboard_shows():
+    """What docs/ops.md's facets column says for the ten ops, from the records (an independent reading of
+    what each op is in Caffe2: LSTMUnit reads lengths and has a shape rule, a maker and an emitter; Load is
+    a host op; Adam, a parameter update, has no maker)."""
+    records = _all_records()
+    assert ops_scoreboard.facets(records["LSTMUnit"]) == "lowering, roles, shape rule, maker, emitter"
+    assert ops_scoreboard.facets(records["RecurrentNetwork"]) == "lowering, shape rule, maker, emitter"
+    assert ops_scoreboard.facets(records["Load"]) == "host"
+    assert ops_scoreboard.facets(records["Adam"]) == "lowering"
+    assert "roles" in ops_scoreboard.facets(records["SparseLengthsSum"])
+    assert ops_scoreboard.module_of(records["SpatialBN"]) == "`ops/norm.py`"
