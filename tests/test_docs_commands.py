@@ -11,6 +11,11 @@ its output: each must appear in what the command printed (`...` stands for lines
 A block that cannot run here (`make test`, `pip install`, a download) carries an HTML comment right before
 it, `<!-- not run: why -->`; any other line that is not an rnn2jax command fails its block's test. Commands
 that need real Caffe2 (`compare`, `verify --caffe2`) run only where `make test` made .venv-caffe2.
+
+Where a page promises more of a command's result than its output, PROMISES checks it on the files the command
+wrote: docs/serving.md's export and docs/codegen.md's module take the inputs of the page's Python example (blob,
+dtype, dims), return the outputs it reads, and give real Caffe2's values for the same predict net and weights
+(those checks skip, after the commands ran, where the `caffe2` fixture finds no real Caffe2).
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,6 +283,9 @@ def test_shell_block_runs(block: Block, request: pytest.FixtureRequest, tmp_path
         printed = {line.strip() for line in done.stdout.splitlines()}
         missing = [line for line in command.output if line not in printed]
         assert not missing, f"{where} did not print {missing}; it printed:\n{done.stdout[-3000:]}"
+        promise = PROMISES.get((block.path.name, *command.args[:2]))
+        if promise is not None:
+            promise(block.path, work, command.args, done.stdout, request.getfixturevalue("caffe2"))
 
 
 def test_every_not_run_comment_marks_a_shell_block():
@@ -295,6 +305,143 @@ def test_the_pages_have_runnable_blocks():
     runnable = [b for b in BLOCKS if b.not_run is None]
     assert any(b.path.name == "README.md" for b in runnable)
     assert len(runnable) >= 5, [b.id for b in BLOCKS]
+
+
+# ------------------------------------------------------------------------------------------------
+# What the serving and codegen pages promise of their LSTM beyond the command's exit status and output
+
+SIZES = ((1, 1), (5, 3), (2, 4))  # (T, N): the exported and the generated LSTM run at any of them
+TOLERANCE = {"rtol": 2e-5, "atol": 2e-6}
+
+
+def documented_inputs(page: Path) -> dict[str, tuple[str, list[str]]]:
+    """The inputs the page's Python example passes: blob -> (dtype, dims), from lines such as
+    `"data": x,   # float32 [T, N, 6]`."""
+    found = re.findall(r'"(\w+)":\s*\w+,\s*#\s*(\w+)\s*\[([^\]]*)\]', page.read_text())
+    return {name: (dtype, [d.strip() for d in dims.split(",")]) for name, dtype, dims in found}
+
+
+def documented_outputs(page: Path) -> dict[str, tuple[str, list[str]] | None]:
+    """The outputs the page's Python example reads (`outputs["softmax"]`), with the dtype and dims a comment
+    gives them (`# float32 [T, N, 6]`), or None where it gives none."""
+    found = re.findall(r'outputs\["([^"]+)"\](?:\s*#\s*(\w+)\s*\[([^\]]*)\])?', page.read_text())
+    return {name: (dtype, [d.strip() for d in dims.split(",")]) if dtype else None for name, dtype, dims in found}
+
+
+def sample(documented: dict[str, tuple[str, list[str]]], steps: int, batch: int, seed: int) -> dict[str, np.ndarray]:
+    """Arrays at the documented dtypes and dims, with T and N given; the int32 input is sequence lengths
+    (0 to T)."""
+    rng = np.random.default_rng(seed)
+    sizes = {"T": steps, "N": batch}
+    arrays = {}
+    for name, (dtype, dims) in documented.items():
+        shape = tuple(sizes[d] if d in sizes else int(d) for d in dims)
+        if dtype == "int32":
+            arrays[name] = rng.integers(0, steps + 1, shape).astype(np.int32)
+        else:
+            arrays[name] = rng.standard_normal(shape).astype(dtype)
+    return arrays
+
+
+def caffe2_outputs(caffe2, net_file: Path, weights: dict, inputs: dict, names) -> dict[str, np.ndarray]:
+    """The independent reference: real Caffe2 runs the same predict net with the same weights and inputs."""
+    from google.protobuf import text_format
+
+    from rnn2jax.proto import caffe2_pb2
+
+    net = text_format.Parse(net_file.read_text(), caffe2_pb2.NetDef())
+    feeds = {**{name: np.asarray(value) for name, value in weights.items()}, **inputs}
+    return caffe2.run_net(net, feeds, fetch=list(names))
+
+
+def assert_close(got: dict, want: dict, what: str) -> None:
+    assert sorted(got) == sorted(want), what
+    for name, value in want.items():
+        np.testing.assert_allclose(np.asarray(got[name], np.float64), value, **TOLERANCE, err_msg=f"{what}: {name}")
+
+
+def model_files(work: Path, args: list[str]) -> tuple[Path, Path, Path]:
+    """The net, the init net and the file the command (`export`/`codegen NET --init INIT -o OUT`) names."""
+    return work / args[1], work / args[args.index("--init") + 1], work / args[args.index("-o") + 1]
+
+
+def serving_export_keeps_the_promises(page: Path, work: Path, args: list[str], printed: str, caffe2) -> None:
+    """The artifact takes exactly the inputs of the page's example at their dtypes and symbolic dims (and
+    `model.inputs` shows what the page shows), returns the outputs the example reads at their dims, and gives
+    real Caffe2's values, as rnn2jax.compile of the same net and init net does, at several (T, N)."""
+    import jax
+
+    import rnn2jax
+    from rnn2jax.serving import load_exported
+
+    net, init, out = model_files(work, args)
+    documented = documented_inputs(page)
+    assert documented, f'{page.name}: no inputs in its Python example (`"blob": x,  # dtype [dims]`)'
+    model = load_exported(out)
+    assert {n: (str(s.dtype), [str(d) for d in s.shape]) for n, s in model.inputs.items()} == documented
+    shown = re.search(r"model\.inputs\s*#\s*(\{.*?), \.\.\.\}", page.read_text())
+    assert shown and repr(model.inputs).startswith(shown.group(1)), (shown, repr(model.inputs))
+    returned = jax.tree_util.tree_unflatten(model.exported.out_tree, model.exported.out_avals)
+    for name, spec in documented_outputs(page).items():
+        assert name in returned, f"{page.name} reads outputs[{name!r}]; the export returns {sorted(returned)}"
+        got = (str(returned[name].dtype), [str(d) for d in returned[name].shape])
+        assert spec is None or got == spec, (name, got, spec)
+    compiled = rnn2jax.compile(net, init)  # the weights the export baked in: the init net's, drawn alike
+    assert set(compiled.input_names) == set(documented)
+    for steps, batch in SIZES:
+        inputs = sample(documented, steps, batch, seed=steps * 10 + batch)
+        want = caffe2_outputs(caffe2, net, compiled.params, inputs, model.output_names)
+        assert_close(model(inputs), want, f"{out.name} at T, N = {steps}, {batch}")
+        assert_close(compiled(inputs), want, f"rnn2jax.compile at T, N = {steps}, {batch}")
+
+
+def codegen_module_keeps_the_promises(page: Path, work: Path, args: list[str], printed: str, caffe2) -> None:
+    """The module's INPUTS are the inputs of the page's example and its OUTPUTS hold those it reads; its .npz
+    holds the init net's weights, as many as the command said; the page's excerpt of `apply` is the module's
+    own text; and `apply` gives real Caffe2's values at the documented dtypes and dims, at several (T, N),
+    T = 0 included."""
+    import importlib.util
+
+    import rnn2jax
+
+    net, init, out = model_files(work, args)
+    documented = documented_inputs(page)
+    assert documented, f'{page.name}: no inputs in its Python example (`"blob": x,  # dtype [dims]`)'
+    spec = importlib.util.spec_from_file_location(f"doc_codegen_{out.stem}", out)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules.pop(spec.name, None)
+    assert set(module.INPUTS) == set(documented)
+    assert set(documented_outputs(page)) <= set(module.OUTPUTS), module.OUTPUTS
+    params = module.load_params()
+    weights = rnn2jax.compile(net, init).params
+    assert set(params) == set(weights)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(params[name], np.asarray(value), err_msg=name)
+    count = re.search(r"\((\d+) parameters\)", printed)
+    assert count and int(count.group(1)) == len(params), printed
+    written = {line.strip() for line in out.read_text().splitlines()}
+    for block in fenced_blocks(page):
+        if block.language == "python" and any(text.startswith("def apply(") for _, text in block.body):
+            stale = [(n, t) for n, t in block.body if t.strip() not in written and t.strip() != "..."]
+            assert not stale, f"{page.name}: lines of its module excerpt that {out.name} does not have: {stale}"
+    for steps, batch in (*SIZES, (0, 2)):  # the page: "it runs at any sequence length T (0 included)"
+        inputs = sample(documented, steps, batch, seed=steps * 10 + batch)
+        want = caffe2_outputs(caffe2, net, params, inputs, module.OUTPUTS)
+        assert_close(module.apply(params, inputs), want, f"{out.name} at T, N = {steps}, {batch}")
+
+
+# (page, command, net) -> the check of what the page says of that command's result
+PROMISES: dict[tuple[str, ...], Callable[[Path, Path, list[str], str, object], None]] = {
+    ("serving.md", "export", "lstm_predict_net.pbtxt"): serving_export_keeps_the_promises,
+    ("codegen.md", "codegen", "lstm_predict_net.pbtxt"): codegen_module_keeps_the_promises,
+}
+
+
+def test_every_promise_has_a_command_to_check():
+    """The promises are checked as the page's commands run: a page that lost its command would lose them."""
+    ran = {(b.path.name, *c.args[:2]) for b in BLOCKS if b.not_run is None for c in commands(b) if c.args}
+    assert set(PROMISES) <= ran, set(PROMISES) - ran
 
 
 # ------------------------------------------------------------------------------------------------

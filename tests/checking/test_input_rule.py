@@ -1,14 +1,13 @@
 """One rule for what is an input (rnn2jax/checking/input_rule.py), on the real breadbread LSTM, whose init net fills
-its data inputs for a one-sample setup besides Loading the weights: the commands of docs/serving.md and
-docs/codegen.md run as written (their ```sh blocks, file names substituted) and give the inputs the docs
-name, with the values of a NumPy LSTM written here; `run` uses the init net's values as defaults; an export
-that would be a constant function while asked for symbolic dims is refused, naming the blobs."""
+its data inputs for a one-sample setup besides Loading the weights: `export --batch N --steps T` and `codegen`
+take those blobs as inputs (what docs/serving.md and docs/codegen.md say of such a net), with the values of a
+NumPy LSTM written here; `run` uses the init net's values as defaults; an export that would be a constant
+function while asked for symbolic dims is refused, naming the blobs. (The pages' own commands, on the small
+LSTM they show, are checked where they run: tests/test_docs_commands.py.)"""
 
 from __future__ import annotations
 
 import importlib.util
-import re
-import shlex
 import sys
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from rnn2jax.serving import load_exported
 
 lmdb = pytest.importorskip("lmdb", reason="the breadbread init net Loads its weights from an lmdb (lmdb extra)")
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
 PREDICT = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"
 INIT = REALNETS / "breadbread_lstmdemo_lstm_init_net.pbtxt"
 needs_realnets = pytest.mark.skipif(not PREDICT.exists(), reason=f"the real Caffe2 nets are not in {REALNETS}")
@@ -66,7 +64,7 @@ def _close(got: dict, want: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# The files the docs name
+# The files breadbread's init net reads, and its weights
 
 
 @pytest.fixture(scope="module")
@@ -89,29 +87,8 @@ def bread(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     return folder, weights
 
 
-def sh_commands(doc: Path) -> list[list[str]]:
-    """Each command of the doc's ```sh blocks, as argv (continuation lines joined, comments dropped)."""
-    blocks = re.findall(r"```sh\n(.*?)```", doc.read_text(), flags=re.S)
-    commands = []
-    for block in blocks:
-        for line in block.replace("\\\n", " ").splitlines():
-            argv = shlex.split(line, comments=True)
-            if argv:
-                commands.append(argv)
-    return commands
-
-
-def documented_inputs(doc: Path) -> dict[str, tuple[str, list[str]]]:
-    """The inputs the doc's first Python example passes: blob -> (dtype, dims), from lines such as
-    `"input_blob": x,   # float32 [T, N, 62]`."""
-    found = re.findall(r'"(\w+)":\s*\w+,\s*#\s*(\w+)\s*\[([^\]]*)\]', doc.read_text())
-    return {name: (dtype, [d.strip() for d in dims.split(",")]) for name, dtype, dims in found}
-
-
-def _substituted(argv: list[str], folder: Path) -> list[str]:
-    files = {"lstm_predict_net.pbtxt": str(PREDICT), "lstm_init_net.pbtxt": str(INIT)}
-    assert argv[0] == "rnn2jax", argv
-    return [files.get(a, a) for a in argv[1:]]
+def _reference(weights: dict, inputs: dict) -> dict:
+    return reference(weights, *(inputs[n] for n in ("input_blob", "seq_lengths", "hidden_init", "cell_init")))
 
 
 def _sample(steps: int, batch: int, seed: int) -> dict[str, np.ndarray]:
@@ -124,50 +101,48 @@ def _sample(steps: int, batch: int, seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def _reference(weights: dict, inputs: dict) -> dict:
-    return reference(weights, *(inputs[n] for n in ("input_blob", "seq_lengths", "hidden_init", "cell_init")))
+# The four blobs the init net fills for one sample, as inputs of any batch size N and sequence length T
+SYMBOLIC_DATA = {
+    "input_blob": ("float32", ["T", "N", str(VOCAB)]),
+    "seq_lengths": ("int32", ["N"]),
+    "hidden_init": ("float32", ["1", "N", str(HIDDEN)]),
+    "cell_init": ("float32", ["1", "N", str(HIDDEN)]),
+}
 
 
 @needs_realnets
-def test_serving_doc_commands_run_as_shown(bread, monkeypatch, capsys):
+def test_export_with_batch_and_steps_takes_the_filled_data_blobs_as_inputs(bread, tmp_path, capsys):
+    """`export --init --batch N --steps T`: the blobs the init net fills for one sample get shapes their values
+    do not have, so they are the artifact's inputs and only the weights are baked in; the artifact and
+    rnn2jax.compile of the same net give the NumPy LSTM's values at several (T, N)."""
     folder, weights = bread
-    monkeypatch.chdir(folder)
-    doc = DOCS / "serving.md"
-    commands = sh_commands(doc)
-    assert commands and all(c[:2] == ["rnn2jax", "export"] for c in commands), commands
-    documented = documented_inputs(doc)
-    assert set(documented) == set(DATA)
-    for argv in commands:
-        assert main(_substituted(argv, folder)) == 0, argv
-        assert "inputs (none)" not in capsys.readouterr().out
-        model = load_exported(folder / argv[argv.index("-o") + 1])
-        assert set(model.inputs) == set(documented)
-        for name, (dtype, dims) in documented.items():
-            spec = model.inputs[name]
-            assert str(spec.dtype) == dtype and [str(d) for d in spec.shape] == dims, name
-        compiled = rnn2jax.compile(PREDICT, params=weights)  # the four data inputs are its inputs too
-        assert set(compiled.input_names) == set(DATA)
-        for steps, batch in ((1, 1), (5, 3), (2, 4)):
-            inputs = _sample(steps, batch, seed=steps * 10 + batch)
-            want = _reference(weights, inputs)
-            _close(model(inputs), want)
-            _close(compiled(inputs), want)
+    out = tmp_path / "lstm.bin"
+    argv = ["export", str(PREDICT), "--init", str(INIT), "--db-root", str(folder / "models")]
+    assert main([*argv, "--batch", "N", "--steps", "T", "-o", str(out)]) == 0
+    assert "inputs (none)" not in capsys.readouterr().out
+    model = load_exported(out)
+    assert {n: (str(s.dtype), [str(d) for d in s.shape]) for n, s in model.inputs.items()} == SYMBOLIC_DATA
+    compiled = rnn2jax.compile(PREDICT, params=weights)  # the four data inputs are its inputs too
+    assert set(compiled.input_names) == set(DATA)
+    for steps, batch in ((1, 1), (5, 3), (2, 4)):
+        inputs = _sample(steps, batch, seed=steps * 10 + batch)
+        want = _reference(weights, inputs)
+        _close(model(inputs), want)
+        _close(compiled(inputs), want)
 
 
 @needs_realnets
-def test_codegen_doc_commands_run_as_shown(bread, monkeypatch, capsys):
+def test_codegen_takes_the_filled_data_blobs_as_inputs(bread, tmp_path, capsys):
+    """`codegen` with the init net (or the same weights from an .npz): the module has no fixed shapes, so the
+    blobs the init net fills for one sample are its INPUTS and its .npz holds the six weights; `apply` gives
+    the NumPy LSTM's values."""
     folder, weights = bread
-    monkeypatch.chdir(folder)
-    doc = DOCS / "codegen.md"
-    commands = sh_commands(doc)
-    assert len(commands) == 2 and all(c[:2] == ["rnn2jax", "codegen"] for c in commands), commands
-    documented = documented_inputs(doc)
-    assert set(documented) == set(DATA)
-    for index, argv in enumerate(commands):
-        assert main(_substituted(argv, folder)) == 0, argv
+    with_init = ["--init", str(INIT), "--db-root", str(folder / "models")]
+    for index, source in enumerate((with_init, ["--params", str(folder / "weights.npz")])):
+        path = tmp_path / f"lstm_{index}.py"
+        assert main(["codegen", str(PREDICT), *source, "-o", str(path)]) == 0, source
         assert "(6 parameters)" in capsys.readouterr().out  # the weights; the data inputs are inputs
-        path = folder / argv[argv.index("-o") + 1]
-        spec = importlib.util.spec_from_file_location(f"bread_doc_{index}", path)
+        spec = importlib.util.spec_from_file_location(f"bread_codegen_{index}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules.pop(spec.name, None)
@@ -231,7 +206,7 @@ def test_export_of_a_constant_function_with_symbolic_dims_is_refused(tmp_path, c
     base = ["export", str(tmp_path / "net.pbtxt"), "--init", str(tmp_path / "init.pbtxt")]
     assert main([*base, "--batch", "N", "-o", str(tmp_path / "m.bin")]) == 2
     err = capsys.readouterr().err
-    assert "would take no inputs" in err and "(x)" in err and "N" in err and "--input-shape x=" in err
+    assert "would take no inputs" in err and "(x)" in err and "N" in err and "--shape x=" in err
     assert not (tmp_path / "m.bin").exists()
     # named, x is an input; with fixed dims a constant export stays allowed
     assert main([*base, "--input-shape", "x=N", "-o", str(tmp_path / "m.bin")]) == 0
@@ -268,7 +243,7 @@ def test_verify_draws_a_filled_blob_given_a_shape(bread):
     report = rnn2jax.verify(PREDICT, shapes, init_net=INIT, db_root=folder / "models")
     assert report.ok and len(report.checks) == 5
     notes = " ".join(report.notes)
-    assert "--shape given for input_blob, hidden_init, cell_init, seq_lengths" in notes
+    assert "a shape given for input_blob, hidden_init, cell_init, seq_lengths" in notes
     assert "LSTM/i2h [3, 2, 400]" in notes
 
 
