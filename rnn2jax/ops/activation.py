@@ -16,16 +16,10 @@ from .common import canonical_axis, size_from_dim, size_to_dim
 from .elementwise import FLOATING, unary
 from .emit import Call, EmitWriter, call, codegen_helper
 from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_from_output, gradient_op
-from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
 from .shape_facts import output_like_input
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 # Caffe2's CPU build registers every op here, and its gradient, for float32 only ("Unsupported type of
 # tensor" / "Tensor type mismatch" otherwise). Integers are refused here too; other float types are

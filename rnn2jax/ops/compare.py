@@ -12,16 +12,20 @@ import numpy as np
 from ..ir.netdef import Op
 from .elementwise import binary, binary_emitter, unary
 from .gradient_makers import should_not_do_gradient
-from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
+from .registry import (
+    NO_EMITTER,
+    NO_GRADIENT,
+    NO_ROLES,
+    NO_SHAPE_RULE,
+    Kernel,
+    Roles,
+    declare_family,
+    facet,
+    register,
+)
 from .shape_facts import Context, Guesses, Solver, Spec
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 
 # caffe2/operators/elementwise_ops.cc: comparisons dispatch on bool/int32/int64/float/double and always
 # output bool; the logical ops take and give bool only (BoolTypes).

@@ -21,15 +21,9 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import matmul_precision
 from .gradient_makers import GradientContext, GradientError, GradientOps, argument, gradient_op
-from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 # caffe2_legacy.proto LegacyPadding
 NOTSET, VALID, SAME, CAFFE_LEGACY_POOLING = 0, 1, 2, 3

@@ -29,15 +29,20 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient
-from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
-
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
+from .registry import (
+    GRADIENT_OP,
+    NO_EMITTER,
+    NO_ROLES,
+    NO_SHAPE_RULE,
+    Absent,
+    Kernel,
+    Roles,
+    declare_family,
+    facet,
+    register,
 )
+
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _F32, _F16, _U8 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint8)

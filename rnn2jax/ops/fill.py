@@ -21,15 +21,9 @@ from ..ir.netdef import Op
 from .common import TRACED_SHAPE_HINT, Dims, data_type_arg, shape_arg
 from .emit import Call, EmitWriter, Raw, Unsupported, call, literal
 from .gradient_makers import no_gradient
-from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .registry import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Kernel, declare_family, facet, register
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 
 Shape = tuple[int, ...]
 # fill(shape, key, *inputs after the first) -> the output array

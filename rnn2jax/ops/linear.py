@@ -16,16 +16,10 @@ from ..proto import caffe2_pb2 as pb
 from .common import broadcast_shapes, canonical_axis, is_symbolic, matmul_precision, size_from_dim, size_to_dim
 from .emit import Call, EmitWriter, call, codegen_helper
 from .gradient_makers import GradientContext, GradientError, GradientOps, argument, gradient_op
-from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Kernel, declare_family, facet, register
 from .shape_facts import Context, Guesses, Solver, Spec, output_like_input, prod
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 
 def _check_float_inputs(op: Op, arrays: Sequence[jax.Array]) -> None:

@@ -33,16 +33,10 @@ from .gradient_makers import (
     gradient_op,
     should_not_do_gradient,
 )
-from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
 from .shape_facts import all_same_shape, output_like_input
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 _FLOAT_KIND = "float"
 _NUMERIC_KIND = "int32, int64, float and double"

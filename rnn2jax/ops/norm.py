@@ -24,16 +24,10 @@ from .gradient_makers import (
     should_not_do_gradient,
 )
 from .reduce import channel_view, require_dtype, storage_order
-from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
 from .shape_facts import output_like_input
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 
 # C10LayerNorm_DontUseThisOpYet: Caffe2 1.x exposed the c10 LayerNorm kernel under this name too (same op)

@@ -24,12 +24,12 @@ from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import size_from_dim
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient, should_not_do_gradient
-from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .registry import NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
 
 declare_family(
     __name__,
     roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
+    shape_rule=NO_SHAPE_RULE,
     gradient=Absent("a parameter update: Caffe2 says SHOULD_NOT_DO_GRADIENT, the builder has no maker for it"),
     emitter=Absent("a training-step op: the generated module is for inference and jax.grad"),
 )

@@ -22,15 +22,9 @@ from ..errors import ShapeError
 from ..ir.netdef import Op
 from .conv import Geometry, Window, check_float, check_image, geometry, resolve, spatial_axes
 from .gradient_makers import GradientContext, GradientOps, gradient_op
-from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Kernel, declare_family, facet, register
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 _MAX = ("MaxPool", "MaxPool1D", "MaxPool2D", "MaxPool3D")
 _AVERAGE = ("AveragePool", "AveragePool1D", "AveragePool2D", "AveragePool3D")

@@ -12,14 +12,22 @@ import numpy as np
 
 from ..errors import BadArgumentError, Rnn2JaxError
 from ..ir.netdef import Op
-from .registry import NO_ROLES, Absent, HostWorkspace, declare_family, host_op
+from .registry import (
+    HOST_OP_NO_EMITTER,
+    HOST_OP_NO_SHAPE_RULE,
+    NO_ROLES,
+    Absent,
+    HostWorkspace,
+    declare_family,
+    host_op,
+)
 
 declare_family(
     __name__,
     roles=NO_ROLES,
-    shape_rule=Absent("host op: shape inference traces no host op"),
+    shape_rule=HOST_OP_NO_SHAPE_RULE,
     gradient=Absent("Caffe2 says SHOULD_NOT_DO_GRADIENT; the builder has no maker for it"),
-    emitter=Absent("host op: codegen writes only jitted code"),
+    emitter=HOST_OP_NO_EMITTER,
 )
 
 

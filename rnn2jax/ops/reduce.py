@@ -17,15 +17,9 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_op, should_not_do_gradient
-from .registry import NO_ROLES, Absent, Kernel, declare_family, facet, register
+from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 _FRONT_BACK = {
     "ReduceFrontSum": (True, False),

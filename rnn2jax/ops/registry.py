@@ -127,6 +127,14 @@ class Roles:
 
 NO_ROLES = Roles()  # every input is a value: the explicit statement of an op without roles
 
+# The absences most families state, named once (each family still says which of them holds for its ops).
+NO_SHAPE_RULE = Absent("no shape rule: shape inference does not guess this op's inputs")
+NO_EMITTER = Absent("codegen does not write this op")
+GRADIENT_OP = Absent("a gradient op: Caffe2 registers no gradient for it")
+NO_GRADIENT = Absent("Caffe2 registers no gradient for it")
+HOST_OP_NO_SHAPE_RULE = Absent("host op: shape inference traces no host op")
+HOST_OP_NO_EMITTER = Absent("host op: codegen writes only jitted code")
+
 FACETS = ("roles", "shape_rule", "gradient", "emitter")
 
 

@@ -15,16 +15,10 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .emit import Call, EmitWriter, call, codegen_helper
 from .gradient_makers import GradientContext, GradientOps, gradient_op
-from .registry import NO_ROLES, Absent, Roles, declare_family, facet, register
+from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Roles, declare_family, facet, register
 from .shape_facts import FLOAT32, INT32, Context, Guesses, Rule, Solver, Spec
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 
 @codegen_helper

@@ -28,15 +28,20 @@ from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
 from .common import TRACED_SHAPE_HINT, size_from_dim, size_to_dim
 from .gradient_makers import GradientContext, GradientError, GradientOps, gradient_op, should_not_do_gradient
-from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
-
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
+from .registry import (
+    GRADIENT_OP,
+    NO_EMITTER,
+    NO_ROLES,
+    NO_SHAPE_RULE,
+    Absent,
+    Kernel,
+    Roles,
+    declare_family,
+    facet,
+    register,
 )
+
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 INT32 = (np.dtype(np.int32),)
 # Caffe2 registers these ops for float only; float64 is accepted too, for rnn2jax's float64 verification.

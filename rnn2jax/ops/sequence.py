@@ -15,16 +15,20 @@ from ..ir.netdef import Op
 from .common import canonical_axis
 from .emit import Call, EmitWriter, Unsupported, call, codegen_helper
 from .gradient_makers import GradientContext, GradientOps, argument, gradient_op
-from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
+from .registry import (
+    NO_EMITTER,
+    NO_GRADIENT,
+    NO_ROLES,
+    NO_SHAPE_RULE,
+    Kernel,
+    Roles,
+    declare_family,
+    facet,
+    register,
+)
 from .shape_facts import INT32, Context, Guesses, Solver, Spec, prod
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 
 # (row index, column index, per-row int input or None) -> True where the element is replaced.
 MaskFn = Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array]

@@ -31,15 +31,19 @@ from .gradient_makers import (
     no_gradient,
     should_not_do_gradient,
 )
-from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
-
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
+from .registry import (
+    NO_EMITTER,
+    NO_GRADIENT,
+    NO_ROLES,
+    NO_SHAPE_RULE,
+    Kernel,
+    Roles,
+    declare_family,
+    facet,
+    register,
 )
+
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 
 # --------------------------------------------------------------------------------------------------
 # Helpers

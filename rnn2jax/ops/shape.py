@@ -35,16 +35,21 @@ from .gradient_makers import (
     no_gradient,
     should_not_do_gradient,
 )
-from .registry import NO_ROLES, Absent, Kernel, Roles, declare_family, facet, register
+from .registry import (
+    GRADIENT_OP,
+    NO_EMITTER,
+    NO_ROLES,
+    NO_SHAPE_RULE,
+    Absent,
+    Kernel,
+    Roles,
+    declare_family,
+    facet,
+    register,
+)
 from .shape_facts import INT32, Context, Guesses, Solver, Spec, output_like_input
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 

@@ -37,14 +37,22 @@ from ..proto.tensor import DATA_TYPES, tensor_values
 from ..storage.blobs import write_blobs
 from ..storage.db import DBAccessError, backend, db_type_info, describe, open_cursor
 from ..storage.serialization import BlobAssembler, blob_name
-from .registry import NO_ROLES, Absent, HostWorkspace, declare_family, register_host_op
+from .registry import (
+    HOST_OP_NO_EMITTER,
+    HOST_OP_NO_SHAPE_RULE,
+    NO_ROLES,
+    Absent,
+    HostWorkspace,
+    declare_family,
+    register_host_op,
+)
 
 declare_family(
     __name__,
     roles=NO_ROLES,
-    shape_rule=Absent("host op: shape inference traces no host op"),
+    shape_rule=HOST_OP_NO_SHAPE_RULE,
     gradient=Absent("a host op: Caffe2 says NO_GRADIENT or SHOULD_NOT_DO_GRADIENT; the builder has no maker"),
-    emitter=Absent("host op: codegen writes only jitted code"),
+    emitter=HOST_OP_NO_EMITTER,
 )
 
 

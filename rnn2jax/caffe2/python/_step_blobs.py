@@ -23,7 +23,15 @@ from ...errors import BadArgumentError, ShapeError
 from ...ir.netdef import Op
 from ...lowering.interpreter import LoweredNet
 from ...ops.recurrent.spec import decode_spec
-from ...ops.registry import NO_ROLES, Absent, declare_family, find_host, register_host_op
+from ...ops.registry import (
+    HOST_OP_NO_EMITTER,
+    HOST_OP_NO_SHAPE_RULE,
+    NO_ROLES,
+    Absent,
+    declare_family,
+    find_host,
+    register_host_op,
+)
 
 if TYPE_CHECKING:
     from ...runtime.workspace import Workspace
@@ -80,9 +88,9 @@ def _fetch_step_blobs(workspace: Workspace, op: Op, state: dict[str, Any]) -> No
 declare_family(
     __name__,
     roles=NO_ROLES,
-    shape_rule=Absent("host op: shape inference traces no host op"),
+    shape_rule=HOST_OP_NO_SHAPE_RULE,
     gradient=Absent("no builder gradient maker"),
-    emitter=Absent("host op: codegen writes only jitted code"),
+    emitter=HOST_OP_NO_EMITTER,
 )
 if find_host("RecurrentNetworkBlobFetcher") is None:
     register_host_op("RecurrentNetworkBlobFetcher", _fetch_step_blobs)

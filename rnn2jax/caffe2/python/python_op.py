@@ -19,7 +19,16 @@ import numpy as np
 
 from ...errors import BadArgumentError
 from ...ops.gradient_makers import GradientContext, gradient_op
-from ...ops.registry import NO_ROLES, Absent, declare_family, facet, find_host, register_host_op
+from ...ops.registry import (
+    HOST_OP_NO_EMITTER,
+    HOST_OP_NO_SHAPE_RULE,
+    NO_ROLES,
+    Absent,
+    declare_family,
+    facet,
+    find_host,
+    register_host_op,
+)
 
 WorkspaceView = Callable[[Any], Any]  # the running workspace -> what a `pass_workspace` function gets
 _FUNCTIONS: dict[str, tuple[Callable, Callable | None, WorkspaceView | None]] = {}
@@ -106,12 +115,7 @@ def _run(gradient: bool) -> Callable:
 
 
 # The Python op's builder gradient maker is `_python_gradient` below, attached to its record.
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("host op: shape inference traces no host op"),
-    emitter=Absent("host op: codegen writes only jitted code"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=HOST_OP_NO_SHAPE_RULE, emitter=HOST_OP_NO_EMITTER)
 if find_host("Python") is None:
     register_host_op("Python", _run(gradient=False))
     register_host_op("PythonGradient", _run(gradient=True), gradient=Absent("no builder gradient maker"))

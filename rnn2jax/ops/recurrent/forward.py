@@ -38,20 +38,23 @@ from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...ir.netdef import Op
 from ..emit import EmitWriter, codegen_helper
 from ..gradient_makers import GradientContext, GradientError, GradientOps, gradient_op
-from ..registry import NO_ROLES, Absent, LowerNet, declare_family, facet, register
+from ..registry import (
+    NO_EMITTER,
+    NO_GRADIENT,
+    NO_ROLES,
+    NO_SHAPE_RULE,
+    LowerNet,
+    declare_family,
+    facet,
+    register,
+)
 from ..shape_facts import INT32, Context, Guesses, Solver, Spec, latest
 from .cell_vjp import lstm_cell_rows
 from .coverage import check_forward_rows, unwritten_fill
 from .fusion import FusedLSTM, find_fused_lstms
 from .spec import Alias, Link, check_link_rows, decode_spec, initial_rows, state_rows
 
-declare_family(
-    __name__,
-    roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("Caffe2 registers no gradient for it"),
-    emitter=Absent("codegen does not write this op"),
-)
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 
 
 @jax.tree_util.register_pytree_node_class

@@ -29,7 +29,7 @@ from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...ir.netdef import Op
-from ..registry import NO_ROLES, Absent, LowerNet, declare_family, register
+from ..registry import GRADIENT_OP, NO_ROLES, NO_SHAPE_RULE, Absent, LowerNet, declare_family, register
 from .coverage import check_backward_reads, check_gradient_rows, unwritten_fill
 from .deferred import NOTHING_DEFERRED, find_deferred
 from .forward import StateViews, rows_at
@@ -38,8 +38,8 @@ from .spec import check_link_rows, check_timestep, decode_links, decode_spec, re
 declare_family(
     __name__,
     roles=NO_ROLES,
-    shape_rule=Absent("no shape rule: shape inference does not guess this op's inputs"),
-    gradient=Absent("a gradient op: Caffe2 registers no gradient for it"),
+    shape_rule=NO_SHAPE_RULE,
+    gradient=GRADIENT_OP,
     emitter=Absent("a gradient op: the generated module is differentiated with jax.grad"),
 )
 
