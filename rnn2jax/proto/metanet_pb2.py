@@ -22,7 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from . import caffe2_pb2 as rnn2jax_dot_proto_dot_caffe2__pb2
+from rnn2jax.proto import caffe2_pb2 as rnn2jax_dot_proto_dot_caffe2__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brnn2jax/proto/metanet.proto\x12\x0ernn2jax.caffe2\x1a\x1arnn2jax/proto/caffe2.proto\"{\n\tModelInfo\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x12\n\nmodelClass\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\'\n\rpredictorType\x18\x04 \x01(\t:\x10SINGLE_PREDICTOR\x12\x0f\n\x07modelId\x18\x05 \x01(\t\"&\n\x08\x42lobsMap\x12\x0b\n\x03key\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x03(\t\"=\n\x07NetsMap\x12\x0b\n\x03key\x18\x01 \x02(\t\x12%\n\x05value\x18\x02 \x02(\x0b\x32\x16.rnn2jax.caffe2.NetDef\"?\n\x08PlansMap\x12\x0b\n\x03key\x18\x01 \x02(\t\x12&\n\x05value\x18\x02 \x02(\x0b\x32\x17.rnn2jax.caffe2.PlanDef\"\'\n\tStringMap\x12\x0b\n\x03key\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x02(\t\"\xa4\x03\n\nMetaNetDef\x12\'\n\x05\x62lobs\x18\x01 \x03(\x0b\x32\x18.rnn2jax.caffe2.BlobsMap\x12%\n\x04nets\x18\x02 \x03(\x0b\x32\x17.rnn2jax.caffe2.NetsMap\x12,\n\tmodelInfo\x18\x03 \x01(\x0b\x32\x19.rnn2jax.caffe2.ModelInfo\x12\'\n\x05plans\x18\x04 \x03(\x0b\x32\x18.rnn2jax.caffe2.PlansMap\x12:\n\x17\x61pplicationSpecificInfo\x18\x05 \x03(\x0b\x32\x19.rnn2jax.caffe2.StringMap\x12\x12\n\nblobsOrder\x18\x06 \x03(\t\x12\x14\n\x0cpreLoadBlobs\x18\x07 \x03(\t\x12<\n\x11tensorBoundShapes\x18\x08 \x01(\x0b\x32!.rnn2jax.caffe2.TensorBoundShapes\x12\x1d\n\x15requestOnlyEmbeddings\x18\t \x03(\t\x12,\n\taotConfig\x18\n \x01(\x0b\x32\x19.rnn2jax.caffe2.AOTConfig')

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 SCRIPT = Path(__file__).resolve().parent / "caffe2_step_blobs_script.py"
 # the real-Caffe2 interpreter, as tests/conftest.py's caffe2_python() finds it (scripts/ops_scoreboard.py imports
 # this module outside pytest, where `tests` is no package)
-CAFFE2_PYTHON = os.environ.get("RNN2JAX_CAFFE2_PYTHON", str(SCRIPT.parents[1] / ".venv-caffe2" / "bin" / "python"))
+CAFFE2_PYTHON = os.environ.get("RNN2JAX_CAFFE2_PYTHON", str(SCRIPT.parents[2] / ".venv-caffe2" / "bin" / "python"))
 
 
 def _run(command: list[str], out: Path) -> dict[str, np.ndarray]:

@@ -240,7 +240,9 @@ def test_init_net_without_db_root_names_the_db_and_the_fix(tmp_path, monkeypatch
     message = str(info.value)
     assert "\n" not in message
     assert "(Load)" in message and "LSTM_params" in message and "lmdb" in message
-    assert "does not exist" in message and "--db-root" in message
+    # Python advice from the Python API, the flag from the command line (the same error, worded for its reader)
+    assert "does not exist" in message and "db_root=DIR" in message and "--db-root" not in message
+    assert "--db-root DIR" in info.value.for_command_line() and "db_root=" not in info.value.for_command_line()
 
 
 def test_train_plan_is_what_this_test_expects():
