@@ -177,7 +177,7 @@ def seq2seq_case(training: bool, steps: int = 20) -> Case:
 
 
 def dper_case() -> Case:
-    """The real dper ads-ranking train net (176 ops, two LSTM pools), with tests/test_dper_net.py's
+    """The real dper ads-ranking train net (176 ops, two LSTM pools), with tests/programs/test_dper_net.py's
     stand-ins for its three proprietary ops, inputs and parameters."""
     root = Path(__file__).resolve().parents[1]
     sys.path.insert(0, str(root / "tests"))

@@ -106,7 +106,7 @@ def test_a_short_atheris_run_finds_nothing(tmp_path):
 
 def _unwritten_cell_state(seed: str) -> bytes:
     """A seed whose cell state's write link points at the hidden state instead: no step writes the cell
-    state's rows (real Caffe2 returns whatever that memory held; see tests/test_recurrent_arguments.py)."""
+    state's rows (real Caffe2 returns whatever that memory held; see tests/recurrent/test_recurrent_arguments.py)."""
     plan = pb.PlanDef.FromString(dict(seed_containers())[seed])
     (op,) = [o for o in plan.network[1].op if o.type == "RecurrentNetwork"]
     external = next(a for a in op.arg if a.name == "link_external")

@@ -7,7 +7,7 @@ four argument groups that `--help` shows under the same title in every command t
 - real Caffe2: `--caffe2 [PYTHON]`.
 
 A command takes the flags of a group it needs and no flag with another meaning: a flag has one dest, type,
-metavar and help wherever it appears (tests/test_cli_vocabulary.py checks every command). What differs
+metavar and help wherever it appears (tests/cli/test_cli_vocabulary.py checks every command). What differs
 between commands (export's symbolic dims, say) is said in the group's description, not in the flag.
 """
 

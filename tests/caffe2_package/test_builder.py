@@ -275,7 +275,7 @@ def test_every_listing_has_a_builder():
     assert set(LISTINGS) == set(BUILDERS)
 
 
-# Listings real Caffe2 (torch 1.10.2, the final release; tests/test_caffe2_builder_oracle.py builds every
+# Listings real Caffe2 (torch 1.10.2, the final release; tests/caffe2_package/test_builder_oracle.py builds every
 # configuration there) contradicts: SEMANTICS.md describes an older front end. The builder follows real
 # Caffe2, so these listing tests are expected to fail (strict: a corrected SEMANTICS.md shows up here).
 _LAYER_NORM = (

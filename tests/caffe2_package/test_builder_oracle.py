@@ -623,7 +623,7 @@ def test_hash_seed_only_moves_sums(caffe2, monkeypatch, name):
 
 
 # ------------------------------------------------------------------------------------------------
-# The configurations of SEMANTICS.md 3.1 (D=2, H=4, E=3, as tests/test_caffe2_builder.py builds them)
+# The configurations of SEMANTICS.md 3.1 (D=2, H=4, E=3, as tests/caffe2_package/test_builder.py builds them)
 
 
 def _cell_recipe(fn: str, states: Sequence[str], lengths: str | None = "seq_lengths", **kwargs: Any) -> Calls:

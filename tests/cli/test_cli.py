@@ -28,7 +28,7 @@ def test_inspect_dper_lists_proprietary_ops_and_recurrent_ops(capsys):
     out = capsys.readouterr().out
     assert "net 'train_net': 176 ops" in out
     assert "recurrent ops (2):" in out
-    assert "unsupported: 4 ops of 3 types" in out  # only the proprietary ones (tests/test_dper_net.py)
+    assert "unsupported: 4 ops of 3 types" in out  # only the proprietary ones (tests/programs/test_dper_net.py)
     for op_type in ("SigridTransforms", "PriorCorrectionCalibrationAccumulate", "PriorCorrectionCalibrationPrediction"):
         assert f"    {op_type} x" in out
     assert "    SortedSegmentRangeMax x" not in out.split("unsupported:")[1]

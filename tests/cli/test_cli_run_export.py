@@ -1,7 +1,7 @@
 """`rnn2jax run` and `rnn2jax export`: outputs match `rnn2jax.compile`, an export (a plain serialized
 `jax.export.Exported`) runs in a fresh process that imports only `rnn2jax.serving`, bad input is one line
 on stderr with exit status 2, and the progress display stays silent when stderr is not a terminal. The
-real LSTM's export, symbolic dims and platforms: tests/test_export_artifact.py."""
+real LSTM's export, symbolic dims and platforms: tests/serving/test_export_artifact.py."""
 
 from __future__ import annotations
 

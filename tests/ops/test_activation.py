@@ -27,7 +27,7 @@ from rnn2jax.caffe2.opdef import create_operator
 from rnn2jax.errors import BadArgumentError, ShapeError
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_activation.py)
+# The lowering against NumPy references (was tests/ops/test_activation.py)
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -135,7 +135,7 @@ def test_bad_arguments(jit):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_activation.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_activation.py)
 
 # Caffe2's CPU kernels take float32 only. rnn2jax accepts doubles on purpose (its float64 verification
 # mode, rnn2jax/checking/verification.py), so the refused dtypes drawn are integers.
@@ -272,7 +272,7 @@ def test_caffe2_activation(caffe2, case, data):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Gradient ops against references and jax.vjp (was tests/test_grad_activation.py)
+# Gradient ops against references and jax.vjp (was tests/ops/test_activation.py)
 
 RTOL_GRAD, ATOL_GRAD = 1e-5, 1e-6
 

@@ -23,7 +23,7 @@ from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 from rnn2jax.proto import caffe2_pb2 as pb
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_array.py)
+# The lowering against NumPy references (was tests/ops/test_array.py)
 
 def top_k_reference(x: np.ndarray, k: int, axis: int):
     """Largest first, ties by lower index; k beyond the dim padded with value 0 and index -1."""
@@ -117,7 +117,7 @@ def test_lrn_matches_reference(data, order):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_array.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_array.py)
 
 DT = pb.TensorProto
 NUMERIC = [np.float32, np.float64, np.int32, np.int64]

@@ -29,7 +29,7 @@ from rnn2jax.errors import BadArgumentError, ShapeError
 from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_compare.py)
+# The lowering against NumPy references (was tests/ops/test_compare.py)
 
 SEEDS = st.integers(0, 2**32 - 1)
 
@@ -244,7 +244,7 @@ def test_arity(jit):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_compare.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_compare.py)
 
 COMPARABLE = (np.bool_, np.int32, np.int64, np.float32, np.float64)
 OTHER = (np.int32, np.int64, np.float32, np.float64)

@@ -23,7 +23,7 @@ from differential import Case, arrays, cases, invalid, run_case
 from rnn2jax.caffe2.opdef import create_operator
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_conv.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_conv.py)
 
 NOTSET, VALID, SAME, CAFFE_LEGACY_POOLING = 0, 1, 2, 3
 

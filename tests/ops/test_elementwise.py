@@ -34,7 +34,7 @@ from rnn2jax.caffe2.opdef import create_operator
 from rnn2jax.errors import BadArgumentError, ShapeError
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_elementwise.py)
+# The lowering against NumPy references (was tests/ops/test_elementwise.py)
 
 FLOAT = {"rtol": 1e-5, "atol": 1e-6}
 SEEDS = st.integers(0, 2**32 - 1)
@@ -359,7 +359,7 @@ def test_float_only_unary_rejects_ints(jit, op_type):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_elementwise.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_elementwise.py)
 
 NUMERIC = (np.int32, np.int64, np.float32, np.float64)
 FLOATS = (np.float32, np.float64)
@@ -536,7 +536,7 @@ def test_caffe2_elementwise(caffe2, case, data):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Gradient ops against references and jax.vjp (was tests/test_grad_elementwise.py)
+# Gradient ops against references and jax.vjp (was tests/ops/test_elementwise.py)
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 SEEDS_GRAD = st.integers(0, 2**32 - 1)

@@ -8,7 +8,7 @@ including rounding ties.
 Differential cases against real Caffe2 (forward, gradient ops, makers): Differential tests of the embedding-lookup
 family (SparseLengths* over float, half and row-wise quantized tables, their gradient ops, GatherFused8BitRowwise,
 and the row-wise quantizers) against real Caffe2 (see tests/differential.py). NumPy references of the quantizers are
-in tests/test_ops_embedding.py.
+in tests/ops/test_embedding.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rnn2jax.ops.embedding import _FROM_FUSED, _LOOKUPS, _TO_FUSED
 from rnn2jax.ops.gradient_makers import get_gradient_for_op
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_embedding.py)
+# The lowering against NumPy references (was tests/ops/test_embedding.py)
 
 F32 = np.float32
 
@@ -206,7 +206,7 @@ def test_columns_not_a_multiple_of_the_values_per_byte_are_refused():
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_embedding.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_embedding.py)
 
 def floats(data, shape, dtype=np.float32, low=-1.0, high=1.0):
     x = data.draw(arrays(shape, dtype, low, high))

@@ -29,7 +29,7 @@ from rnn2jax.errors import BadArgumentError, ShapeError
 from rnn2jax.proto import caffe2_pb2 as pb
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_fill.py)
+# The lowering against NumPy references (was tests/ops/test_fill.py)
 
 # TensorProto.DataType codes
 FLOAT, INT32, STRING, BOOL, UINT8, INT16, INT64, DOUBLE = 1, 2, 4, 5, 6, 9, 10, 13
@@ -377,7 +377,7 @@ def test_random_fill_rank_errors(jit):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_fill.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_fill.py)
 
 DT = pb.TensorProto
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from differential import Case, arrays, cases, check_op, invalid, make_op, run_case
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_image.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_image.py)
 
 def side(data, low=1, high=3):
     return data.draw(st.integers(low, high))

@@ -32,7 +32,7 @@ from rnn2jax.errors import BadArgumentError, ShapeError
 from rnn2jax.ops.gradient_makers import get_gradient_for_op
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_linear.py)
+# The lowering against NumPy references (was tests/ops/test_linear.py)
 
 # Products sum up to ~12 float32 terms: the summation order differs from NumPy's, so allow a few ulps
 # of the largest term rather than of the (possibly cancelled) result.
@@ -362,7 +362,7 @@ def test_matmul_precision_is_float32_unless_the_user_sets_jax_default_matmul_pre
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_linear.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_linear.py)
 
 # Caffe2 refuses doubles here; rnn2jax accepts them on purpose (its float64 verification mode,
 # rnn2jax/checking/verification.py), so they are not drawn: ints stand for the dtypes both refuse.
@@ -574,7 +574,7 @@ def test_caffe2_linear(caffe2, case, data):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Gradient ops against references and jax.vjp (was tests/test_grad_linear.py)
+# Gradient ops against references and jax.vjp (was tests/ops/test_linear.py)
 
 # Sums of ~10 float32 products, compared with float64 NumPy or with XLA's own summation order.
 TOL = {"rtol": 1e-5, "atol": 1e-5}

@@ -29,7 +29,7 @@ from rnn2jax.ir.loader import load
 from rnn2jax.lowering.interpreter import lower
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_loss.py)
+# The lowering against NumPy references (was tests/ops/test_loss.py)
 
 THRESHOLD = 1e-20  # Caffe2's kLOG_THRESHOLD
 F32 = {"rtol": 1e-5, "atol": 1e-6}
@@ -447,7 +447,7 @@ def test_accuracy_top_k_with_ties(jit, x, top_k, data):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_loss.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_loss.py)
 
 def _float_dtype(data: st.DataObject):
     """float32, or (invalid) int32. Caffe2 refuses doubles too, but rnn2jax accepts them on purpose (its

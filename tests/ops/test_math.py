@@ -19,7 +19,7 @@ from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_math.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_math.py)
 
 FLOAT32 = (np.float32,)
 FLOATS = (np.float32, np.float64)

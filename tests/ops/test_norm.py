@@ -40,7 +40,7 @@ from rnn2jax.caffe2.opdef import create_operator
 from rnn2jax.errors import BadArgumentError, ShapeError
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_norm.py)
+# The lowering against NumPy references (was tests/ops/test_norm.py)
 
 RTOL, ATOL = 1e-5, 1e-6
 F32_EPS = float(np.finfo(np.float32).eps)
@@ -330,7 +330,7 @@ def test_normalize_l1_zero_slice_is_zero(jit):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_norm.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_norm.py)
 
 # --------------------------------------------------------------------------------------------------
 # Dropout
@@ -732,7 +732,7 @@ def test_caffe2_norm(caffe2, case, data):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Gradient ops against references and jax.vjp (was tests/test_grad_norm.py)
+# Gradient ops against references and jax.vjp (was tests/ops/test_norm.py)
 
 RTOL_GRAD, ATOL_GRAD = 1e-5, 1e-6
 

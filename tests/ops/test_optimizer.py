@@ -40,7 +40,7 @@ from rnn2jax.lowering.interpreter import lower
 from rnn2jax.proto import caffe2_pb2 as pb
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_optimizer.py)
+# The lowering against NumPy references (was tests/ops/test_optimizer.py)
 
 INT64 = np.dtype(np.int64)  # the iteration counter's dtype, as in Caffe2
 F32 = {"rtol": 1e-5, "atol": 1e-6}
@@ -485,7 +485,7 @@ def test_sgd_step_of_a_real_training_net(jit):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_optimizer.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_optimizer.py)
 
 def f32(low: float, high: float):
     """float32 values in [low, high] (the bounds rounded to float32)."""

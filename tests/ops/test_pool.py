@@ -22,7 +22,7 @@ from differential import Case, arrays, cases, invalid, run_case, run_rnn2jax
 from rnn2jax.caffe2.opdef import create_operator
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_pool.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_pool.py)
 
 def _values(data: st.DataObject, shape, dtype, ties: bool) -> np.ndarray:
     if np.dtype(dtype).kind != "f":

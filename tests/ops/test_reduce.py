@@ -27,7 +27,7 @@ from helpers import forward, run_op
 from rnn2jax.errors import BadArgumentError, ShapeError
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_reduce.py)
+# The lowering against NumPy references (was tests/ops/test_reduce.py)
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -298,7 +298,7 @@ def test_summarize(jit):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_reduce.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_reduce.py)
 
 def draw_front_back(op_type):
     front = "Front" in op_type
@@ -529,7 +529,7 @@ def test_matches_caffe2(caffe2, case, data):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Gradient ops against references and jax.vjp (was tests/test_grad_reduce.py)
+# Gradient ops against references and jax.vjp (was tests/ops/test_reduce.py)
 
 RTOL_GRAD, ATOL_GRAD = 1e-5, 1e-6
 

@@ -29,7 +29,7 @@ from helpers import forward, run_op
 from rnn2jax.errors import BadArgumentError, ShapeError
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_rnn_units.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_rnn_units.py)
 
 def unit_args(data, with_forget_bias):
     """sequence_lengths on/off (default on), drop_states, forget_bias: each given or left to its default."""
@@ -94,7 +94,7 @@ def test_matches_caffe2(caffe2, case, data):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Gradient ops against references and jax.vjp (was tests/test_grad_rnn_units.py)
+# Gradient ops against references and jax.vjp (was tests/ops/test_rnn_units.py)
 
 RTOL, ATOL = 1e-5, 1e-6
 

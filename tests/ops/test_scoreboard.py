@@ -42,7 +42,7 @@ def test_every_lowered_op_is_a_caffe2_op(registries):
 
 # Caffe2's CPU build cannot create these ("Cannot create operator of type 'CopyCPUToGPU' on the device
 # 'CPU'"), so their gradient ops (each other) cannot run there; their forward is compared with Caffe2's Copy and their
-# builder gradient makers with Caffe2's byte for byte (tests/test_caffe2_ops_shape.py).
+# builder gradient makers with Caffe2's byte for byte (tests/ops/test_shape.py).
 CANNOT_RUN_ON_CAFFE2_CPU = {"CopyCPUToGPU", "CopyGPUToCPU"}
 
 

@@ -23,7 +23,7 @@ from helpers import forward, run_op
 from rnn2jax.errors import ShapeError
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_segment.py)
+# The lowering against NumPy references (was tests/ops/test_segment.py)
 
 SEEDS = st.integers(0, 2**32 - 1)
 # Fixed shapes (values vary with the seed): each op compiles once, eagerly and under jit.
@@ -133,7 +133,7 @@ def test_traced_lengths_are_checked_when_the_net_runs():
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_segment.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_segment.py)
 
 RANGE = ("Sum", "Mean", "Max", "LogSumExp", "LogMeanExp")
 REDUCERS = ("Sum", "Mean", "WeightedSum")

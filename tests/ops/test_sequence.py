@@ -22,7 +22,7 @@ from helpers import run_op
 from rnn2jax.errors import BadArgumentError, ShapeError
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_sequence.py)
+# The lowering against NumPy references (was tests/ops/test_sequence.py)
 
 SEEDS = st.integers(0, 2**32 - 1)
 TRIANGLES = ["upper", "lower", "upperdiag", "lowerdiag"]
@@ -268,7 +268,7 @@ def test_window_centers_too_short(jit):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_sequence.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_sequence.py)
 
 def floats(data, shape):
     return data.draw(arrays(shape, np.float32))

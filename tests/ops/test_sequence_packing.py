@@ -20,7 +20,7 @@ from helpers import forward, run_op
 from rnn2jax.errors import BadArgumentError, ShapeError
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_sequence_packing.py)
+# The lowering against NumPy references (was tests/ops/test_sequence_packing.py)
 
 SEEDS = st.integers(0, 2**32 - 1)
 LENGTHS = st.lists(st.integers(0, 3), min_size=0, max_size=4)

@@ -46,7 +46,7 @@ from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 from rnn2jax.proto import caffe2_pb2 as pb
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_shape.py)
+# The lowering against NumPy references (was tests/ops/test_shape.py)
 
 INT64 = np.dtype(np.int64)  # Caffe2's int64, kept by rnn2jax
 
@@ -703,7 +703,7 @@ def test_shape_feeds_fill_under_jit():
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_shape.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_shape.py)
 
 DT = pb.TensorProto
 
@@ -1143,7 +1143,7 @@ def test_reshape_of_an_empty_input_to_a_non_empty_shape_is_refused(caffe2):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Gradient ops against references and jax.vjp (was tests/test_grad_shape.py)
+# Gradient ops against references and jax.vjp (was tests/ops/test_shape.py)
 
 # Half the examples for the slowest tests (each new shape compiles anew, eagerly too).
 fewer_examples = settings(max_examples=max(1, settings().max_examples // 2))

@@ -1,7 +1,7 @@
 """The sparse family (rnn2jax/ops/sparse.py): its lowering, gradient ops and builder makers.
 
 The lowering against NumPy references: NumPy references for the sparse ops whose maths is more than data movement:
-IndexHash's wrapping byte hash and LengthsTopK's per-segment ranking (see also tests/test_caffe2_ops_sparse.py).
+IndexHash's wrapping byte hash and LengthsTopK's per-segment ranking (see also tests/ops/test_sparse.py).
 
 Differential cases against real Caffe2 (forward, gradient ops, makers): Differential tests of the sparse / gather /
 packing ops against real Caffe2 (see tests/differential.py).
@@ -22,7 +22,7 @@ from rnn2jax.errors import ShapeError
 from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 
 # ----------------------------------------------------------------------------------------------------
-# The lowering against NumPy references (was tests/test_ops_sparse.py)
+# The lowering against NumPy references (was tests/ops/test_sparse.py)
 
 def index_hash_reference(ids: np.ndarray, seed: int, modulo: int) -> np.ndarray:
     """index_hash_ops.h in Python integers: fold the little-endian signed bytes, wrapping in the type."""
@@ -79,7 +79,7 @@ def test_lengths_top_k_matches_reference(data):
 
 
 # ----------------------------------------------------------------------------------------------------
-# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/test_caffe2_ops_sparse.py)
+# Differential cases against real Caffe2 (forward, gradient ops, makers) (was tests/ops/test_sparse.py)
 
 INDEX = [np.int32, np.int64]
 

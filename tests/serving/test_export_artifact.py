@@ -426,7 +426,7 @@ def test_shape_ops_take_symbolic_dims(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------
-# Every cell the builders make (tests/test_caffe2_cells.py's CELLS: LSTM and its options, MILSTM, the
+# Every cell the builders make (tests/recurrent/test_builder_cells.py's CELLS: LSTM and its options, MILSTM, the
 # layer-norm cells, GRU in both forms, BasicRNN, stacks, dropout, the attention cells), exported with
 # symbolic T and N (and the encoder length L of the attention cells), run in one fresh process without
 # rnn2jax at three sizes each, against rnn2jax.compile of the same net at the same inputs.

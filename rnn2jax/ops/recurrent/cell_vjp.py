@@ -26,7 +26,7 @@ The maths is LSTMUnit's (rnn_units.lstm_state_update): gate order i, f, o, g; `f
 f before its sigmoid; rows at or past their sequence length keep their state (or are zeroed with
 `drop_states`). Anything the recogniser does not cover returns None and the caller runs the plain
 scan, so an unusual net is never answered wrongly, only more slowly. `rnn2jax.verify` (and
-tests/test_cell_vjp.py) check this VJP against JAX's differentiation of that plain scan
+tests/recurrent/test_cell_vjp.py) check this VJP against JAX's differentiation of that plain scan
 (`lower(net, plain=True)`), which never comes here.
 """
 
