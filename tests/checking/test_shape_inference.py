@@ -1,8 +1,9 @@
 """Shape inference: every input's shape and dtype from --batch/--steps, the given shapes and the parameters.
 
 The references are independent of the inference: the arrays the builder-cell tests build their inputs with
-(tests/recurrent/test_builder_cells.py), the breadbread char-RNN's sizes (tests/programs/test_breadbread_e2e.py), the input order
-of `rnn2jax.compile`, and a real `rnn2jax verify` run whose gradients are computed at the inferred shapes.
+(tests/recurrent/test_builder_cells.py), the breadbread char-RNN's sizes (tests/programs/test_breadbread_e2e.py),
+the input order of `rnn2jax.compile`, and a real `rnn2jax verify` run whose gradients are computed at the inferred
+shapes.
 """
 
 from __future__ import annotations
