@@ -1,8 +1,10 @@
 """The `rnn2jax` command line: the top-level parser, which each command's module adds its parser to, and
 `main`. The commands: `inspect` a net or a Caffe2 DB, `verify` backward step nets, `run`, `export` or
 `codegen` a net, `compare` it with real Caffe2 (made by `setup-caffe2`), `convert-params` from a Caffe2 DB,
-`draw` it, `run-plan` a PlanDef, `exec` a Caffe2 script, run the bundled `demo`. The flags several commands
-share are defined once, in arguments.py.
+`draw` it, `run-plan` a PlanDef, `exec` a Caffe2 script, run the bundled `demo`. Each command's module
+states its `NAME`, its `HELP` line in `rnn2jax --help` and the `DESCRIPTION` atop its own --help (None: the
+help line says it all), and adds its flags in `add_arguments`; the flags several commands share are
+defined once, in arguments.py.
 
 Exit status: 0 on success, 1 when a check fails, 2 on bad input (an `Rnn2JaxError`, printed on stderr with
 its advice in flags: `--db-root DIR` where Python is told `db_root=DIR`).
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 
 from ..errors import Rnn2JaxError
 from . import (
+    arguments,
     codegen,
     compare,
     convert_params,
@@ -40,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ops", action="append", metavar="MODULE", help=OPS_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
-        module.add_command(commands)
+        parser_of_command = arguments.command(commands, module.NAME, help=module.HELP, description=module.DESCRIPTION)
+        module.add_arguments(parser_of_command)
     return parser
 
 

@@ -221,7 +221,8 @@ def add(parser: argparse._ActionsContainer, *flags: str) -> None:
 def command(
     commands: argparse._SubParsersAction, name: str, *, help: str, description: str | None = None
 ) -> argparse.ArgumentParser:
-    """A command's parser: its help line in `rnn2jax --help`, its description, and `--ops`."""
+    """A command's parser: its help line in `rnn2jax --help`, its description (argparse folds its line breaks
+    and wraps it to the terminal), and `--ops`."""
     parser = commands.add_parser(name, help=help, description=description)
     add(parser, "--ops")
     return parser

@@ -9,16 +9,14 @@ from collections.abc import Sequence
 
 from . import arguments
 
+NAME = "codegen"
+HELP = "write a net as a standalone JAX module (jax and numpy only) plus its parameters (.npz)"
+DESCRIPTION = """Write NET as a standalone JAX module, MODEL.py, with its parameters in MODEL.npz beside it. The
+module has no fixed shapes: what the init net fills for one sample (shapes that follow the batch size or sequence
+length) is an input of apply, like the blobs named with --as-input."""
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "codegen",
-        help="write a net as a standalone JAX module (jax and numpy only) plus its parameters (.npz)",
-        description="Write NET as a standalone JAX module, MODEL.py, with its parameters in MODEL.npz beside it. "
-        "The module has no fixed shapes: what the init net fills for one sample (shapes that follow the batch "
-        "size or sequence length) is an input of apply, like the blobs named with --as-input.",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     arguments.model(parser)
     parser.add_argument(
         "--as-input",

@@ -8,18 +8,15 @@ import argparse
 from . import arguments
 from .arguments import CAFFE2, INPUTS, SHAPES
 
+NAME = "compare"
+HELP = "run a net in rnn2jax and in real Caffe2 on the same arrays; compare every blob (exit 1 on mismatch)"
+DESCRIPTION = """Run NET in rnn2jax and in real Caffe2 on the same parameters and inputs, and compare every blob it
+writes (a training net's gradients and updated parameters too). Ops that read files or databases are left out of both
+runs and what they write must be given, except the init net's, which rnn2jax runs with --db-root and gives Caffe2
+what they load. For a plan, one of its nets runs once (--net); `rnn2jax run-plan` runs whole plans."""
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "compare",
-        help="run a net in rnn2jax and in real Caffe2 on the same arrays; compare every blob (exit 1 on mismatch)",
-        description="Run NET in rnn2jax and in real Caffe2 on the same parameters and inputs, and compare every "
-        "blob it writes (a training net's gradients and updated parameters too). Ops that read files or "
-        "databases are left out of both runs and what they write must be given, except the init net's, which "
-        "rnn2jax runs with --db-root and gives Caffe2 what they load. For a plan, one of its nets runs once "
-        "(--net); `rnn2jax run-plan` runs whole plans.",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     arguments.model(parser)
     arguments.group(
         parser, SHAPES, description="Inputs not given are drawn at random with these shapes (sequence lengths in "

@@ -7,13 +7,12 @@ import argparse
 
 from . import arguments
 
+NAME = "convert-params"
+HELP = "write a Caffe2 DB's tensors to an .npz file or an Orbax checkpoint directory"
+DESCRIPTION = None
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "convert-params",
-        help="write a Caffe2 DB's tensors to an .npz file or an Orbax checkpoint directory",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     arguments.model(parser, "--db-type", dest="db", metavar="DB", help="a Caffe2 DB (what Save wrote)")
     parser.add_argument(
         "-o", "--output", required=True, metavar="OUT",

@@ -13,13 +13,14 @@ import argparse
 import time
 from importlib import resources
 
-from . import arguments
-
 LM_HIDDEN, LM_BATCH, LM_SEQ_LEN, LM_STEPS, LM_LEARNING_RATE, LM_CLIP = 64, 16, 25, 400, 2.0, 5.0
 
+NAME = "demo"
+HELP = "compile and run the bundled examples, each checked"
+DESCRIPTION = None
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(commands, "demo", help="compile and run the bundled examples, each checked")
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=lambda args: run_demo())
 
 

@@ -17,17 +17,15 @@ if TYPE_CHECKING:
 
 FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf"}  # besides .dot/.gv, written without Graphviz
 
+NAME = "draw"
+HELP = "draw a net as SVG/PNG/PDF/DOT: each RecurrentNetwork a box holding its step nets, links as edges"
+DESCRIPTION = """Draw NET as Caffe2's net_drawer did (ops as boxes, blobs as ellipses), each RecurrentNetwork as a
+box holding its step net and backward step net, with its links, aliases and recurrent states as labelled edges. Of a
+plan it draws the net --net names, else the one with a RecurrentNetwork (the training net first). .svg, .png and .pdf
+need the draw extra and Graphviz's dot; .dot needs nothing."""
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "draw",
-        help="draw a net as SVG/PNG/PDF/DOT: each RecurrentNetwork a box holding its step nets, links as edges",
-        description="Draw NET as Caffe2's net_drawer did (ops as boxes, blobs as ellipses), each RecurrentNetwork "
-        "as a box holding its step net and backward step net, with its links, aliases and recurrent states as "
-        "labelled edges. Of a plan it draws the net --net names, else the one with a RecurrentNetwork (the "
-        "training net first). .svg, .png and .pdf need the draw extra and Graphviz's dot; .dot needs nothing.",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     arguments.model(parser, "--net", help="a NetDef or PlanDef file (.pb or .pbtxt)")
     parser.add_argument(
         "-o", "--output", metavar="OUT",

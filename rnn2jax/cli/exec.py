@@ -17,14 +17,13 @@ def _run_limit(text: str) -> tuple[str, int]:
     return net, arguments.positive(count)
 
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "exec",
-        help="run a Caffe2 Python script unchanged, with `import caffe2` resolving to rnn2jax",
-        description="Run SCRIPT as `python SCRIPT ARGS` would, with `import caffe2` on rnn2jax. Its errors are "
-        "Python's: they say what to pass to the API.",
-    )
+NAME = "exec"
+HELP = "run a Caffe2 Python script unchanged, with `import caffe2` resolving to rnn2jax"
+DESCRIPTION = """Run SCRIPT as `python SCRIPT ARGS` would, with `import caffe2` on rnn2jax. Its errors are Python's:
+they say what to pass to the API."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("script", metavar="SCRIPT", help="the Caffe2 Python script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
     parser.add_argument(

@@ -14,20 +14,19 @@ from .arguments import SHAPES
 if TYPE_CHECKING:
     from ..compiler.compiled_net import CompiledNet
 
+NAME = "export"
+HELP = "export a net as a standard jax.export artifact (StableHLO), for any T and N and platform"
+DESCRIPTION = None
+# what export's input shapes take that the other commands refuse
+SYMBOLIC_DIMS = (
+    "A dim may be a symbol (T, N): the export then runs at any size >= 1 for it, the same size wherever the symbol "
+    "appears."
+)
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "export",
-        help="export a net as a standard jax.export artifact (StableHLO), for any T and N and platform",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     arguments.model(parser)
-    arguments.group(
-        parser,
-        SHAPES,
-        description="A dim may be a symbol (T, N): the export then runs at any size >= 1 for it, the same size "
-        "wherever the symbol appears.",
-    )
+    arguments.group(parser, SHAPES, description=SYMBOLIC_DIMS)
     parser.add_argument(
         "--input-dtype",
         action="append",

@@ -7,11 +7,12 @@ import argparse
 
 from . import arguments
 
+NAME = "inspect"
+HELP = "list a net's ops, recurrent ops and unsupported ops, or a Caffe2 DB's blobs"
+DESCRIPTION = None
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands, "inspect", help="list a net's ops, recurrent ops and unsupported ops, or a Caffe2 DB's blobs"
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     arguments.model(
         parser, "--db-type", dest="nets", nargs="+", help="a NetDef or PlanDef file (.pb or .pbtxt), or a Caffe2 DB"
     )

@@ -8,16 +8,13 @@ from collections.abc import Sequence
 from . import arguments
 from .arguments import INPUTS
 
+NAME = "run"
+HELP = "run a net on arrays from .npy/.npz files"
+DESCRIPTION = """Run NET (a net file, a plan's net, or a predictor export) on the input values given, and print a
+summary of its outputs or save them. Inputs the init net or --params fill keep those values unless given."""
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "run",
-        help="run a net on arrays from .npy/.npz files",
-        description="Run NET (a net file, a plan's net, or a predictor export) on the input values given, and "
-        "print a summary of its outputs or save them. Inputs the init net or --params fill keep those values "
-        "unless given.",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     arguments.model(parser)
     arguments.group(parser, INPUTS)
     parser.add_argument("-o", "--output", metavar="OUT.npz", help="save the outputs here (default: print a summary)")

@@ -11,16 +11,14 @@ from typing import Any
 
 from . import arguments
 
+NAME = "run-plan"
+HELP = "run a PlanDef (training plans) in a workspace, with a progress line; Ctrl-C stops it"
+DESCRIPTION = """Run PLAN's execution steps the way Caffe2's RunPlan did, in a fresh workspace. The progress line on
+stderr follows the outermost step that repeats (a training loop). Ctrl-C stops between iterations and prints where
+(exit status 130)."""
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "run-plan",
-        help="run a PlanDef (training plans) in a workspace, with a progress line; Ctrl-C stops it",
-        description="Run PLAN's execution steps the way Caffe2's RunPlan did, in a fresh workspace. The progress "
-        "line on stderr follows the outermost step that repeats (a training loop). Ctrl-C stops between "
-        "iterations and prints where (exit status 130).",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     arguments.model(parser, "--db-root", dest="plan", metavar="PLAN", help="a PlanDef file (.pb or .pbtxt)")
     parser.add_argument(
         "--iters", type=arguments.positive, metavar="N", help="run every execution step at most N iterations"

@@ -6,19 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import arguments
+NAME = "setup-caffe2"
+HELP = "create a Python 3.9 venv with real Caffe2 (torch 1.10.2) and print its Python"
+DESCRIPTION = """Create (or check) a Python 3.9 venv with real Caffe2, the reference of `rnn2jax compare` and
+`rnn2jax verify --caffe2`, and print its Python. At the default place ($XDG_DATA_HOME/rnn2jax/caffe2-venv, else
+~/.local/share/rnn2jax/caffe2-venv) those commands and `rnn2jax exec` find it themselves."""
 
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "setup-caffe2",
-        help="create a Python 3.9 venv with real Caffe2 (torch 1.10.2) and print its Python",
-        description="Create (or check) a Python 3.9 venv with real Caffe2, the reference of `rnn2jax compare` "
-        "and `rnn2jax verify --caffe2`, and print its Python. At the default place "
-        "($XDG_DATA_HOME/rnn2jax/caffe2-venv, else ~/.local/share/rnn2jax/caffe2-venv) those commands and "
-        "`rnn2jax exec` find it themselves.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", metavar="PYTHON", help="the Python 3.9 to build it from (default: found)")
     parser.add_argument("--venv", metavar="DIR", help="where (default: the default place, see above)")
     parser.set_defaults(handler=_handle)

@@ -8,16 +8,14 @@ import argparse
 from . import arguments
 from .arguments import CAFFE2, INPUTS, SHAPES
 
+NAME = "verify"
+HELP = "check hand-built backward step nets against jax.grad (exit 1 on mismatch)"
+DESCRIPTION = """Check every RecurrentNetwork op's backward step net in NET against jax.grad of its forward scan, on
+parameters and inputs from the init net, --params and --input/--inputs, the rest drawn at random with the shapes
+given or inferred."""
 
-def add_command(commands: argparse._SubParsersAction) -> None:
-    parser = arguments.command(
-        commands,
-        "verify",
-        help="check hand-built backward step nets against jax.grad (exit 1 on mismatch)",
-        description="Check every RecurrentNetwork op's backward step net in NET against jax.grad of its forward "
-        "scan, on parameters and inputs from the init net, --params and --input/--inputs, the rest drawn at "
-        "random with the shapes given or inferred.",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     arguments.model(parser)
     arguments.group(
         parser,
