@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rnn2jax.ops.registry import FACETS, NO_ROLES
+from rnn2jax.ops.facets import FACETS, NO_ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"

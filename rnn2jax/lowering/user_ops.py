@@ -16,8 +16,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import RegistrationError
+from ..ops.facets import Absent
 from ..ops.gradient_makers import GradientContext, GradientOps, Maker, gradient_op, unregister_gradient
-from ..ops.registry import REGISTRY, UNBOUNDED, Absent, Builder, OpDef
+from ..ops.registry import REGISTRY, UNBOUNDED, Builder, OpDef
 
 Count = int | tuple[int, int | None]
 NO_GRADIENT_GIVEN = Absent("a user op registered without gradient=")

@@ -15,8 +15,9 @@ from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .elementwise import FLOATING, unary
 from .emit import Call, EmitWriter, call, codegen_helper
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_from_output, gradient_op
-from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 from .shape_facts import output_like_input
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)

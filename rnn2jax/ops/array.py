@@ -21,9 +21,10 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from .common import canonical_axis, size_from_dim, size_to_dim
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
 from .fill import _convert, _filler
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient, should_not_do_gradient
-from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 

@@ -11,18 +11,9 @@ import numpy as np
 
 from ..ir.netdef import Op
 from .elementwise import binary, binary_emitter, unary
+from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Roles
 from .gradient_makers import should_not_do_gradient
-from .registry import (
-    NO_EMITTER,
-    NO_GRADIENT,
-    NO_ROLES,
-    NO_SHAPE_RULE,
-    Kernel,
-    Roles,
-    declare_family,
-    facet,
-    register,
-)
+from .registry import Kernel, declare_family, facet, register
 from .shape_facts import Context, Guesses, Solver, Spec
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)

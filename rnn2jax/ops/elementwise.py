@@ -15,6 +15,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import broadcast_shapes, is_symbolic
 from .emit import Call, Emitter, EmitWriter, call, codegen_helper, literal
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import (
     GradientContext,
     GradientOps,
@@ -23,7 +24,7 @@ from .gradient_makers import (
     gradient_from_output,
     gradient_op,
 )
-from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 from .shape_facts import all_same_shape, output_like_input
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)

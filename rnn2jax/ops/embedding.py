@@ -28,19 +28,9 @@ from jax import lax
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Roles
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient
-from .registry import (
-    GRADIENT_OP,
-    NO_EMITTER,
-    NO_ROLES,
-    NO_SHAPE_RULE,
-    Absent,
-    Kernel,
-    Roles,
-    declare_family,
-    facet,
-    register,
-)
+from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 

@@ -20,8 +20,9 @@ from ..ir.budget import check_array
 from ..ir.netdef import Op
 from .common import TRACED_SHAPE_HINT, Dims, data_type_arg, shape_arg
 from .emit import Call, EmitWriter, Raw, Unsupported, call, literal
+from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import no_gradient
-from .registry import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 

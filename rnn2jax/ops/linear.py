@@ -15,8 +15,9 @@ from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from .common import broadcast_shapes, canonical_axis, is_symbolic, matmul_precision, size_from_dim, size_to_dim
 from .emit import Call, EmitWriter, call, codegen_helper
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import GradientContext, GradientError, GradientOps, argument, gradient_op
-from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 from .shape_facts import Context, Guesses, Solver, Spec, output_like_input, prod
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)

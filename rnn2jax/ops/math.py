@@ -22,6 +22,7 @@ from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from .checks import enforce, first_bad, literal, runtime_checked
 from .elementwise import FLOATING, NUMERIC, _check_dtypes, _legacy_axis, _legacy_b_shape, binary, unary
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import (
     GradientContext,
     GradientError,
@@ -33,7 +34,7 @@ from .gradient_makers import (
     gradient_op,
     should_not_do_gradient,
 )
-from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 from .shape_facts import all_same_shape, output_like_input
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)

@@ -15,6 +15,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .emit import Call, EmitWriter, Unsupported, call, codegen_helper
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import (
     GradientContext,
     GradientError,
@@ -24,7 +25,7 @@ from .gradient_makers import (
     should_not_do_gradient,
 )
 from .reduce import channel_view, require_dtype, storage_order
-from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 from .shape_facts import output_like_input
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)

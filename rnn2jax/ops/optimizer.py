@@ -23,8 +23,9 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import size_from_dim
+from .facets import NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient, should_not_do_gradient
-from .registry import NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 
 declare_family(
     __name__,

@@ -21,8 +21,9 @@ from jax import lax
 from ..errors import ShapeError
 from ..ir.netdef import Op
 from .conv import Geometry, Window, check_float, check_image, geometry, resolve, spatial_axes
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import GradientContext, GradientOps, gradient_op
-from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 

@@ -12,15 +12,8 @@ import numpy as np
 
 from ..errors import BadArgumentError, Rnn2JaxError
 from ..ir.netdef import Op
-from .registry import (
-    HOST_OP_NO_EMITTER,
-    HOST_OP_NO_SHAPE_RULE,
-    NO_ROLES,
-    Absent,
-    HostWorkspace,
-    declare_family,
-    host_op,
-)
+from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
+from .registry import HostWorkspace, declare_family, host_op
 
 declare_family(
     __name__,

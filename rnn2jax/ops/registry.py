@@ -9,7 +9,8 @@ The other facets of an op live in the same family module as its lowering, attach
 its input roles (`Roles`), its shape rule, its builder gradient maker (Caffe2's REGISTER_GRADIENT), its
 codegen emitter. A family module first states which facets its ops have none of (`declare_family`), then
 registers each op (`register`) and attaches the facets it has (`facet`). A facet is a value, or an
-`Absent` saying why the op has none; `UNSTATED` (never said) is what the scoreboard test refuses.
+`Absent` saying why the op has none; `UNSTATED` (never said) is what the scoreboard test refuses. Those
+words (`Absent`, the absences most families state, `Roles`) are facets.py's.
 
 Host ops (Save, Load, Print, ...) are records here too: their `host` facet is a `HostOp`, a function run
 in Python between jitted segments with the workspace in hand. A record may have a host op and no lowering
@@ -30,6 +31,7 @@ from typing import Any, Literal, Protocol
 
 from ..errors import Advice, BadArgumentError, RegistrationError, UnsupportedOpError
 from ..ir.netdef import Net, Op
+from .facets import FACETS, UNSTATED, Absent, Roles
 
 Kernel = Callable[..., Any]
 Builder = Callable[..., Kernel]  # build(op), or build(op, lower) for an op that `carries_nets`
@@ -83,59 +85,6 @@ class NetFunction(Protocol):
 LowerNet = Callable[[Net], NetFunction]
 
 UNBOUNDED = 1 << 30
-
-
-@dataclass(frozen=True)
-class Absent:
-    """A facet an op has none of, and why (the scoreboard prints the reason). Falsy, like a missing value."""
-
-    why: str
-
-    def __bool__(self) -> bool:
-        return False
-
-
-UNSTATED = Absent("unstated")  # what a facet nobody stated holds; the scoreboard test fails on it
-
-Positions = tuple[int, ...] | slice | Callable[[Op], Iterable[int]]
-
-
-def _positions(positions: Positions, op: Op) -> list[int]:
-    if callable(positions):
-        return [p for p in positions(op) if p < len(op.inputs)]
-    if isinstance(positions, slice):
-        return list(range(len(op.inputs)))[positions]
-    return [p for p in positions if p < len(op.inputs)]
-
-
-@dataclass(frozen=True)
-class Roles:
-    """What an op reads some of its inputs as, beyond float values: sequence lengths (int32 in [0, T]) and
-    other integers (indices, values compared with a timestep). `verify`, `compare` and shape inference draw
-    or declare such blobs as integers. Positions are a tuple, a slice, or a function of the op (for roles
-    that depend on its arguments)."""
-
-    lengths: Positions = ()
-    integers: Positions = ()
-
-    def length_inputs(self, op: Op) -> list[str]:
-        return [op.inputs[p] for p in _positions(self.lengths, op)]
-
-    def integer_inputs(self, op: Op) -> list[str]:
-        return [op.inputs[p] for p in _positions(self.integers, op)]
-
-
-NO_ROLES = Roles()  # every input is a value: the explicit statement of an op without roles
-
-# The absences most families state, named once (each family still says which of them holds for its ops).
-NO_SHAPE_RULE = Absent("no shape rule: shape inference does not guess this op's inputs")
-NO_EMITTER = Absent("codegen does not write this op")
-GRADIENT_OP = Absent("a gradient op: Caffe2 registers no gradient for it")
-NO_GRADIENT = Absent("Caffe2 registers no gradient for it")
-HOST_OP_NO_SHAPE_RULE = Absent("host op: shape inference traces no host op")
-HOST_OP_NO_EMITTER = Absent("host op: codegen writes only jitted code")
-
-FACETS = ("roles", "shape_rule", "gradient", "emitter")
 
 
 @dataclass(frozen=True)

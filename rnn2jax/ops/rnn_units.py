@@ -14,8 +14,9 @@ import jax.numpy as jnp
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .emit import Call, EmitWriter, call, codegen_helper
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Roles
 from .gradient_makers import GradientContext, GradientOps, gradient_op
-from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Roles, declare_family, facet, register
+from .registry import declare_family, facet, register
 from .shape_facts import FLOAT32, INT32, Context, Guesses, Rule, Solver, Spec
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)

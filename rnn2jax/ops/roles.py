@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..ir.netdef import Net, Op
-from .registry import Roles, find
+from .facets import Roles
+from .registry import find
 
 
 def _roles(net: Net) -> Iterator[tuple[Op, Roles]]:

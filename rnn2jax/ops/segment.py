@@ -27,19 +27,9 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
 from .common import TRACED_SHAPE_HINT, size_from_dim, size_to_dim
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Roles
 from .gradient_makers import GradientContext, GradientError, GradientOps, gradient_op, should_not_do_gradient
-from .registry import (
-    GRADIENT_OP,
-    NO_EMITTER,
-    NO_ROLES,
-    NO_SHAPE_RULE,
-    Absent,
-    Kernel,
-    Roles,
-    declare_family,
-    facet,
-    register,
-)
+from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 

@@ -14,18 +14,9 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis
 from .emit import Call, EmitWriter, Unsupported, call, codegen_helper
+from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Roles
 from .gradient_makers import GradientContext, GradientOps, argument, gradient_op
-from .registry import (
-    NO_EMITTER,
-    NO_GRADIENT,
-    NO_ROLES,
-    NO_SHAPE_RULE,
-    Kernel,
-    Roles,
-    declare_family,
-    facet,
-    register,
-)
+from .registry import Kernel, declare_family, facet, register
 from .shape_facts import INT32, Context, Guesses, Solver, Spec, prod
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)

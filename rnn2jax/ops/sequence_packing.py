@@ -23,6 +23,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import literal, runtime_check, runtime_checked
 from .common import TRACED_SHAPE_HINT, canonical_axis
+from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Roles
 from .gradient_makers import (
     GradientContext,
     GradientError,
@@ -31,17 +32,7 @@ from .gradient_makers import (
     no_gradient,
     should_not_do_gradient,
 )
-from .registry import (
-    NO_EMITTER,
-    NO_GRADIENT,
-    NO_ROLES,
-    NO_SHAPE_RULE,
-    Kernel,
-    Roles,
-    declare_family,
-    facet,
-    register,
-)
+from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 

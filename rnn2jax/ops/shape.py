@@ -25,6 +25,7 @@ from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import TRACED_SHAPE_HINT, Dims, canonical_axis, data_type_arg, size_from_dim, size_to_dim
 from .emit import Call, EmitWriter, Unsupported, call, codegen_helper, only_first
 from .emit import literal as source_literal
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Roles
 from .gradient_makers import (
     GradientContext,
     GradientError,
@@ -35,18 +36,7 @@ from .gradient_makers import (
     no_gradient,
     should_not_do_gradient,
 )
-from .registry import (
-    GRADIENT_OP,
-    NO_EMITTER,
-    NO_ROLES,
-    NO_SHAPE_RULE,
-    Absent,
-    Kernel,
-    Roles,
-    declare_family,
-    facet,
-    register,
-)
+from .registry import Kernel, declare_family, facet, register
 from .shape_facts import INT32, Context, Guesses, Solver, Spec, output_like_input
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)

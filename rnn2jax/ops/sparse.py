@@ -24,6 +24,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, first_bad, literal, runtime_checked
 from .common import size_from_dim
+from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import (
     GradientContext,
     GradientOps,
@@ -34,7 +35,7 @@ from .gradient_makers import (
     no_gradient,
     should_not_do_gradient,
 )
-from .registry import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 

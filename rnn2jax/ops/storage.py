@@ -37,15 +37,8 @@ from ..proto.tensor import DATA_TYPES, tensor_values
 from ..storage.blobs import write_blobs
 from ..storage.db import DBAccessError, backend, db_type_info, describe, open_cursor
 from ..storage.serialization import BlobAssembler, blob_name
-from .registry import (
-    HOST_OP_NO_EMITTER,
-    HOST_OP_NO_SHAPE_RULE,
-    NO_ROLES,
-    Absent,
-    HostWorkspace,
-    declare_family,
-    register_host_op,
-)
+from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
+from .registry import HostWorkspace, declare_family, register_host_op
 
 declare_family(
     __name__,

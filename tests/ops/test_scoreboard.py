@@ -17,8 +17,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import ops_scoreboard  # noqa: E402
 
+from rnn2jax.ops.facets import FACETS, UNSTATED, Absent, Roles  # noqa: E402
 from rnn2jax.ops.gradient_makers import gradient_maker_types  # noqa: E402
-from rnn2jax.ops.registry import FACETS, REGISTRY, UNSTATED, Absent, Roles, lowered_types, supported  # noqa: E402
+from rnn2jax.ops.registry import REGISTRY, lowered_types, supported  # noqa: E402
 
 
 @pytest.fixture(scope="module")

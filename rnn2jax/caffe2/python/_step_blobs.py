@@ -22,16 +22,9 @@ import numpy as np
 from ...errors import BadArgumentError, ShapeError
 from ...ir.netdef import Op
 from ...lowering.interpreter import LoweredNet
+from ...ops.facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
 from ...ops.recurrent.spec import decode_spec
-from ...ops.registry import (
-    HOST_OP_NO_EMITTER,
-    HOST_OP_NO_SHAPE_RULE,
-    NO_ROLES,
-    Absent,
-    declare_family,
-    find_host,
-    register_host_op,
-)
+from ...ops.registry import declare_family, find_host, register_host_op
 
 if TYPE_CHECKING:
     from ...runtime.workspace import Workspace

@@ -18,17 +18,9 @@ import jax
 import numpy as np
 
 from ...errors import BadArgumentError
+from ...ops.facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
 from ...ops.gradient_makers import GradientContext, gradient_op
-from ...ops.registry import (
-    HOST_OP_NO_EMITTER,
-    HOST_OP_NO_SHAPE_RULE,
-    NO_ROLES,
-    Absent,
-    declare_family,
-    facet,
-    find_host,
-    register_host_op,
-)
+from ...ops.registry import declare_family, facet, find_host, register_host_op
 
 WorkspaceView = Callable[[Any], Any]  # the running workspace -> what a `pass_workspace` function gets
 _FUNCTIONS: dict[str, tuple[Callable, Callable | None, WorkspaceView | None]] = {}

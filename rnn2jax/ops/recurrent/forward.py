@@ -37,17 +37,9 @@ from jax import lax
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...ir.netdef import Op
 from ..emit import EmitWriter, codegen_helper
+from ..facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from ..gradient_makers import GradientContext, GradientError, GradientOps, gradient_op
-from ..registry import (
-    NO_EMITTER,
-    NO_GRADIENT,
-    NO_ROLES,
-    NO_SHAPE_RULE,
-    LowerNet,
-    declare_family,
-    facet,
-    register,
-)
+from ..registry import LowerNet, declare_family, facet, register
 from ..shape_facts import INT32, Context, Guesses, Solver, Spec, latest
 from .cell_vjp import lstm_cell_rows
 from .coverage import check_forward_rows, unwritten_fill

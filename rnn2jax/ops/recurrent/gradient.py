@@ -29,7 +29,8 @@ from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
 from ...ir.netdef import Op
-from ..registry import GRADIENT_OP, NO_ROLES, NO_SHAPE_RULE, Absent, LowerNet, declare_family, register
+from ..facets import GRADIENT_OP, NO_ROLES, NO_SHAPE_RULE, Absent
+from ..registry import LowerNet, declare_family, register
 from .coverage import check_backward_reads, check_gradient_rows, unwritten_fill
 from .deferred import NOTHING_DEFERRED, find_deferred
 from .forward import StateViews, rows_at

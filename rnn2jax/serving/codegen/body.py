@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from ...ir.netdef import Op
 from ...ops.emit import Unsupported
-from ...ops.registry import UNSTATED, Absent, find
+from ...ops.facets import UNSTATED, Absent
+from ...ops.registry import find
 from .writer import Writer, op_summary
 
 _GENERIC = "codegen does not write this op"  # what most families declare; no news to a reader of the error
