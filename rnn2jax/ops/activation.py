@@ -15,7 +15,7 @@ from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .elementwise import FLOATING, unary
 from .emit import Call, EmitWriter, call, codegen_helper
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_from_output, gradient_op
 from .registry import Kernel, declare_family, facet, register
 from .shape_facts import output_like_input
@@ -27,28 +27,19 @@ declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRAD
 # accepted on purpose (float64 for rnn2jax's verification mode, rnn2jax/checking/verification.py).
 
 
-@register("Sigmoid", shape_rule=output_like_input)
+@register("Sigmoid", shape_rule=output_like_input, gradient=gradient_from_output)
 def sigmoid(op: Op) -> Kernel:
     return unary(op, jax.nn.sigmoid, FLOATING, "float")
 
 
-facet("gradient", "Sigmoid")(gradient_from_output)
-
-
-@register("Tanh", shape_rule=output_like_input)
+@register("Tanh", shape_rule=output_like_input, gradient=gradient_from_output)
 def tanh(op: Op) -> Kernel:
     return unary(op, jnp.tanh, FLOATING, "float")
 
 
-facet("gradient", "Tanh")(gradient_from_output)
-
-
-@register("Relu", shape_rule=output_like_input)
+@register("Relu", shape_rule=output_like_input, gradient=gradient_from_output)
 def relu(op: Op) -> Kernel:
     return unary(op, lambda x: jnp.maximum(x, jnp.zeros((), x.dtype)), FLOATING, "float")
-
-
-facet("gradient", "Relu")(gradient_from_output)
 
 
 @facet("emitter", "Sigmoid")
@@ -67,7 +58,7 @@ def emit_relu(w: EmitWriter, op: Op, xs: list[str]) -> Call:
     return call("jnp.maximum", xs[0], f"jnp.zeros((), {xs[0]}.dtype)")
 
 
-@register("LeakyRelu", shape_rule=output_like_input)
+@register("LeakyRelu", shape_rule=output_like_input, gradient=gradient_from_output)
 def leaky_relu(op: Op) -> Kernel:
     """`alpha` (0.01, caffe2/operators/leaky_relu_op.h) is the slope for negative inputs; the formula
     is Caffe2's `max(x, 0) + min(x, 0) * alpha`."""
@@ -80,18 +71,12 @@ def leaky_relu(op: Op) -> Kernel:
     return unary(op, fn, FLOATING, "float")
 
 
-facet("gradient", "LeakyRelu")(gradient_from_output)
-
-
-@register("Softsign", shape_rule=output_like_input)
+@register("Softsign", shape_rule=output_like_input, gradient=gradient_from_input)
 def softsign(op: Op) -> Kernel:
     return unary(op, lambda x: x / (1 + jnp.abs(x)), FLOATING, "float")
 
 
-facet("gradient", "Softsign")(gradient_from_input)
-
-
-@register("Softmax", shape_rule=output_like_input)
+@register("Softmax", shape_rule=output_like_input, gradient=gradient_from_output)
 def softmax(op: Op) -> Kernel:
     """Caffe2 views X as `size_to_dim(axis) x size_from_dim(axis)` and normalises each row, so with
     axis=1 on a 3-D input the softmax runs over the last two dims together, not over one axis."""
@@ -102,9 +87,6 @@ def softmax(op: Op) -> Kernel:
         return softmax_rows(x, canonical_axis(op, axis, x.ndim))
 
     return kernel
-
-
-facet("gradient", "Softmax")(gradient_from_output)
 
 
 @codegen_helper
@@ -274,7 +256,7 @@ def swish_gradient(op: Op) -> Kernel:
     return _three_input_gradient(op, lambda x, y, dy: dy * (y + (1 / (1 + jnp.exp(-x))) * (1 - y)))
 
 
-@register("Mish")
+@register("Mish", gradient=_swish_mish_gradient_maker)
 def mish(op: Op) -> Kernel:
     """`X tanh(log(1 + exp(X)))`, written as Caffe2 does: `X (e - 1/e) / (e + 1/e)` with e = 1 + exp(X)
     (NaN where exp overflows, as in Caffe2)."""
@@ -284,9 +266,6 @@ def mish(op: Op) -> Kernel:
         return x * (e - 1 / e) / (e + 1 / e)
 
     return unary(op, fn, FLOATING, "float")
-
-
-facet("gradient", "Mish")(_swish_mish_gradient_maker)
 
 
 @register("MishGradient", inputs=3)
@@ -302,7 +281,7 @@ def mish_gradient(op: Op) -> Kernel:
     return _three_input_gradient(op, formula)
 
 
-@register("HardSigmoid")
+@register("HardSigmoid", gradient=gradient_from_output)
 def hard_sigmoid(op: Op) -> Kernel:
     """`max(0, min(1, alpha X + beta))`, alpha 0.2 and beta 0.5 by default."""
     alpha, beta = op.float("alpha", 0.2), op.float("beta", 0.5)
@@ -312,9 +291,6 @@ def hard_sigmoid(op: Op) -> Kernel:
         return jnp.maximum(jnp.minimum(y, _scalar(1.0, x)), _scalar(0.0, x))
 
     return unary(op, fn, FLOATING, "float")
-
-
-facet("gradient", "HardSigmoid")(gradient_from_output)
 
 
 @register("HardSigmoidGradient", inputs=2)
@@ -329,14 +305,11 @@ def hard_sigmoid_gradient(op: Op) -> Kernel:
     return _float_gradient(op, formula)
 
 
-@register("Elu", shape_rule=output_like_input)
+@register("Elu", shape_rule=output_like_input, gradient=gradient_from_output)
 def elu(op: Op) -> Kernel:
     """`alpha (exp(X) - 1)` where X < 0, else X; alpha 1.0."""
     alpha = op.float("alpha", 1.0)
     return unary(op, lambda x: jnp.where(x < 0, _scalar(alpha, x) * (jnp.exp(x) - 1), x), FLOATING, "float")
-
-
-facet("gradient", "Elu")(gradient_from_output)
 
 
 @register("EluGradient", inputs=2)
@@ -358,7 +331,7 @@ def _selu_args(op: Op) -> tuple[float, float]:
     return alpha, scale
 
 
-@register("Selu")
+@register("Selu", gradient=gradient_from_output)
 def selu(op: Op) -> Kernel:
     """`scale X` where X > 0, else `scale (alpha exp(X) - alpha)`."""
     alpha, scale = _selu_args(op)
@@ -368,9 +341,6 @@ def selu(op: Op) -> Kernel:
         return _scalar(scale, x) * jnp.where(x > 0, x, a * jnp.exp(x) - a)
 
     return unary(op, fn, FLOATING, "float")
-
-
-facet("gradient", "Selu")(gradient_from_output)
 
 
 @register("SeluGradient", inputs=2)
@@ -392,14 +362,11 @@ def _relu_n_bound(op: Op) -> float:
     return n
 
 
-@register("ReluN")
+@register("ReluN", gradient=gradient_from_output)
 def relu_n(op: Op) -> Kernel:
     """`min(max(X, 0), n)`, n (6.0) > 0."""
     n = _relu_n_bound(op)
     return unary(op, lambda x: jnp.minimum(jnp.maximum(x, _scalar(0.0, x)), _scalar(n, x)), FLOATING, "float")
-
-
-facet("gradient", "ReluN")(gradient_from_output)
 
 
 @register("ReluNGradient", inputs=2)
@@ -409,14 +376,11 @@ def relu_n_gradient(op: Op) -> Kernel:
     return _float_gradient(op, lambda y, dy: jnp.where((y > 0) & (y < n), dy, jnp.zeros((), dy.dtype)))
 
 
-@register("ThresholdedRelu")
+@register("ThresholdedRelu", gradient=gradient_from_output)
 def thresholded_relu(op: Op) -> Kernel:
     """`X where X > alpha, else 0`; alpha 1.0."""
     alpha = op.float("alpha", 1.0)
     return unary(op, lambda x: jnp.where(x > alpha, x, _scalar(0.0, x)), FLOATING, "float")
-
-
-facet("gradient", "ThresholdedRelu")(gradient_from_output)
 
 
 @register("ThresholdedReluGradient", inputs=2)
@@ -426,13 +390,10 @@ def thresholded_relu_gradient(op: Op) -> Kernel:
     return _float_gradient(op, lambda y, dy: dy * jnp.sign(y))
 
 
-@register("Softplus")
+@register("Softplus", gradient=gradient_from_output)
 def softplus(op: Op) -> Kernel:
     """`log(exp(X) + 1)` (inf where exp overflows, as in Caffe2)."""
     return unary(op, lambda x: jnp.log(jnp.exp(x) + 1), FLOATING, "float")
-
-
-facet("gradient", "Softplus")(gradient_from_output)
 
 
 @register("SoftplusGradient", inputs=2)
@@ -568,7 +529,7 @@ def prelu_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("Glu")
+@register("Glu", gradient=NO_GRADIENT)
 def glu(op: Op) -> Kernel:
     """`A * sigmoid(B)` with X split in halves A, B along `dim` (-1: the last dim), whose size must be even."""
     dim = op.int("dim", -1)
@@ -584,6 +545,3 @@ def glu(op: Op) -> Kernel:
         return a * (1 / (1 + jnp.exp(-b)))
 
     return kernel
-
-
-facet("gradient", "Glu")(Absent("Caffe2 registers no gradient for it"))

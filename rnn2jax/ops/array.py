@@ -21,7 +21,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from .common import canonical_axis, size_from_dim, size_to_dim
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .fill import _convert, _filler
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient, should_not_do_gradient
 from .registry import Kernel, declare_family, facet, register
@@ -142,7 +142,7 @@ def tile_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("NumpyTile", inputs=2, static_inputs=(1,))
+@register("NumpyTile", inputs=2, static_inputs=(1,), gradient=NO_GRADIENT)
 def numpy_tile(op: Op) -> Kernel:
     """(X, repeats) -> np.tile(X, repeats); repeats is int64 with one entry per dim of X."""
 
@@ -159,9 +159,6 @@ def numpy_tile(op: Op) -> Kernel:
         return jnp.tile(x, tuple(int(v) for v in values))
 
     return kernel
-
-
-facet("gradient", "NumpyTile")(Absent("Caffe2 registers no gradient for it"))
 
 
 @register("Expand", inputs=2, static_inputs=(1,))
@@ -212,13 +209,10 @@ def expand_gradient(op: Op) -> Kernel:
 # Small shape and control ops
 
 
-@register("Size", shape_only=True)
+@register("Size", shape_only=True, gradient=no_gradient)
 def size(op: Op) -> Kernel:
     """The input's element count, an int64 scalar (a constant: shapes are static)."""
     return lambda x: np.asarray(math.prod(x.shape), np.dtype(np.int64))
-
-
-facet("gradient", "Size")(no_gradient)
 
 
 @register("FlattenToVec")
@@ -254,24 +248,18 @@ def _ensure_dense_gradient_maker(g: GradientContext) -> GradientOps:
     return []
 
 
-@register("HasElements", inputs=(1, None), shape_only=True)
+@register("HasElements", inputs=(1, None), shape_only=True, gradient=should_not_do_gradient)
 def has_elements(op: Op) -> Kernel:
     """Whether any input has elements (a bool scalar, a constant)."""
     return lambda *xs: np.asarray(any(math.prod(x.shape) > 0 for x in xs))
 
 
-facet("gradient", "HasElements")(should_not_do_gradient)
-
-
-@register("IsEmpty", shape_only=True)
+@register("IsEmpty", shape_only=True, gradient=should_not_do_gradient)
 def is_empty(op: Op) -> Kernel:
     return lambda x: np.asarray(math.prod(x.shape) == 0)
 
 
-facet("gradient", "IsEmpty")(should_not_do_gradient)
-
-
-@register("Conditional", inputs=3)
+@register("Conditional", inputs=3, gradient=no_gradient)
 def conditional(op: Op) -> Kernel:
     """(condition [N] bool, DataT, DataF) -> row i of DataT where condition[i], else of DataF."""
 
@@ -294,10 +282,7 @@ def conditional(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "Conditional")(no_gradient)
-
-
-@register("Find", inputs=2)
+@register("Find", inputs=2, gradient=NO_GRADIENT)
 def find(op: Op) -> Kernel:
     """(index, query) -> for each query value, the LAST position in the (flattened) index holding it,
     else `missing_value` (default -1); int32 or int64, one dtype for both."""
@@ -315,9 +300,6 @@ def find(op: Op) -> Kernel:
         return jnp.reshape(out, query.shape)
 
     return kernel
-
-
-facet("gradient", "Find")(Absent("Caffe2 registers no gradient for it"))
 
 
 @register("PrependDim")
@@ -343,7 +325,7 @@ def _prepend_dim_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op("MergeDim", [g.GO(0)], [g.GI(0)])]
 
 
-@register("MergeDim")
+@register("MergeDim", gradient=NO_GRADIENT)
 def merge_dim(op: Op) -> Kernel:
     """[d0, d1, ...] -> [d0 * d1, ...]."""
 
@@ -353,9 +335,6 @@ def merge_dim(op: Op) -> Kernel:
         return jnp.reshape(x, (x.shape[0] * x.shape[1], *x.shape[2:]))
 
     return kernel
-
-
-facet("gradient", "MergeDim")(Absent("Caffe2 registers no gradient for it"))
 
 
 _DT = pb.TensorProto
@@ -389,7 +368,7 @@ def _input_as_shape(op: Op) -> tuple[int, ...]:
     return (0,) if op.bool("input_as_shape", False) else ()
 
 
-@register("DiagonalFill", inputs=(0, 1), static_inputs=_input_as_shape)
+@register("DiagonalFill", inputs=(0, 1), static_inputs=_input_as_shape, gradient=no_gradient)
 def diagonal_fill(op: Op) -> Kernel:
     """Zeros with `value` on the diagonal (elements whose indices are all equal; for 2-D, non-square too).
     The shape comes as for every filler (filler_op.h): argument `shape`, the input's shape, or its values."""
@@ -412,9 +391,6 @@ def diagonal_fill(op: Op) -> Kernel:
         return jnp.where(jnp.asarray(flat.reshape(shape)), value, jnp.zeros((), value.dtype))
 
     return _filler(op, fill, check, np.dtype(dtype))
-
-
-facet("gradient", "DiagonalFill")(no_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -445,12 +421,9 @@ def _layout_switch_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op(inverse, [g.GO(0)], [g.GI(0)])]
 
 
-@register("NHWC2NCHW")
+@register("NHWC2NCHW", gradient=_layout_switch_gradient_maker)
 def nhwc_to_nchw(op: Op) -> Kernel:
     return _order_switch(op, -1, 1)
-
-
-facet("gradient", "NHWC2NCHW")(_layout_switch_gradient_maker)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -632,7 +605,7 @@ def flexible_top_k_gradient(op: Op) -> Kernel:
 # Range
 
 
-@register("Range", inputs=(1, 3), static_inputs=(0, 1, 2))
+@register("Range", inputs=(1, 3), static_inputs=(0, 1, 2), gradient=no_gradient)
 def range_(op: Op) -> Kernel:
     """([start,] stop[, step]) -> [start, start + step, ...) below stop; one-element inputs of one dtype
     (int32, int64, float, double). Length: ceil((stop - start) / step), computed in that dtype."""
@@ -669,9 +642,6 @@ def range_(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "Range")(no_gradient)
-
-
 def _c_div(a: int, b: int) -> int:
     """C++ integer division (truncates towards zero)."""
     q = abs(a) // abs(b)
@@ -682,7 +652,7 @@ def _c_div(a: int, b: int) -> int:
 # ScaleBlobs, WeightScale
 
 
-@register("ScaleBlobs", inputs=(1, None), outputs=(1, None))
+@register("ScaleBlobs", inputs=(1, None), outputs=(1, None), gradient=NO_GRADIENT)
 def scale_blobs(op: Op) -> Kernel:
     """(X0, X1, ...) -> (scale * X0, scale * X1, ...), float tensors, one output per input."""
     scale = op.float("scale", 1.0)
@@ -697,10 +667,7 @@ def scale_blobs(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "ScaleBlobs")(Absent("Caffe2 registers no gradient for it"))
-
-
-@register("WeightScale", inputs=2)
+@register("WeightScale", inputs=2, gradient=should_not_do_gradient)
 def weight_scale(op: Op) -> Kernel:
     """(w, iter) -> w * scale when iter + 1 is a multiple of `stepsize` below `upper_bound_iter`, else w
     (caffe2/sgd/weight_scale_op.h)."""
@@ -724,10 +691,7 @@ def weight_scale(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "WeightScale")(should_not_do_gradient)
-
-
-@register("Accumulate", scoped=True)
+@register("Accumulate", scoped=True, gradient=should_not_do_gradient)
 def accumulate(op: Op) -> Kernel:
     """X -> Y = X + gamma * Y, reading the output blob's value before the op. Caffe2 starts from
     uninitialised memory when Y does not exist yet or has another shape (accumulate_op.h): refused here."""
@@ -747,6 +711,3 @@ def accumulate(op: Op) -> Kernel:
 
     kernel.scope_reads = (op.outputs[0],)  # Y's previous value: an input of the net, read by name
     return kernel
-
-
-facet("gradient", "Accumulate")(should_not_do_gradient)

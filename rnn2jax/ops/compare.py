@@ -32,60 +32,35 @@ def _logical(op: Op, fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Kernel:
     return binary(op, fn, _BOOL, "bool")
 
 
-@register("EQ", inputs=2)
+@register("EQ", inputs=2, gradient=should_not_do_gradient, emitter=binary_emitter("jnp.equal"))
 def eq(op: Op) -> Kernel:
     return _comparison(op, jnp.equal)
 
 
-facet("gradient", "EQ")(should_not_do_gradient)
-
-
-@register("NE", inputs=2)
+@register("NE", inputs=2, gradient=should_not_do_gradient, emitter=binary_emitter("jnp.not_equal"))
 def ne(op: Op) -> Kernel:
     return _comparison(op, jnp.not_equal)
 
 
-facet("gradient", "NE")(should_not_do_gradient)
-
-
-@register("LT", inputs=2)
+@register("LT", inputs=2, gradient=should_not_do_gradient, emitter=binary_emitter("jnp.less"))
 def lt(op: Op) -> Kernel:
     return _comparison(op, jnp.less)
 
 
-facet("gradient", "LT")(should_not_do_gradient)
-
-
-@register("LE", inputs=2)
+@register("LE", inputs=2, gradient=should_not_do_gradient, emitter=binary_emitter("jnp.less_equal"))
 def le(op: Op) -> Kernel:
     return _comparison(op, jnp.less_equal)
 
 
-facet("gradient", "LE")(should_not_do_gradient)
-
-
-@register("GT", inputs=2)
+@register("GT", inputs=2, gradient=should_not_do_gradient, emitter=binary_emitter("jnp.greater"))
 def gt(op: Op) -> Kernel:
     return _comparison(op, jnp.greater)
 
 
-facet("gradient", "GT")(should_not_do_gradient)
-
-
-@register("GE", inputs=2)
+@register("GE", inputs=2, gradient=should_not_do_gradient, emitter=binary_emitter("jnp.greater_equal"))
 def ge(op: Op) -> Kernel:
     return _comparison(op, jnp.greater_equal)
 
-
-facet("gradient", "GE")(should_not_do_gradient)
-
-
-facet("emitter", "EQ")(binary_emitter("jnp.equal"))
-facet("emitter", "NE")(binary_emitter("jnp.not_equal"))
-facet("emitter", "LT")(binary_emitter("jnp.less"))
-facet("emitter", "LE")(binary_emitter("jnp.less_equal"))
-facet("emitter", "GT")(binary_emitter("jnp.greater"))
-facet("emitter", "GE")(binary_emitter("jnp.greater_equal"))
 
 # Step nets compare a value (sequence lengths, say) with the timestep to make their masks.
 facet("roles", "LT", "LE", "GT", "GE")(Roles(integers=(0,)))
@@ -101,34 +76,22 @@ def compared_with_timestep(op: Op, ins: list, outs: list, ctx: Context, solver: 
     return {}, {}
 
 
-@register("And", inputs=2)
+@register("And", inputs=2, gradient=should_not_do_gradient)
 def and_(op: Op) -> Kernel:
     return _logical(op, jnp.logical_and)
 
 
-facet("gradient", "And")(should_not_do_gradient)
-
-
-@register("Or", inputs=2)
+@register("Or", inputs=2, gradient=should_not_do_gradient)
 def or_(op: Op) -> Kernel:
     return _logical(op, jnp.logical_or)
 
 
-facet("gradient", "Or")(should_not_do_gradient)
-
-
-@register("Xor", inputs=2)
+@register("Xor", inputs=2, gradient=should_not_do_gradient)
 def xor(op: Op) -> Kernel:
     return _logical(op, jnp.logical_xor)
 
 
-facet("gradient", "Xor")(should_not_do_gradient)
-
-
-@register("Not")
+@register("Not", gradient=should_not_do_gradient)
 def not_(op: Op) -> Kernel:
     """Elementwise logical negation of a bool tensor."""
     return unary(op, jnp.logical_not, _BOOL, "bool")
-
-
-facet("gradient", "Not")(should_not_do_gradient)

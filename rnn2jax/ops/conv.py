@@ -20,7 +20,7 @@ from jax import lax
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import matmul_precision
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import GradientContext, GradientError, GradientOps, argument, gradient_op
 from .registry import Kernel, declare_family, facet, register
 
@@ -354,13 +354,10 @@ def _conv_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op(g.op.type + "Gradient", inputs, outputs, [argument("no_bias", 1)])]
 
 
-@register("ConvRelu", inputs=(2, 3))
+@register("ConvRelu", inputs=(2, 3), gradient=NO_GRADIENT)
 def conv_relu(op: Op) -> Kernel:
     """Relu(Conv(X, W, b)) (caffe2/operators/conv_relu_op.cc); Caffe2 has no gradient for it."""
     return _conv_kernel(op, relu=True)
-
-
-facet("gradient", "ConvRelu")(Absent("Caffe2 registers no gradient for it"))
 
 
 def _bias_gradient(dy: jax.Array, nhwc: bool) -> jax.Array:
@@ -499,7 +496,7 @@ def _transpose_fn(op: Op, args: _TransposeArgs, x: jax.Array, w: jax.Array):
     return transpose, channels
 
 
-@register("ConvTranspose", inputs=(2, 3))
+@register("ConvTranspose", inputs=(2, 3), gradient=_conv_gradient_maker)
 def conv_transpose(op: Op) -> Kernel:
     """Y = X *^T W (+ b) (caffe2/operators/conv_transpose_op_impl.h): X (N, M, H, W) with a filter
     (M, C/G, kh, kw) gives Y (N, C, (H-1)*stride + kh + adj - pad_t - pad_b, ...)."""
@@ -514,9 +511,6 @@ def conv_transpose(op: Op) -> Kernel:
         return _add_bias(op, y, b, channels, args.nhwc)
 
     return kernel
-
-
-facet("gradient", "ConvTranspose")(_conv_gradient_maker)
 
 
 @register("ConvTransposeGradient", inputs=3, outputs=(1, 3))

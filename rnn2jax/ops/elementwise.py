@@ -15,7 +15,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import broadcast_shapes, is_symbolic
 from .emit import Call, Emitter, EmitWriter, call, codegen_helper, literal
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import (
     GradientContext,
     GradientOps,
@@ -195,7 +195,7 @@ def divide(a: jax.Array, b: jax.Array) -> jax.Array:
     return a / b
 
 
-@register("Add", inputs=2, shape_rule=all_same_shape)
+@register("Add", inputs=2, shape_rule=all_same_shape, emitter=binary_emitter("jnp.add"))
 def add(op: Op) -> Kernel:
     return binary(op, jnp.add)
 
@@ -206,23 +206,29 @@ def _binary_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op(g.op.type + "Gradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1)])]
 
 
-@register("Sub", inputs=2, shape_rule=all_same_shape)
+@register(
+    "Sub",
+    inputs=2,
+    shape_rule=all_same_shape,
+    gradient=_binary_gradient_maker,
+    emitter=binary_emitter("jnp.subtract"),
+)
 def sub(op: Op) -> Kernel:
     return binary(op, jnp.subtract)
 
 
-facet("gradient", "Sub")(_binary_gradient_maker)
-
-
-@register("Mul", inputs=2, shape_rule=all_same_shape)
+@register(
+    "Mul",
+    inputs=2,
+    shape_rule=all_same_shape,
+    gradient=_binary_gradient_maker,
+    emitter=binary_emitter("jnp.multiply"),
+)
 def mul(op: Op) -> Kernel:
     return binary(op, jnp.multiply)
 
 
-facet("gradient", "Mul")(_binary_gradient_maker)
-
-
-@register("Div", inputs=2, shape_rule=all_same_shape)
+@register("Div", inputs=2, shape_rule=all_same_shape, emitter=binary_emitter(divide))
 def div(op: Op) -> Kernel:
     return binary(op, divide)
 
@@ -230,12 +236,6 @@ def div(op: Op) -> Kernel:
 @facet("gradient", "Div")
 def _div_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op("DivGradient", [g.GO(0), g.I(0), g.I(1), g.O(0)], [g.GI(0), g.GI(1)])]
-
-
-facet("emitter", "Add")(binary_emitter("jnp.add"))
-facet("emitter", "Sub")(binary_emitter("jnp.subtract"))
-facet("emitter", "Mul")(binary_emitter("jnp.multiply"))
-facet("emitter", "Div")(binary_emitter(divide))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def div_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("SumReduceLike", inputs=2)
+@register("SumReduceLike", inputs=2, gradient=NO_GRADIENT)
 def sum_reduce_like(op: Op) -> Kernel:
     """Pre-2018 broadcast gradients: sum A down to B's shape, B placed in A as by the legacy
     broadcast (`axis`/`axis_str`/`order`; a one-element B takes the sum of all of A). Only B's
@@ -353,9 +353,6 @@ def sum_reduce_like(op: Op) -> Kernel:
         return jnp.reshape(_sum_to(a, b_view), b.shape)
 
     return kernel
-
-
-facet("gradient", "SumReduceLike")(Absent("Caffe2 registers no gradient for it"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -422,7 +419,7 @@ _FLOAT_LOWEST = float(np.finfo(np.float32).min)
 _FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
-@register("Clip", shape_rule=output_like_input)
+@register("Clip", shape_rule=output_like_input, gradient=gradient_from_output)
 def clip(op: Op) -> Kernel:
     """`Y = min(max(X, min), max)`; `min`/`max` default to the lowest/largest float
     (caffe2/operators/clip_op.h). With min > max every element becomes max, as in Caffe2."""
@@ -434,9 +431,6 @@ def clip(op: Op) -> Kernel:
         return jnp.minimum(jnp.maximum(x, jnp.asarray(low, x.dtype)), jnp.asarray(high, x.dtype))
 
     return kernel
-
-
-facet("gradient", "Clip")(gradient_from_output)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -451,20 +445,14 @@ def unary(op: Op, fn: Callable[[jax.Array], jax.Array], allowed: frozenset[np.dt
     return kernel
 
 
-@register("Negative", shape_rule=output_like_input)
+@register("Negative", shape_rule=output_like_input, gradient=_same_op_gradient_maker)
 def negative(op: Op) -> Kernel:
     return unary(op, jnp.negative, NUMERIC, "int32, int64, float and double")
 
 
-facet("gradient", "Negative")(_same_op_gradient_maker)
-
-
-@register("Abs", shape_rule=output_like_input)
+@register("Abs", shape_rule=output_like_input, gradient=gradient_from_input)
 def abs_(op: Op) -> Kernel:
     return unary(op, jnp.abs, FLOATING, "float")
-
-
-facet("gradient", "Abs")(gradient_from_input)
 
 
 @register("Exp", shape_rule=output_like_input)

@@ -28,7 +28,7 @@ from jax import lax
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Roles
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Roles
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient
 from .registry import Kernel, declare_family, facet, register
 
@@ -58,7 +58,6 @@ def _need_dtype(op: Op, x: Any, position: int, dtypes: tuple[np.dtype, ...], wha
 def _need_rank(op: Op, x: Any, position: int, rank: int, what: str) -> None:
     if x.ndim != rank:
         raise ShapeError(f"{op.where}: {what} '{_name(op, position)}' must have rank {rank}, got {_describe(x)}")
-
 
 
 def _xp(x: Any) -> Any:
@@ -386,7 +385,7 @@ facet(
 )(no_gradient)
 
 
-facet("gradient", "SparseLengthsPositionalWeightedSum")(Absent("Caffe2 registers no gradient for it"))
+facet("gradient", "SparseLengthsPositionalWeightedSum")(NO_GRADIENT)
 
 
 facet("roles", "SparseLengthsSum", "SparseLengthsMean")(Roles(integers=slice(1, None)))  # INDICES, LENGTHS
@@ -398,7 +397,7 @@ facet("roles", "SparseLengthsSum", "SparseLengthsMean")(Roles(integers=slice(1, 
 runtime_checked("GatherFused8BitRowwise")
 
 
-@register("GatherFused8BitRowwise", inputs=2)
+@register("GatherFused8BitRowwise", inputs=2, gradient=NO_GRADIENT)
 def gather_fused_8bit_rowwise(op: Op) -> Kernel:
     """(DATA [N, C] uint8 fused rows, INDICES [K]) -> float32 [K, C - 8]: the rows, dequantized."""
 
@@ -415,9 +414,6 @@ def gather_fused_8bit_rowwise(op: Op) -> Kernel:
         return _dequantize_fused(jnp.take(data, indices, axis=0, mode="clip"), 8, _F32)
 
     return kernel
-
-
-facet("gradient", "GatherFused8BitRowwise")(Absent("Caffe2 registers no gradient for it"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -688,7 +684,7 @@ facet(
 )(no_gradient)
 
 
-@register("FloatToRowwiseQuantized8Bits", outputs=2)
+@register("FloatToRowwiseQuantized8Bits", outputs=2, gradient=no_gradient)
 def float_to_rowwise_quantized_8bits(op: Op) -> Kernel:
     """[N, ...] float32 -> (uint8 [N, ...], scale_bias float32 [N, 2]): each row x -> round((x - min) /
     scale) with scale = range/255 (1, and all zeros, for a range below 1e-10); Eigen's round() rounds
@@ -715,10 +711,7 @@ def float_to_rowwise_quantized_8bits(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "FloatToRowwiseQuantized8Bits")(no_gradient)
-
-
-@register("Rowwise8BitQuantizedToFloat", inputs=2)
+@register("Rowwise8BitQuantizedToFloat", inputs=2, gradient=no_gradient)
 def rowwise_8bit_quantized_to_float(op: Op) -> Kernel:
     """(uint8 [N, ...], scale_bias [N, 2]) -> float32 [N, ...]: q * scale + bias per row."""
 
@@ -734,6 +727,3 @@ def rowwise_8bit_quantized_to_float(op: Op) -> Kernel:
         return values * _per_row(scale_bias[:, 0], q.ndim) + _per_row(scale_bias[:, 1], q.ndim)
 
     return kernel
-
-
-facet("gradient", "Rowwise8BitQuantizedToFloat")(no_gradient)

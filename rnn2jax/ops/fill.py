@@ -184,7 +184,7 @@ def _constant_fill_dtype(op: Op) -> np.dtype:
     return _FLOAT32
 
 
-@register("ConstantFill", inputs=(0, 2), static_inputs=_input_as_shape)
+@register("ConstantFill", inputs=(0, 2), static_inputs=_input_as_shape, gradient=no_gradient)
 def constant_fill(op: Op) -> Kernel:
     """Every element is `value` (default 0), or the single element of a second input."""
     arg = op.args.get("value")
@@ -199,9 +199,6 @@ def constant_fill(op: Op) -> Kernel:
         return jnp.full(shape, fill_value, dtype=target)
 
     return _filler(op, fill, dtype=target)
-
-
-facet("gradient", "ConstantFill")(no_gradient)
 
 
 @facet("emitter", "ConstantFill")
@@ -258,15 +255,12 @@ facet(
 )(no_gradient)
 
 
-@register("GivenTensorStringFill", inputs=(0, 1))
+@register("GivenTensorStringFill", inputs=(0, 1), gradient=no_gradient)
 def given_tensor_string_fill(op: Op) -> Kernel:
     raise BadArgumentError(f"{op.where}: GivenTensorStringFill is not supported (JAX has no string arrays)")
 
 
-facet("gradient", "GivenTensorStringFill")(no_gradient)
-
-
-@register("GivenTensorByteStringToUInt8Fill", inputs=(0, 1))
+@register("GivenTensorByteStringToUInt8Fill", inputs=(0, 1), gradient=no_gradient)
 def given_tensor_byte_string_to_uint8_fill(op: Op) -> Kernel:
     """`values` holds one byte string; its bytes are the uint8 output."""
     if op.has("dtype") and not _is_string_dtype(op):
@@ -278,16 +272,10 @@ def given_tensor_byte_string_to_uint8_fill(op: Op) -> Kernel:
     return _given(op, np.frombuffer(data, dtype=np.uint8))
 
 
-facet("gradient", "GivenTensorByteStringToUInt8Fill")(no_gradient)
-
-
-@register("RangeFill", inputs=(0, 1), static_inputs=_input_as_shape)
+@register("RangeFill", inputs=(0, 1), static_inputs=_input_as_shape, gradient=no_gradient)
 def range_fill(op: Op) -> Kernel:
     """float32 0, 1, 2, ... in row-major order (Caffe2 uses it to debug reshapes)."""
     return _filler(op, lambda shape, _key: jnp.arange(math.prod(shape), dtype=jnp.float32).reshape(shape))
-
-
-facet("gradient", "RangeFill")(no_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -315,7 +303,7 @@ def _bound_inputs(op: Op, bounds: tuple[Any, Any], dtype: np.dtype) -> tuple[jax
     return _scalar_input(op, 1, bounds[0], dtype), _scalar_input(op, 2, bounds[1], dtype)
 
 
-@register("UniformFill", inputs=(0, 3), random=True, static_inputs=_input_as_shape)
+@register("UniformFill", inputs=(0, 3), random=True, static_inputs=_input_as_shape, gradient=no_gradient)
 def uniform_fill(op: Op) -> Kernel:
     """U[min, max) with `min` (0.0) and `max` (1.0), or with the scalars of inputs 1 and 2.
 
@@ -332,9 +320,6 @@ def uniform_fill(op: Op) -> Kernel:
     return _filler(op, fill)
 
 
-facet("gradient", "UniformFill")(no_gradient)
-
-
 def _randint_inclusive(key: jax.Array, shape: Shape, low: int, high: int) -> jax.Array:
     """int32 uniform on [low, high] even when high + 1 does not fit int32."""
     info = np.iinfo(np.int32)
@@ -345,7 +330,7 @@ def _randint_inclusive(key: jax.Array, shape: Shape, low: int, high: int) -> jax
     return jax.lax.bitcast_convert_type(jax.random.bits(key, shape, jnp.uint32), jnp.int32)
 
 
-@register("UniformIntFill", inputs=(0, 3), random=True, static_inputs=_input_as_shape)
+@register("UniformIntFill", inputs=(0, 3), random=True, static_inputs=_input_as_shape, gradient=no_gradient)
 def uniform_int_fill(op: Op) -> Kernel:
     """int32 uniform on [min, max], both inclusive (`min` 0, `max` 1), or from the scalars of inputs 1, 2."""
     from_inputs = _range_inputs(op, ("min", "max"))
@@ -363,19 +348,13 @@ def uniform_int_fill(op: Op) -> Kernel:
     return _filler(op, fill, dtype=_INT32)
 
 
-facet("gradient", "UniformIntFill")(no_gradient)
-
-
-@register("GaussianFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape)
+@register("GaussianFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape, gradient=no_gradient)
 def gaussian_fill(op: Op) -> Kernel:
     """Normal with `mean` (0.0) and `std` (1.0)."""
     mean, std = op.float("mean", 0.0), op.float("std", 1.0)
     if std < 0:
         raise BadArgumentError(f"{op.where}: argument 'std' must not be negative, got {std}")
     return _filler(op, lambda shape, key: _normal(key, shape, mean, std))
-
-
-facet("gradient", "GaussianFill")(no_gradient)
 
 
 def _normal(key: jax.Array, shape: Shape, mean: float, std: float | np.floating) -> jax.Array:
@@ -391,7 +370,7 @@ def _needs_rank(op: Op, rank: int) -> Callable[[Shape], None]:
     return check
 
 
-@register("XavierFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape)
+@register("XavierFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape, gradient=no_gradient)
 def xavier_fill(op: Op) -> Kernel:
     """U[-s, s) with s = sqrt(3 / fan_in), fan_in = numel / dim 0 (a [out, in] weight's input size)."""
 
@@ -405,10 +384,7 @@ def xavier_fill(op: Op) -> Kernel:
     return _filler(op, fill, _needs_rank(op, 1))
 
 
-facet("gradient", "XavierFill")(no_gradient)
-
-
-@register("MSRAFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape)
+@register("MSRAFill", inputs=(0, 1), random=True, static_inputs=_input_as_shape, gradient=no_gradient)
 def msra_fill(op: Op) -> Kernel:
     """Normal(0, s) with s = sqrt(2 / fan_out), fan_out = numel / dim 1: current Caffe2's MSRAFillOp
     (filler_op.h; 2017 versions drew U[-sqrt(2 / fan_in), ...) instead)."""
@@ -420,6 +396,3 @@ def msra_fill(op: Op) -> Kernel:
         return _normal(key, shape, 0.0, np.sqrt(np.float32(2) / np.float32(numel // shape[1])))
 
     return _filler(op, fill, _needs_rank(op, 2))
-
-
-facet("gradient", "MSRAFill")(no_gradient)

@@ -137,7 +137,7 @@ def _inverse_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op(_INVERSE_OP[g.op.type], [g.GO(0)], [g.GI(0)])]
 
 
-@register("BatchToSpace")
+@register("BatchToSpace", gradient=_inverse_gradient_maker)
 def batch_to_space(op: Op) -> Kernel:
     """SpaceToBatch's inverse (the padding cropped off)."""
     pad_t, pad, b = _space_batch_args(op)
@@ -147,9 +147,6 @@ def batch_to_space(op: Op) -> Kernel:
         return _batch_to_space(op, x, pad_t, pad, b)
 
     return kernel
-
-
-facet("gradient", "BatchToSpace")(_inverse_gradient_maker)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,7 +203,7 @@ def _pad_image(op: Op, x: Any, pads: tuple[int, ...], mode: str, value: float, n
     return _back(out, nhwc)
 
 
-@register("PadImage")
+@register("PadImage", gradient=_inverse_gradient_maker)
 def pad_image(op: Op) -> Kernel:
     """4-D images padded by pad_t/pad_l/pad_b/pad_r (ConvPoolOpBase's pad arguments), mode constant
     (`value`), reflect or edge; order NCHW or NHWC."""
@@ -217,9 +214,6 @@ def pad_image(op: Op) -> Kernel:
         return _pad_image(op, x, pads, mode, value, nhwc)
 
     return kernel
-
-
-facet("gradient", "PadImage")(_inverse_gradient_maker)
 
 
 @register("PadImageGradient")
@@ -267,13 +261,10 @@ def _shuffle_args(op: Op) -> tuple[int, bool]:
     return groups, _nhwc(op)
 
 
-@register("ChannelShuffle")
+@register("ChannelShuffle", gradient=_inverse_gradient_maker)
 def channel_shuffle(op: Op) -> Kernel:
     groups, nhwc = _shuffle_args(op)
     return lambda x: _shuffle(op, x, groups, nhwc, inverse=False)
-
-
-facet("gradient", "ChannelShuffle")(_inverse_gradient_maker)
 
 
 @register("ChannelShuffleGradient")
@@ -380,7 +371,7 @@ def _check_nchw(op: Op) -> None:
         raise BadArgumentError(f"{op.where}: {op.type} is not implemented for order NHWC")
 
 
-@register("ResizeNearest3D")
+@register("ResizeNearest3D", gradient=_resize_gradient_maker)
 def resize_nearest_3d(op: Op) -> Kernel:
     """(N, C, T, H, W) -> nearest resize; Caffe2 implements only height and width scale 2 with temporal
     scale 1 or 2 (resize_3d_op.cc)."""
@@ -402,9 +393,6 @@ def resize_nearest_3d(op: Op) -> Kernel:
         return y
 
     return kernel
-
-
-facet("gradient", "ResizeNearest3D")(_resize_gradient_maker)
 
 
 @register("ResizeNearest3DGradient", inputs=2)
@@ -448,7 +436,7 @@ def _bilinear(x: Any, out_h: int, out_w: int) -> Any:
     return hl0 * top + hl * bottom
 
 
-@register("UpsampleBilinear", inputs=(1, 2), static_inputs=(1,))
+@register("UpsampleBilinear", inputs=(1, 2), static_inputs=(1,), gradient=_resize_gradient_maker)
 def upsample_bilinear(op: Op) -> Kernel:
     """(X [N, C, H, W][, scales]) -> [N, C, int(H * height_scale), int(W * width_scale)], bilinear."""
     arg_scales = _scale_args(op, ("height_scale", "width_scale"))
@@ -465,9 +453,6 @@ def upsample_bilinear(op: Op) -> Kernel:
         return _bilinear(x, out_h, out_w)
 
     return kernel
-
-
-facet("gradient", "UpsampleBilinear")(_resize_gradient_maker)
 
 
 @register("UpsampleBilinearGradient", inputs=(2, 3))
@@ -613,7 +598,7 @@ def _im2col_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op("Col2Im", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
-@register("Col2Im", inputs=2)
+@register("Col2Im", inputs=2, gradient=_inverse_gradient_maker)
 def col2im(op: Op) -> Kernel:
     """(cols, Z) -> an image of Z's shape with each patch element added back at its pixel."""
     args = _im2col_args(op)
@@ -631,9 +616,6 @@ def col2im(op: Op) -> Kernel:
         return _vjp(lambda v: _im2col(op, v, args), shape, cols.reshape(patches_shape))
 
     return kernel
-
-
-facet("gradient", "Col2Im")(_inverse_gradient_maker)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -120,13 +120,10 @@ def emit_fc(w: EmitWriter, op: Op, xs: list[str]) -> Call:
     return call(w.helper(fully_connected), *xs, **keywords)
 
 
-@register("FCTransposed", inputs=3)
+@register("FCTransposed", inputs=3, gradient=_fc_gradient_maker)
 def fc_transposed(op: Op) -> Kernel:
     """`Y = X·W + b` with W `[dim_in, dim_out]`."""
     return _fc(op, weight_n_by_k=False)
-
-
-facet("gradient", "FCTransposed")(_fc_gradient_maker)
 
 
 @facet("shape_rule", "FC", "FCTransposed")

@@ -96,7 +96,7 @@ def _one_hot(labels: Any, d: int, dtype: Any) -> Any:
 # AveragedLoss
 
 
-@register("AveragedLoss")
+@register("AveragedLoss", gradient=gradient_from_input)
 def averaged_loss(op: Op) -> Kernel:
     """The mean of all elements as a 0-d scalar: the sum times `1/numel` in the data type (SumElements
     with average; an empty input gives 0)."""
@@ -107,9 +107,6 @@ def averaged_loss(op: Op) -> Kernel:
         return total * _reciprocal(x.size, x.dtype) if x.size else total
 
     return kernel
-
-
-facet("gradient", "AveragedLoss")(gradient_from_input)
 
 
 @register("AveragedLossGradient", inputs=(1, 2))
@@ -914,7 +911,7 @@ def _predictions(op: Op, x: Any, label: Any) -> tuple[int, int, Any]:
     return n, d, label
 
 
-@register("Accuracy", inputs=2)
+@register("Accuracy", inputs=2, gradient=should_not_do_gradient)
 def accuracy(op: Op) -> Kernel:
     """(X [N, D], label [N]) -> 0-d float: the share of rows whose label is among the `top_k` (1) best
     scores, ties going to the lower class index; NaN for N = 0 (Caffe2 divides 0 by 0)."""
@@ -936,10 +933,7 @@ def accuracy(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "Accuracy")(should_not_do_gradient)
-
-
-@register("MultiClassAccuracy", inputs=2, outputs=2)
+@register("MultiClassAccuracy", inputs=2, outputs=2, gradient=should_not_do_gradient)
 def multi_class_accuracy(op: Op) -> Kernel:
     """(X [N, D], label [N]) -> (accuracies [D] float, amounts [D] int32): per class, the share of its
     rows whose first highest score is the class (0 for a class with no rows), and its row count."""
@@ -962,10 +956,7 @@ def multi_class_accuracy(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "MultiClassAccuracy")(should_not_do_gradient)
-
-
-@register("Perplexity")
+@register("Perplexity", gradient=should_not_do_gradient)
 def perplexity(op: Op) -> Kernel:
     """X [N] probabilities -> 0-d Π x^(-1/N) (1 for N = 0). Caffe2 takes N = dim(0) and reads the first N
     elements of a tensor of higher rank; so does this."""
@@ -981,6 +972,3 @@ def perplexity(op: Op) -> Kernel:
         return jnp.prod(jnp.power(first, jnp.asarray(-1.0 / n, x.dtype)))
 
     return kernel
-
-
-facet("gradient", "Perplexity")(should_not_do_gradient)

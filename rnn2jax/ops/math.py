@@ -22,7 +22,7 @@ from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from .checks import enforce, first_bad, literal, runtime_checked
 from .elementwise import FLOATING, NUMERIC, _check_dtypes, _legacy_axis, _legacy_b_shape, binary, unary
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import (
     GradientContext,
     GradientError,
@@ -43,7 +43,6 @@ _FLOAT_KIND = "float"
 _NUMERIC_KIND = "int32, int64, float and double"
 INTEGERS = frozenset(np.dtype(t) for t in (np.int32, np.int64))
 BITWISE = INTEGERS | {np.dtype(np.bool_)}
-
 
 
 def _same_size(op: Op, first: jax.Array, other: jax.Array, index: int, first_index: int = 0) -> jax.Array:
@@ -205,7 +204,7 @@ def _logit_eps(op: Op) -> float:
     return eps
 
 
-@register("Logit")
+@register("Logit", gradient=gradient_from_input)
 def logit(op: Op) -> Kernel:
     """`log(x / (1 - x))` of X clamped to [eps, 1 - eps]."""
     eps = _logit_eps(op)
@@ -215,9 +214,6 @@ def logit(op: Op) -> Kernel:
         return jnp.log(clamped / (1 - clamped))
 
     return unary(op, fn, FLOATING, _FLOAT_KIND)
-
-
-facet("gradient", "Logit")(gradient_from_input)
 
 
 @register("LogitGradient", inputs=2)
@@ -235,14 +231,11 @@ def logit_gradient(op: Op) -> Kernel:
 _FLOAT_DOUBLE = frozenset(np.dtype(t) for t in (np.float32, np.float64))
 
 
-@register("ReplaceNaN")
+@register("ReplaceNaN", gradient=should_not_do_gradient)
 def replace_nan(op: Op) -> Kernel:
     """NaNs become `value` (0.0, a float argument); float and double."""
     value = op.float("value", 0.0)
     return unary(op, lambda x: jnp.where(jnp.isnan(x), jnp.asarray(value, x.dtype), x), _FLOAT_DOUBLE, _FLOAT_KIND)
-
-
-facet("gradient", "ReplaceNaN")(should_not_do_gradient)
 
 
 def _require_finite(op: Op, x: jax.Array) -> None:
@@ -251,7 +244,7 @@ def _require_finite(op: Op, x: jax.Array) -> None:
     enforce(~jnp.any(bad), message, bad=first_bad(x, bad))
 
 
-@register("EnforceFinite", outputs=0)
+@register("EnforceFinite", outputs=0, gradient=should_not_do_gradient)
 def enforce_finite(op: Op) -> Kernel:
     """Refuses an input holding NaN or infinity; no output."""
 
@@ -261,9 +254,6 @@ def enforce_finite(op: Op) -> Kernel:
         return ()
 
     return kernel
-
-
-facet("gradient", "EnforceFinite")(should_not_do_gradient)
 
 
 @register("NanCheck", inputs=(1, None))
@@ -284,13 +274,10 @@ def _nan_check_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op("NanCheck", [g.GO(0)], [g.GI(0)])]
 
 
-@register("IsNaN")
+@register("IsNaN", gradient=NO_GRADIENT)
 def is_nan(op: Op) -> Kernel:
     """A uint8 mask of the NaNs (caffe2/operators/isnan_op.cc)."""
     return unary(op, lambda x: jnp.isnan(x).astype(jnp.uint8), _FLOAT_DOUBLE, _FLOAT_KIND)
-
-
-facet("gradient", "IsNaN")(Absent("Caffe2 registers no gradient for it"))
 
 
 runtime_checked("EnforceFinite", "NanCheck", "SquareRootDivide")
@@ -397,7 +384,7 @@ def _pow_gradient_maker(g: GradientContext) -> GradientOps:
 # Mod, bitwise, IsMemberOf
 
 
-@register("Mod")
+@register("Mod", gradient=NO_GRADIENT)
 def mod(op: Op) -> Kernel:
     """`X % divisor` with C's sign (the dividend's), or the divisor's with `sign_follow_divisor`."""
     divisor = op.int("divisor", 0)
@@ -415,9 +402,6 @@ def mod(op: Op) -> Kernel:
     return unary(op, fn, INTEGERS, "int32 and int64")
 
 
-facet("gradient", "Mod")(Absent("Caffe2 registers no gradient for it"))
-
-
 for _type, _fn in (("BitwiseAnd", jnp.bitwise_and), ("BitwiseOr", jnp.bitwise_or), ("BitwiseXor", jnp.bitwise_xor)):
     register(_type, inputs=2)(functools.partial(binary, fn=_fn, allowed=BITWISE, kind="int32, int64 and bool"))
 
@@ -428,7 +412,7 @@ facet("gradient", "BitwiseAnd", "BitwiseOr", "BitwiseXor")(should_not_do_gradien
 _DTYPE_CODES = {2: np.dtype(np.int32), 10: np.dtype(np.int64), 5: np.dtype(np.bool_)}
 
 
-@register("IsMemberOf")
+@register("IsMemberOf", gradient=should_not_do_gradient)
 def is_member_of(op: Op) -> Kernel:
     """A bool mask of the elements found in `value` (a list). `dtype` (a TensorProto type) says which
     type the list is read as; an input of another type then matches nothing (IsMemberOfValueHolder).
@@ -452,9 +436,6 @@ def is_member_of(op: Op) -> Kernel:
         return jnp.isin(x, jnp.asarray(kept, x.dtype))
 
     return kernel
-
-
-facet("gradient", "IsMemberOf")(should_not_do_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -499,13 +480,10 @@ def _select_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op(g.op.type + "Gradient", inputs, [g.GI(i) for i in range(n)])]
 
 
-@register("Min", inputs=(1, None), shape_rule=all_same_shape)
+@register("Min", inputs=(1, None), shape_rule=all_same_shape, gradient=_select_gradient_maker)
 def min_(op: Op) -> Kernel:
     """Elementwise min of inputs of one shape (see Max)."""
     return _select(op, _min)
-
-
-facet("gradient", "Min")(_select_gradient_maker)
 
 
 def _select_gradient(op: Op) -> Kernel:
@@ -566,7 +544,7 @@ def mean_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("SumInt", inputs=(1, None))
+@register("SumInt", inputs=(1, None), gradient=NO_GRADIENT)
 def sum_int(op: Op) -> Kernel:
     """Caffe2 runs SumInt with Sum's kernel (utility_ops.cc): inputs of one shape and one numeric type."""
 
@@ -577,13 +555,10 @@ def sum_int(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "SumInt")(Absent("Caffe2 registers no gradient for it"))
-
-
 _SUM_RELU_TYPES = frozenset(np.dtype(t) for t in (np.int32, np.float16, np.float32, np.float64))
 
 
-@register("SumRelu", inputs=(1, None))
+@register("SumRelu", inputs=(1, None), gradient=NO_GRADIENT)
 def sum_relu(op: Op) -> Kernel:
     """`max(X0 + X1 + ..., 0)`: float, double or int32 inputs of one shape (elementwise_sum_relu_op.cc)."""
 
@@ -593,9 +568,6 @@ def sum_relu(op: Op) -> Kernel:
         return jnp.maximum(total, jnp.zeros((), total.dtype))
 
     return kernel
-
-
-facet("gradient", "SumRelu")(Absent("Caffe2 registers no gradient for it"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -800,7 +772,7 @@ def _row_view(x: jax.Array) -> tuple[int, jax.Array]:
     return n, jnp.reshape(x, (n, math.prod(x.shape[1:])))
 
 
-@register("CosineSimilarity", inputs=2)
+@register("CosineSimilarity", inputs=2, gradient=_pairwise_gradient_maker)
 def cosine_similarity(op: Op) -> Kernel:
     """`<X[i], Y[i]> / sqrt(max(|X[i]|^2, 1e-12) max(|Y[i]|^2, 1e-12))`."""
 
@@ -814,9 +786,6 @@ def cosine_similarity(op: Op) -> Kernel:
         return jnp.sum(xr * yr, axis=1) / jnp.sqrt(jnp.maximum(x2, eps) * jnp.maximum(y2, eps))
 
     return kernel
-
-
-facet("gradient", "CosineSimilarity")(_pairwise_gradient_maker)
 
 
 @register("CosineSimilarityGradient", inputs=3, outputs=2)
@@ -849,7 +818,7 @@ def _l1_view(x: jax.Array) -> tuple[int, jax.Array]:
     return n, jnp.reshape(x, (n, x.size // n if n else 0))
 
 
-@register("L1Distance", inputs=2)
+@register("L1Distance", inputs=2, gradient=_pairwise_gradient_maker)
 def l1_distance(op: Op) -> Kernel:
     """`sum_j |X[i, j] - Y[i, j]|` over rows of X and Y (one shape)."""
 
@@ -861,9 +830,6 @@ def l1_distance(op: Op) -> Kernel:
         return jnp.sum(jnp.abs(xr - yr), axis=1)
 
     return kernel
-
-
-facet("gradient", "L1Distance")(_pairwise_gradient_maker)
 
 
 @register("L1DistanceGradient", inputs=3, outputs=2)

@@ -15,7 +15,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .emit import Call, EmitWriter, Unsupported, call, codegen_helper
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import (
     GradientContext,
     GradientError,
@@ -105,7 +105,7 @@ def _layer_norm_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op("LayerNormGradient", [g.GO(0), g.O(0), g.O(1), g.O(2), g.I(0)], [g.GI(0)])]
 
 
-facet("gradient", "C10LayerNorm_DontUseThisOpYet")(Absent("Caffe2 registers no gradient for it"))
+facet("gradient", "C10LayerNorm_DontUseThisOpYet")(NO_GRADIENT)
 
 
 facet("shape_rule", "LayerNorm")(output_like_input)
@@ -681,7 +681,7 @@ def affine_channel_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("ChannelStats", outputs=2)
+@register("ChannelStats", outputs=2, gradient=should_not_do_gradient)
 def channel_stats(op: Op) -> Kernel:
     """`X -> (sum, sumsq)` per channel over N and the spatial positions, float only
     (caffe2/operators/channel_stats_op.cc)."""
@@ -696,10 +696,7 @@ def channel_stats(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "ChannelStats")(should_not_do_gradient)
-
-
-@register("ChannelBackpropStats", inputs=4, outputs=2)
+@register("ChannelBackpropStats", inputs=4, outputs=2, gradient=should_not_do_gradient)
 def channel_backprop_stats(op: Op) -> Kernel:
     """`(X, mean, inv_std, dY) -> (dscale, dbias)`: SpatialBNGradient's per-channel sums for NCHW X of
     rank 3 to 5 (caffe2/operators/channel_backprop_stats_op.cc, which checks no other size)."""
@@ -717,9 +714,6 @@ def channel_backprop_stats(op: Op) -> Kernel:
         return dscale, jnp.sum(g, axis=(0, 2))
 
     return kernel
-
-
-facet("gradient", "ChannelBackpropStats")(should_not_do_gradient)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -787,7 +781,7 @@ def _normalize_view(op: Op, x: jax.Array) -> tuple[jax.Array, int]:
     return x.reshape(size_to_dim(x.shape, axis), m, size_from_dim(x.shape, axis + 1)), axis
 
 
-@register("Normalize")
+@register("Normalize", gradient=_lp_norm_normalize_gradient_maker)
 def normalize(op: Op) -> Kernel:
     """`Y = X / max(‖X‖₂, 1e-12)` along `axis` (caffe2/operators/normalize_op.h), float only."""
     op.int("axis", -1)
@@ -799,9 +793,6 @@ def normalize(op: Op) -> Kernel:
         return (view / norm).reshape(x.shape)
 
     return kernel
-
-
-facet("gradient", "Normalize")(_lp_norm_normalize_gradient_maker)
 
 
 @register("NormalizeGradient", inputs=2)
@@ -822,7 +813,7 @@ def normalize_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("NormalizeL1")
+@register("NormalizeL1", gradient=NO_GRADIENT)
 def normalize_l1(op: Op) -> Kernel:
     """`Y = X / Σ|X|` along `axis` (caffe2/operators/normalize_l1_op.cc), float only. Where the sum is
     0 Caffe2 leaves Y unwritten (whatever memory held); here it is 0."""
@@ -836,9 +827,6 @@ def normalize_l1(op: Op) -> Kernel:
         return jnp.where(zero, np.float32(0), view / jnp.where(zero, np.float32(1), norm)).reshape(x.shape)
 
     return kernel
-
-
-facet("gradient", "NormalizeL1")(Absent("Caffe2 registers no gradient for it"))
 
 
 @register("RMSNorm", inputs=3, outputs=2)
@@ -900,7 +888,7 @@ def rms_norm_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("BatchBoxCox", inputs=3)
+@register("BatchBoxCox", inputs=3, gradient=gradient_not_implemented_yet)
 def batch_box_cox(op: Op) -> Kernel:
     """`(data[N, D...], lambda1[D], lambda2[D]) -> Y`: with `t = max(x + lambda2, 1e-6)`, `log(t)` where
     lambda1 is 0, else `(t^lambda1 - 1)/lambda1`, per column; float or double
@@ -929,6 +917,3 @@ def batch_box_cox(op: Op) -> Kernel:
         return y.reshape(x.shape)
 
     return kernel
-
-
-facet("gradient", "BatchBoxCox")(gradient_not_implemented_yet)

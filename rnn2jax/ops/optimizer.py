@@ -23,7 +23,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import size_from_dim
-from .facets import NO_ROLES, NO_SHAPE_RULE, Absent
+from .facets import GRADIENT_OP, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient, should_not_do_gradient
 from .registry import Kernel, declare_family, facet, register
 
@@ -63,7 +63,7 @@ def _increment(op: Op, counter: Any) -> Any:
     return counter + jnp.ones((), counter.dtype)
 
 
-@register("Iter", inputs=(0, 1), scoped=True)
+@register("Iter", inputs=(0, 1), scoped=True, gradient=no_gradient)
 def iter_(op: Op) -> Kernel:
     """(iter) -> iter + 1. The old form without an input increments the output blob if it already
     exists, and otherwise starts a new int64 [1] counter at 0, so its first run gives 1."""
@@ -80,26 +80,17 @@ def iter_(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "Iter")(no_gradient)
-
-
-@register("AtomicIter", inputs=2)
+@register("AtomicIter", inputs=2, gradient=no_gradient)
 def atomic_iter(op: Op) -> Kernel:
     """(mutex, iter) -> iter + 1; the mutex only serialised Caffe2's threads."""
     _check_in_place(op, 1)
     return lambda mutex, counter: _increment(op, counter)
 
 
-facet("gradient", "AtomicIter")(no_gradient)
-
-
-@register("CreateMutex", inputs=0)
+@register("CreateMutex", inputs=0, gradient=should_not_do_gradient)
 def create_mutex(op: Op) -> Kernel:
     """A placeholder scalar standing for the mutex blob that AtomicIter takes."""
     return lambda: jnp.zeros((), jnp.int32)
-
-
-facet("gradient", "CreateMutex")(should_not_do_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -412,7 +403,7 @@ def _schedule(op: Op, policy: str, base_lr: Any, prefix: str = "") -> Schedule:
     raise BadArgumentError(f"{op.where}: learning rate policy {policy!r} is not supported; supported: {supported}")
 
 
-@register("LearningRate")
+@register("LearningRate", gradient=no_gradient)
 def learning_rate(op: Op) -> Kernel:
     """(iter) -> 0-d float32 `base_lr · policy(iter)`, exactly as Caffe2's functors
     (caffe2/sgd/learning_rate_functors.h; float32 with Caffe2's double steps, its argument defaults).
@@ -438,9 +429,6 @@ def learning_rate(op: Op) -> Kernel:
         return base_lr * schedule(counter.reshape(-1)[0])
 
     return kernel
-
-
-facet("gradient", "LearningRate")(no_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -493,7 +481,7 @@ def _weighted_sum_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op("WeightedSumGradient", [g.GO(0), *g.op.input], outputs)]
 
 
-@register("WeightedSumGradient", inputs=(3, None), outputs=(1, None))
+@register("WeightedSumGradient", inputs=(3, None), outputs=(1, None), gradient=GRADIENT_OP)
 def weighted_sum_gradient(op: Op) -> Kernel:
     """(dY, X0, w0, X1, w1, ...) -> (dX0, dX1, ...[, dw0, dw1, ...]): dXi = wi · dY; with `grad_on_w`
     also dwi = [Σ dY · Xi] (shape [1])."""
@@ -524,9 +512,6 @@ def weighted_sum_gradient(op: Op) -> Kernel:
         return (*dxs, *dws)
 
     return kernel
-
-
-facet("gradient", "WeightedSumGradient")(Absent("a gradient op: Caffe2 registers no gradient for it"))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def average_pool(op: Op) -> Kernel:
 facet("gradient", "AveragePool", "AveragePool1D", "AveragePool2D", "AveragePool3D")(_pool_gradient_maker)
 
 
-@register("LpPool")
+@register("LpPool", gradient=_pool_gradient_maker)
 def lp_pool(op: Op) -> Kernel:
     """(sum of |x|^p over each window) ^ (1/p), `p` defaulting to 2 (caffe2/operators/lp_pool_op.cc)."""
     geo = geometry(op, pooling=True)
@@ -158,9 +158,6 @@ def lp_pool(op: Op) -> Kernel:
         return _lp(x, _window(op, geo, x, lp=True), geo.nhwc, p)
 
     return kernel
-
-
-facet("gradient", "LpPool")(_pool_gradient_maker)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_op, should_not_do_gradient
 from .registry import Kernel, declare_family, facet, register
 
@@ -181,7 +181,7 @@ def _ratio(numerator: int, denominator: int, dtype: np.dtype) -> jax.Array:
     return jnp.asarray(np.asarray(numerator, dtype) / np.asarray(denominator, dtype), dtype)
 
 
-@register("SumElements")
+@register("SumElements", gradient=gradient_from_input)
 def sum_elements(op: Op) -> Kernel:
     """The sum of all elements as a 0-d scalar; `average` multiplies it by `1/numel` in float
     (caffe2/operators/reduction_ops.h). Float inputs only (SumElementsInt is the int32 op)."""
@@ -194,9 +194,6 @@ def sum_elements(op: Op) -> Kernel:
         return total * _ratio(1, x.size, x.dtype) if average else total
 
     return kernel
-
-
-facet("gradient", "SumElements")(gradient_from_input)
 
 
 @register("ReduceSumGradient", "ReduceMeanGradient", inputs=3)
@@ -459,7 +456,7 @@ def row_col_max_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("SumSqrElements")
+@register("SumSqrElements", gradient=NO_GRADIENT)
 def sum_sqr_elements(op: Op) -> Kernel:
     """The sum of squares as a 0-d scalar (float or double); `average` multiplies it by the FLOAT
     `1/numel`, also for doubles (reduction_ops.h: math::Scale<float, T>), and not when X is empty."""
@@ -475,10 +472,7 @@ def sum_sqr_elements(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "SumSqrElements")(Absent("Caffe2 registers no gradient for it"))
-
-
-@register("SumElementsInt")
+@register("SumElementsInt", gradient=should_not_do_gradient)
 def sum_elements_int(op: Op) -> Kernel:
     """The int32 sum of an int32 tensor as a 0-d scalar (wrapping on overflow, as C++ does)."""
 
@@ -487,9 +481,6 @@ def sum_elements_int(op: Op) -> Kernel:
         return jnp.sum(x, dtype=jnp.int32)
 
     return kernel
-
-
-facet("gradient", "SumElementsInt")(should_not_do_gradient)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -619,7 +610,7 @@ def batch_moments_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("Summarize", outputs=(0, 1))
+@register("Summarize", outputs=(0, 1), gradient=should_not_do_gradient)
 def summarize(op: Op) -> Kernel:
     """`X -> [min, max, mean, std]` of a non-empty float tensor, the standard deviation unbiased (0 for
     one element), caffe2/operators/summarize_op.cc. `to_file=1` (writing the figures to a file in the
@@ -640,6 +631,3 @@ def summarize(op: Op) -> Kernel:
         return jnp.stack([jnp.min(flat), jnp.max(flat), mean, std])
 
     return kernel
-
-
-facet("gradient", "Summarize")(should_not_do_gradient)

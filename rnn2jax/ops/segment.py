@@ -27,7 +27,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
 from .common import TRACED_SHAPE_HINT, size_from_dim, size_to_dim
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Roles
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Roles
 from .gradient_makers import GradientContext, GradientError, GradientOps, gradient_op, should_not_do_gradient
 from .registry import Kernel, declare_family, facet, register
 
@@ -86,7 +86,6 @@ def _concrete(op: Op, x: Any, i: int) -> np.ndarray:
             f"a traced array here; {TRACED_SHAPE_HINT}"
         )
     return np.asarray(x)
-
 
 
 def _where(op: Op, i: int) -> str:
@@ -644,7 +643,7 @@ def reduce_front_weighted_sum_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("ReduceTailSum")
+@register("ReduceTailSum", gradient=NO_GRADIENT)
 def reduce_tail_sum(op: Op) -> Kernel:
     """[N, ...] -> [N]: the sum of each row (caffe2/operators/rowmul_op.h)."""
 
@@ -655,14 +654,11 @@ def reduce_tail_sum(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "ReduceTailSum")(Absent("Caffe2 registers no gradient for it"))
-
-
 # --------------------------------------------------------------------------------------------------
 # Conversions between lengths, offsets, ranges and segment ids (caffe2/operators/utility_ops.h)
 
 
-@register("LengthsToRanges")
+@register("LengthsToRanges", gradient=NO_GRADIENT)
 def lengths_to_ranges(op: Op) -> Kernel:
     """LENGTHS [N] int32 -> int32 [N, 2] of (offset, length)."""
 
@@ -674,10 +670,7 @@ def lengths_to_ranges(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "LengthsToRanges")(Absent("Caffe2 registers no gradient for it"))
-
-
-@register("LengthsToOffsets")
+@register("LengthsToOffsets", gradient=NO_GRADIENT)
 def lengths_to_offsets(op: Op) -> Kernel:
     """LENGTHS [N] int32 -> int32 [N] of offsets, [N + 1] with `include_last_offset` (the total last)."""
     last = op.bool("include_last_offset", False)
@@ -691,10 +684,7 @@ def lengths_to_offsets(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "LengthsToOffsets")(Absent("Caffe2 registers no gradient for it"))
-
-
-@register("LengthsToShape")
+@register("LengthsToShape", gradient=should_not_do_gradient)
 def lengths_to_shape(op: Op) -> Kernel:
     """LENGTHS [N] int32, all equal -> int32 [N, LENGTHS[0]] (a shape for Reshape)."""
 
@@ -709,10 +699,7 @@ def lengths_to_shape(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "LengthsToShape")(should_not_do_gradient)
-
-
-@register("LengthsToSegmentIds", static_inputs=(0,))
+@register("LengthsToSegmentIds", static_inputs=(0,), gradient=should_not_do_gradient)
 def lengths_to_segment_ids(op: Op) -> Kernel:
     """LENGTHS [S] int32 -> int32 [sum(LENGTHS)]: each row's segment index."""
 
@@ -725,15 +712,12 @@ def lengths_to_segment_ids(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "LengthsToSegmentIds")(should_not_do_gradient)
-
-
 def _non_negative(op: Op, lengths: np.ndarray, i: int) -> None:
     if (lengths < 0).any():
         raise ShapeError(f"{op.where}: input '{op.inputs[i]}' has negative lengths {lengths.tolist()}")
 
 
-@register("LengthsToWeights", static_inputs=(0,))
+@register("LengthsToWeights", static_inputs=(0,), gradient=NO_GRADIENT)
 def lengths_to_weights(op: Op) -> Kernel:
     """LENGTHS [S] (int32/int64) -> float32 [sum(LENGTHS)]: each row weighted 1 / length ** `power`
     (default 0.5)."""
@@ -750,9 +734,6 @@ def lengths_to_weights(op: Op) -> Kernel:
         return np.repeat(weights, lens).astype(np.float32)
 
     return kernel
-
-
-facet("gradient", "LengthsToWeights")(Absent("Caffe2 registers no gradient for it"))
 
 
 def _segment_count(op: Op, ids: np.ndarray, sizes: Any) -> int:
@@ -787,7 +768,7 @@ def _check_sorted_from_zero(op: Op, ids: np.ndarray, first: int = 0) -> None:
         raise ShapeError(f"{op.where}: segment ids in '{op.inputs[0]}' must be sorted and not negative")
 
 
-@register("SegmentIdsToLengths", inputs=(1, 2), static_inputs=(0,))
+@register("SegmentIdsToLengths", inputs=(1, 2), static_inputs=(0,), gradient=should_not_do_gradient)
 def segment_ids_to_lengths(op: Op) -> Kernel:
     """SEGMENT_IDS [N] (sorted, int32/int64; [1, N] or [N, 1] too) -> int32 [K]: each segment's length."""
 
@@ -802,10 +783,7 @@ def segment_ids_to_lengths(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "SegmentIdsToLengths")(should_not_do_gradient)
-
-
-@register("SegmentIdsToRanges", inputs=(1, 2), static_inputs=(0,))
+@register("SegmentIdsToRanges", inputs=(1, 2), static_inputs=(0,), gradient=should_not_do_gradient)
 def segment_ids_to_ranges(op: Op) -> Kernel:
     """SEGMENT_IDS [N] (sorted, int32/int64) -> int32 [K, 2] of (offset, length); a segment with no ids
     starts where the next present one does (segments before the first id start at 0)."""
@@ -823,6 +801,3 @@ def segment_ids_to_ranges(op: Op) -> Kernel:
         return np.stack([starts, np.bincount(ids, minlength=count)], axis=1).astype(np.int32)
 
     return kernel
-
-
-facet("gradient", "SegmentIdsToRanges")(should_not_do_gradient)

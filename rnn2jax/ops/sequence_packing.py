@@ -158,7 +158,13 @@ def _pack_unpack_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op(back.get(g.op.type, g.op.type), [g.GO(0), g.I(1)], [g.GI(0)])]
 
 
-@register("UnpackRNNSequence", inputs=2, static_inputs=(1,), roles=Roles(lengths=(1,)))
+@register(
+    "UnpackRNNSequence",
+    inputs=2,
+    static_inputs=(1,),
+    roles=Roles(lengths=(1,)),
+    gradient=_pack_unpack_gradient_maker,
+)
 def unpack_rnn_sequence(op: Op) -> Kernel:
     """(packed [T, C, …], lengths [C]) -> [Σlen, …]: the segments, concatenated."""
 
@@ -179,9 +185,6 @@ def unpack_rnn_sequence(op: Op) -> Kernel:
         return jnp.take(flat, jnp.asarray(step * cols + column, jnp.int32), axis=0)
 
     return kernel
-
-
-facet("gradient", "UnpackRNNSequence")(_pack_unpack_gradient_maker)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -319,7 +322,7 @@ def gather_padding(op: Op) -> Kernel:
 # ReversePackedSegs
 
 
-@register("ReversePackedSegs", inputs=2)
+@register("ReversePackedSegs", inputs=2, gradient=_pack_unpack_gradient_maker)
 def reverse_packed_segs(op: Op) -> Kernel:
     """(data [T, B, D], lengths [B]) -> the first lengths[b] steps of each column b reversed, the rest
     kept. Its own gradient."""
@@ -342,14 +345,11 @@ def reverse_packed_segs(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "ReversePackedSegs")(_pack_unpack_gradient_maker)
-
-
 # --------------------------------------------------------------------------------------------------
 # OneHot, BatchOneHot, ArgMax/ArgMin, Where
 
 
-@register("OneHot", inputs=2, static_inputs=(1,))
+@register("OneHot", inputs=2, static_inputs=(1,), gradient=no_gradient)
 def one_hot(op: Op) -> Kernel:
     """(indices [N], index_size scalar) -> float32 [N, index_size]. The size decides the output shape, so
     it must be concrete."""
@@ -371,10 +371,7 @@ def one_hot(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "OneHot")(no_gradient)
-
-
-@register("BatchOneHot", inputs=3)
+@register("BatchOneHot", inputs=3, gradient=no_gradient)
 def batch_one_hot(op: Op) -> Kernel:
     """(data [N, D…], lens [D], vals [Σlens]) -> [N, Σlens] of data's type: column j is
     data[:, d] == vals[j] for the feature d that column j belongs to."""
@@ -403,9 +400,6 @@ def batch_one_hot(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "BatchOneHot")(no_gradient)
-
-
 def _arg_reduce(op: Op, reduce: Any) -> Kernel:
     axis = op.int("axis", -1)
     keepdims = op.bool("keepdims", True)
@@ -421,25 +415,19 @@ def _arg_reduce(op: Op, reduce: Any) -> Kernel:
     return kernel
 
 
-@register("ArgMax")
+@register("ArgMax", gradient=should_not_do_gradient)
 def arg_max(op: Op) -> Kernel:
     """Index (int64) of the first maximum along `axis` (default -1); `keepdims` (default 1)."""
     return _arg_reduce(op, jnp.argmax)
 
 
-facet("gradient", "ArgMax")(should_not_do_gradient)
-
-
-@register("ArgMin")
+@register("ArgMin", gradient=should_not_do_gradient)
 def arg_min(op: Op) -> Kernel:
     """Index (int64) of the first minimum along `axis` (default -1); `keepdims` (default 1)."""
     return _arg_reduce(op, jnp.argmin)
 
 
-facet("gradient", "ArgMin")(should_not_do_gradient)
-
-
-@register("Where", inputs=3)
+@register("Where", inputs=3, gradient=should_not_do_gradient)
 def where(op: Op) -> Kernel:
     """(C bool, X, Y) -> X where C else Y. C has X's shape, or with `broadcast_on_rows` is 1-D and picks
     whole rows."""
@@ -460,6 +448,3 @@ def where(op: Op) -> Kernel:
         return jnp.where(jnp.asarray(c).astype(bool), x, y)
 
     return kernel
-
-
-facet("gradient", "Where")(should_not_do_gradient)

@@ -25,7 +25,7 @@ from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import TRACED_SHAPE_HINT, Dims, canonical_axis, data_type_arg, size_from_dim, size_to_dim
 from .emit import Call, EmitWriter, Unsupported, call, codegen_helper, only_first
 from .emit import literal as source_literal
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Roles
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Absent, Roles
 from .gradient_makers import (
     GradientContext,
     GradientError,
@@ -135,19 +135,16 @@ def _device_copy_gradient_maker(g: GradientContext) -> GradientOps:
 facet("gradient", "EnsureCPUOutput")(no_gradient)
 
 
-facet("gradient", "CopyFromCPUInput")(Absent("Caffe2 registers no gradient for it"))
+facet("gradient", "CopyFromCPUInput")(NO_GRADIENT)
 
 
 facet("shape_rule", "Copy", "Alias", "EnsureCPUOutput", "CopyGPUToCPU", "CopyCPUToGPU")(output_like_input)
 
 
-@register("CopyOnDeviceLike", inputs=2)
+@register("CopyOnDeviceLike", inputs=2, gradient=NO_GRADIENT)
 def copy_on_device_like(op: Op) -> Kernel:
     """Copies input 0 to input 1's device: on one device, input 0 itself."""
     return _identity
-
-
-facet("gradient", "CopyOnDeviceLike")(Absent("Caffe2 registers no gradient for it"))
 
 
 @facet("emitter", "Copy", "Alias", "EnsureCPUOutput", "CopyGPUToCPU", "CopyCPUToGPU", "CopyFromCPUInput")
@@ -157,7 +154,11 @@ def emit_copy(w: EmitWriter, op: Op, xs: list[str]) -> str:
     return xs[0]
 
 
-@register("ResizeLike", inputs=2)
+@register(
+    "ResizeLike",
+    inputs=2,
+    gradient=Absent("Caffe2 says SHOULD_NOT_DO_GRADIENT; the builder has no maker for it"),
+)
 def resize_like(op: Op) -> Kernel:
     """(X, like) -> X reshaped to like's shape (Flatten's gradient); the element counts must match."""
 
@@ -172,15 +173,9 @@ def resize_like(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "ResizeLike")(Absent("Caffe2 says SHOULD_NOT_DO_GRADIENT; the builder has no maker for it"))
-
-
-@register("StopGradient", shape_rule=output_like_input)
+@register("StopGradient", shape_rule=output_like_input, gradient=no_gradient)
 def stop_gradient(op: Op) -> Kernel:
     return jax.lax.stop_gradient
-
-
-facet("gradient", "StopGradient")(no_gradient)
 
 
 @facet("emitter", "StopGradient")
@@ -297,7 +292,7 @@ def emit_reshape(w: EmitWriter, op: Op, xs: list[str]) -> Call | str:
 # Transpose, Squeeze, ExpandDims, Flatten
 
 
-@register("Shape", shape_only=True)
+@register("Shape", shape_only=True, gradient=should_not_do_gradient)
 def shape(op: Op) -> Kernel:
     """The input's dims as an int64 1-D tensor (optionally only `axes`), as a constant: shapes are
     static under jit, so what nets compute from them (initial coverage sizes...) stays concrete."""
@@ -310,9 +305,6 @@ def shape(op: Op) -> Kernel:
         return Dims.of(dims, np.int64)  # symbolic dims stay dims for the Slice and fills that read them
 
     return kernel
-
-
-facet("gradient", "Shape")(should_not_do_gradient)
 
 
 @codegen_helper
@@ -526,7 +518,14 @@ def concat_shapes(op: Op, ins: list, outs: list, ctx: Context, solver: Solver) -
     return {missing[0]: Spec((*out[:axis], rest, *out[axis + 1 :]), outs[0].dtype)}, {}
 
 
-@register("Split", "DepthSplit", inputs=(1, 2), outputs=(1, None), static_inputs=(1,))
+@register(
+    "Split",
+    "DepthSplit",
+    inputs=(1, 2),
+    outputs=(1, None),
+    static_inputs=(1,),
+    gradient=concat_of_output_gradients,
+)
 def split(op: Op) -> Kernel:
     """(input[, split]) -> (out0, ...): sizes from input 1 xor argument `split` xor an equal split."""
     axis, add_axis = _concat_split_axis(op)
@@ -577,9 +576,6 @@ def split(op: Op) -> Kernel:
         return split_by_sizes(x, sizes, ax)
 
     return kernel
-
-
-facet("gradient", "Split", "DepthSplit")(concat_of_output_gradients)
 
 
 @codegen_helper
@@ -904,7 +900,12 @@ def _in_range(indices: Any, dim: int) -> Any:
     return jnp.clip(indices, 0, max(dim - 1, 0))
 
 
-@register("SparseToDense", inputs=(2, 3), static_inputs=lambda op: (0,) if len(op.inputs) == 2 else ())
+@register(
+    "SparseToDense",
+    inputs=(2, 3),
+    static_inputs=lambda op: (0,) if len(op.inputs) == 2 else (),
+    gradient=Absent("Caffe2 has a maker (GetSparseToDenseGradient) that the builder does not port yet"),
+)
 def sparse_to_dense(op: Op) -> Kernel:
     """(INDICES [K], VALUES [K, ...][, DATA_TO_INFER_DIM]) -> OUT [first_dim, ...] with
     `OUT[INDICES[k]] += VALUES[k]` (duplicates add up): Gather's gradient with `dense_gradient`.
@@ -943,12 +944,6 @@ def sparse_to_dense(op: Op) -> Kernel:
         return out.at[_in_range(indices, n)].add(values)
 
     return kernel
-
-
-facet(
-    "gradient",
-    "SparseToDense",
-)(Absent("Caffe2 has a maker (GetSparseToDenseGradient) that the builder does not port yet"))
 
 
 @register("BatchGatherGradient", inputs=3)

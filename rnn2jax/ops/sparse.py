@@ -24,7 +24,7 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, first_bad, literal, runtime_checked
 from .common import size_from_dim
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import (
     GradientContext,
     GradientOps,
@@ -81,7 +81,6 @@ def _check_ndim(op: Op, x: Any, position: int, what: str, ndim: int, at_least: b
 def _non_negative(op: Op, values: np.ndarray, position: int, what: str) -> None:
     if values.size and values.min() < 0:
         raise ShapeError(f"{op.where}: {what} '{op.inputs[position]}' has a negative value {int(values.min())}")
-
 
 
 def _segment_ids(lengths: Any, size: int) -> tuple[Any, Any]:
@@ -160,7 +159,7 @@ def _ranges_index(op: Op, ranges: np.ndarray, size: int, position: int = 1) -> n
     return np.concatenate(parts) if parts else np.zeros((0,), np.int64)
 
 
-@register("GatherRanges", inputs=2, outputs=2, static_inputs=(1,))
+@register("GatherRanges", inputs=2, outputs=2, static_inputs=(1,), gradient=NO_GRADIENT)
 def gather_ranges(op: Op) -> Kernel:
     """(DATA [N], RANGES [B, R, 2] of (start, length)) -> (OUTPUT: the ranges' elements concatenated,
     LENGTHS [B] int32: the elements gathered per example) (caffe2/operators/utility_ops.h)."""
@@ -177,10 +176,7 @@ def gather_ranges(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "GatherRanges")(Absent("Caffe2 registers no gradient for it"))
-
-
-@register("LengthsGather", inputs=3, static_inputs=(1, 2))
+@register("LengthsGather", inputs=3, static_inputs=(1, 2), gradient=should_not_do_gradient)
 def lengths_gather(op: Op) -> Kernel:
     """(ITEMS [sum(LENGTHS), ...], LENGTHS [S] int32, INDICES [K]) -> the segments INDICES names,
     concatenated (caffe2/operators/utility_ops.h)."""
@@ -201,9 +197,6 @@ def lengths_gather(op: Op) -> Kernel:
         return _gather_rows(items, index)
 
     return kernel
-
-
-facet("gradient", "LengthsGather")(should_not_do_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -471,7 +464,7 @@ def sparse_to_dense_mask_gradient(op: Op) -> Kernel:
 runtime_checked("GatherRangesToDense")
 
 
-@register("GatherRangesToDense", inputs=(2, 3), outputs=(1, None))
+@register("GatherRangesToDense", inputs=(2, 3), outputs=(1, None), gradient=no_gradient)
 def gather_ranges_to_dense(op: Op) -> Kernel:
     """(DATA [N], RANGES [B, F, 2][, KEY [N] int64]) -> F outputs [B, lengths[f]]: feature f's range of
     each example when its length is `lengths[f]` (sorted by KEY when given), zeros when empty or of
@@ -533,9 +526,6 @@ def gather_ranges_to_dense(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "GatherRangesToDense")(no_gradient)
-
-
 # --------------------------------------------------------------------------------------------------
 # Lengths ops
 
@@ -563,7 +553,7 @@ def _lengths_tile_gradient_maker(g: GradientContext) -> GradientOps:
 runtime_checked("LengthsPad")
 
 
-@register("LengthsPad", inputs=2)
+@register("LengthsPad", inputs=2, gradient=no_gradient)
 def lengths_pad(op: Op) -> Kernel:
     """(DATA [sum(LENGTHS), ...], LENGTHS [B] int32) -> [B * target_length, ...]: each segment padded
     to argument `target_length` with `padding_value` (caffe2/operators/lengths_pad_op.h)."""
@@ -599,10 +589,7 @@ def lengths_pad(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "LengthsPad")(no_gradient)
-
-
-@register("LengthsRangeFill", static_inputs=(0,))
+@register("LengthsRangeFill", static_inputs=(0,), gradient=no_gradient)
 def lengths_range_fill(op: Op) -> Kernel:
     """LENGTHS [B] int32 -> [sum(LENGTHS)] int32: 0..LENGTHS[i]-1 for each i in turn."""
 
@@ -613,9 +600,6 @@ def lengths_range_fill(op: Op) -> Kernel:
         return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
     return kernel
-
-
-facet("gradient", "LengthsRangeFill")(no_gradient)
 
 
 runtime_checked("LengthsTopK")
@@ -824,7 +808,7 @@ def boolean_mask_gradient(op: Op) -> Kernel:
 runtime_checked("BooleanMaskLengths")
 
 
-@register("BooleanMaskLengths", inputs=2)
+@register("BooleanMaskLengths", inputs=2, gradient=no_gradient)
 def boolean_mask_lengths(op: Op) -> Kernel:
     """(LENGTHS [B], MASK [sum(LENGTHS)] bool) -> the true count of each segment, in LENGTHS' type."""
 
@@ -841,14 +825,11 @@ def boolean_mask_lengths(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "BooleanMaskLengths")(no_gradient)
-
-
 # --------------------------------------------------------------------------------------------------
 # Unique, RemoveDataBlocks, FindDuplicateElements
 
 
-@register("Unique", outputs=(1, 2), static_inputs=(0,))
+@register("Unique", outputs=(1, 2), static_inputs=(0,), gradient=should_not_do_gradient)
 def unique(op: Op) -> Kernel:
     """X (int32/int64) -> (its distinct values sorted, REMAPPING int32: the position of each element of
     X in them) (caffe2/operators/unique_ops.cc)."""
@@ -861,10 +842,7 @@ def unique(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "Unique")(should_not_do_gradient)
-
-
-@register("RemoveDataBlocks", inputs=2, static_inputs=(1,))
+@register("RemoveDataBlocks", inputs=2, static_inputs=(1,), gradient=should_not_do_gradient)
 def remove_data_blocks(op: Op) -> Kernel:
     """(DATA [N, ...], INDICES [K]) -> DATA without the rows INDICES names (repeats count once)
     (caffe2/operators/remove_data_blocks_op.h)."""
@@ -881,10 +859,7 @@ def remove_data_blocks(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "RemoveDataBlocks")(should_not_do_gradient)
-
-
-@register("FindDuplicateElements", static_inputs=(0,))
+@register("FindDuplicateElements", static_inputs=(0,), gradient=should_not_do_gradient)
 def find_duplicate_elements(op: Op) -> Kernel:
     """DATA [N] -> the positions (int64) of the elements equal to an earlier one
     (caffe2/operators/find_duplicate_elements_op.h)."""
@@ -902,14 +877,11 @@ def find_duplicate_elements(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "FindDuplicateElements")(should_not_do_gradient)
-
-
 # --------------------------------------------------------------------------------------------------
 # IndexHash
 
 
-@register("IndexHash")
+@register("IndexHash", gradient=should_not_do_gradient)
 def index_hash(op: Op) -> Kernel:
     """INDICES (int32/int64) -> each index hashed (its bytes, little-endian, folded as h * 65537 + b
     from h = seed * 0xDEADBEEF, wrapping in the index type) modulo `modulo`, made non-negative
@@ -940,9 +912,6 @@ def index_hash(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "IndexHash")(should_not_do_gradient)
-
-
 # --------------------------------------------------------------------------------------------------
 # Scatter ops: in-place row updates
 
@@ -957,7 +926,7 @@ def _in_place(op: Op) -> None:
         )
 
 
-@register("ScatterAssign", inputs=3)
+@register("ScatterAssign", inputs=3, gradient=should_not_do_gradient)
 def scatter_assign(op: Op) -> Kernel:
     """(DATA [N, ...], INDICES [K], SLICES [K, ...]) -> DATA with row INDICES[k] replaced by slice k
     (the last of repeated indices wins), in place (caffe2/operators/utility_ops.h)."""
@@ -985,10 +954,7 @@ def scatter_assign(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "ScatterAssign")(should_not_do_gradient)
-
-
-@register("ScatterWeightedSum", inputs=(5, None))
+@register("ScatterWeightedSum", inputs=(5, None), gradient=should_not_do_gradient)
 def scatter_weighted_sum(op: Op) -> Kernel:
     """(X0 [N, ...], W0, INDICES [K], X1 [K, ...], W1, ...) -> X0 with rows INDICES[k] scaled by W0
     (once per occurrence) plus sum_i Wi * Xi[k], in place. Weights are float scalars
@@ -1026,10 +992,7 @@ def scatter_weighted_sum(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "ScatterWeightedSum")(should_not_do_gradient)
-
-
-@register("Scatter", inputs=3)
+@register("Scatter", inputs=3, gradient=should_not_do_gradient)
 def scatter(op: Op) -> Kernel:
     """(DATA, INDICES, UPDATES) -> DATA with UPDATES written along argument `axis` (default 1) at
     INDICES, ONNX ScatterElements as Caffe2 flattens it (caffe2/operators/utility_ops.h): element
@@ -1072,16 +1035,13 @@ def scatter(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "Scatter")(should_not_do_gradient)
-
-
 # --------------------------------------------------------------------------------------------------
 # SegmentOneHot
 
 runtime_checked("SegmentOneHot")
 
 
-@register("SegmentOneHot", inputs=3, static_inputs=(2,))
+@register("SegmentOneHot", inputs=3, static_inputs=(2,), gradient=no_gradient)
 def segment_one_hot(op: Op) -> Kernel:
     """(LENGTHS [B] int32, INDICES [sum(LENGTHS)] int64, INDEX_SIZE int64) -> [B, INDEX_SIZE] float:
     row i has ones at its segment's indices (caffe2/operators/one_hot_ops.cc)."""
@@ -1106,14 +1066,11 @@ def segment_one_hot(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "SegmentOneHot")(no_gradient)
-
-
 # --------------------------------------------------------------------------------------------------
 # Bucketize, LengthsSplit, SplitByLengths
 
 
-@register("Bucketize")
+@register("Bucketize", gradient=NO_GRADIENT)
 def bucketize(op: Op) -> Kernel:
     """X float -> int32 bucket of each element: the first i with X <= boundaries[i] (len(boundaries)
     past the last), numpy.digitize / std::lower_bound (caffe2/operators/bucketize_op.cc)."""
@@ -1129,14 +1086,11 @@ def bucketize(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "Bucketize")(Absent("Caffe2 registers no gradient for it"))
-
-
 def _n_split_position(op: Op) -> tuple[int, ...]:
     return (1,) if len(op.inputs) == 2 else ()
 
 
-@register("LengthsSplit", inputs=(1, 2), static_inputs=_n_split_position)
+@register("LengthsSplit", inputs=(1, 2), static_inputs=_n_split_position, gradient=gradient_not_implemented_yet)
 def lengths_split(op: Op) -> Kernel:
     """(LENGTHS [M] int32[, N_SPLIT [1] int32]) -> [M * n_split] int32: each length split into n_split
     near-equal parts, the larger ones first (caffe2/operators/length_split_op.h; C++ integer division)."""
@@ -1165,10 +1119,7 @@ def lengths_split(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "LengthsSplit")(gradient_not_implemented_yet)
-
-
-@register("SplitByLengths", inputs=2, outputs=(1, None), static_inputs=(1,))
+@register("SplitByLengths", inputs=2, outputs=(1, None), static_inputs=(1,), gradient=concat_of_output_gradients)
 def split_by_lengths(op: Op) -> Kernel:
     """(INPUT, LENGTHS [L] int32) -> K outputs along `axis` (or `order`'s channel axis, default NCHW: 1):
     output i takes the sum of the i-th L/K lengths (times INPUT's dim / sum(LENGTHS) with
@@ -1206,9 +1157,6 @@ def split_by_lengths(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "SplitByLengths")(concat_of_output_gradients)
-
-
 # --------------------------------------------------------------------------------------------------
 # MergeIdLists
 
@@ -1217,7 +1165,7 @@ def _all_inputs(op: Op) -> tuple[int, ...]:
     return tuple(range(len(op.inputs)))
 
 
-@register("MergeIdLists", inputs=(2, None), outputs=2, static_inputs=_all_inputs)
+@register("MergeIdLists", inputs=(2, None), outputs=2, static_inputs=_all_inputs, gradient=no_gradient)
 def merge_id_lists(op: Op) -> Kernel:
     """(LENGTHS_0, VALUES_0, LENGTHS_1, VALUES_1, ...) -> (LENGTHS [B] int32, VALUES): each example's
     ids from every list, deduplicated and sorted (caffe2/operators/merge_id_lists_op.h)."""
@@ -1243,9 +1191,6 @@ def merge_id_lists(op: Op) -> Kernel:
         return out_lengths, out
 
     return kernel
-
-
-facet("gradient", "MergeIdLists")(no_gradient)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1279,7 +1224,7 @@ def _partition(op: Op, keys: np.ndarray, xs: tuple, first: int, parts: int, pack
     return shards
 
 
-@register("Partition", inputs=(1, None), outputs=(1, None), static_inputs=(0,))
+@register("Partition", inputs=(1, None), outputs=(1, None), static_inputs=(0,), gradient=no_gradient)
 def partition(op: Op) -> Kernel:
     """(KEYS, X_1, ...) -> for each of P shards (outputs = P x inputs), the keys (divided as
     (key - shard) / P with `pack_first_input`) and rows of each X whose key % P is the shard, in
@@ -1294,10 +1239,7 @@ def partition(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "Partition")(no_gradient)
-
-
-@register("LengthsPartition", inputs=(2, None), outputs=(2, None), static_inputs=(1,))
+@register("LengthsPartition", inputs=(2, None), outputs=(2, None), static_inputs=(1,), gradient=no_gradient)
 def lengths_partition(op: Op) -> Kernel:
     """(LENGTHS [B] int32, KEYS [sum(LENGTHS)], X_1, ...) -> per shard (LENGTHS: each segment's keys
     in the shard, KEYS, X...), as Partition; with one shard the inputs are copied unchanged."""
@@ -1319,9 +1261,6 @@ def lengths_partition(op: Op) -> Kernel:
         return tuple(outputs)
 
     return kernel
-
-
-facet("gradient", "LengthsPartition")(no_gradient)
 
 
 @register("GatherByKey", inputs=(2, None))
@@ -1376,7 +1315,7 @@ def _gather_by_key_gradient_maker(g: GradientContext) -> GradientOps:
 # BatchBucketOneHot, BooleanUnmask
 
 
-@register("BatchBucketOneHot", inputs=3, static_inputs=(1,))
+@register("BatchBucketOneHot", inputs=3, static_inputs=(1,), gradient=NO_GRADIENT)
 def batch_bucket_one_hot(op: Op) -> Kernel:
     """(DATA [N, D] float, LENS [D] int32 > 0, BOUNDARIES [sum(LENS)] float) -> [N, sum(LENS + 1)]:
     column j bucketized by its LENS[j] sorted boundaries, one-hot. A value equal to boundaries
@@ -1408,13 +1347,10 @@ def batch_bucket_one_hot(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "BatchBucketOneHot")(Absent("Caffe2 registers no gradient for it"))
-
-
 runtime_checked("BooleanUnmask")
 
 
-@register("BooleanUnmask", inputs=(2, None))
+@register("BooleanUnmask", inputs=(2, None), gradient=no_gradient)
 def boolean_unmask(op: Op) -> Kernel:
     """(MASK_0, VALUES_0, MASK_1, VALUES_1, ...) -> [len(MASK_0)]: position p takes the next value of
     the first mask true at p; every position needs a true mask, and each VALUES must be used up
@@ -1465,16 +1401,13 @@ def boolean_unmask(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "BooleanUnmask")(no_gradient)
-
-
 # --------------------------------------------------------------------------------------------------
 # BatchBucketize, PadEmptySamples
 
 runtime_checked("BatchBucketize")
 
 
-@register("BatchBucketize", inputs=4)
+@register("BatchBucketize", inputs=4, gradient=no_gradient)
 def batch_bucketize(op: Op) -> Kernel:
     """(FEATURE [N, D] float, INDICES [M] int32, BOUNDARIES [sum(LENGTHS)] float, LENGTHS [M] int32) ->
     [N, M] int32: column INDICES[j] of FEATURE bucketized by the j-th run of BOUNDARIES, the first k
@@ -1511,10 +1444,7 @@ def batch_bucketize(op: Op) -> Kernel:
     return kernel
 
 
-facet("gradient", "BatchBucketize")(no_gradient)
-
-
-@register("PadEmptySamples", inputs=(1, None), outputs=(1, None), static_inputs=(0,))
+@register("PadEmptySamples", inputs=(1, None), outputs=(1, None), static_inputs=(0,), gradient=NO_GRADIENT)
 def pad_empty_samples(op: Op) -> Kernel:
     """(LENGTHS [B] int32, FEATURE_1 [sum(LENGTHS), ...], ...) -> (LENGTHS with 0 made 1, each FEATURE
     with one zero row for each empty sample) (caffe2/operators/sequence_ops.cc)."""
@@ -1543,6 +1473,3 @@ def pad_empty_samples(op: Op) -> Kernel:
         return tuple(outputs)
 
     return kernel
-
-
-facet("gradient", "PadEmptySamples")(Absent("Caffe2 registers no gradient for it"))
