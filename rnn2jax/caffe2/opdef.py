@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.netdef import DATA_TYPES
+from ..ops.gradient_makers import set_scalar
 from ..proto import caffe2_pb2 as pb
 
 _DTYPE_TO_DATA_TYPE = {np.dtype(v): k for k, v in DATA_TYPES.items() if k != pb.TensorProto.BYTE}
@@ -45,13 +46,9 @@ def make_tensor(array: Any, name: str = "") -> pb.TensorProto:
 def make_argument(name: str, value: Any) -> pb.Argument:
     """One `Argument`, field chosen as Caffe2's `utils.MakeArgument` chose it."""
     arg = pb.Argument(name=name)
-    if isinstance(value, bool | np.bool_ | int | np.integer):
-        arg.i = int(value)
-    elif isinstance(value, float | np.floating):
-        arg.f = float(value)
-    elif isinstance(value, str):
-        arg.s = value.encode("utf-8")
-    elif isinstance(value, bytes):
+    if set_scalar(arg, value):  # bool, int, float, str: as the gradient makers encode their own arguments
+        return arg
+    if isinstance(value, bytes):
         arg.s = value
     elif isinstance(value, pb.NetDef):
         arg.n.CopyFrom(value)

@@ -120,10 +120,10 @@ def gradient_op(
     return op
 
 
-def argument(name: str, value: bool | int | float | str) -> pb.Argument:
-    """A maker's own scalar argument, in the field Caffe2's `MakeArgument` chose: bool and int in `i`, float
-    in `f`, str in `s`."""
-    arg = pb.Argument(name=name)
+def set_scalar(arg: pb.Argument, value: object) -> bool:
+    """Put a scalar `value` in the field of `arg` Caffe2's `MakeArgument` chose: bool and int in `i`, float in
+    `f`, str in `s`. False (and `arg` untouched) for any other value: the Caffe2 API's `make_argument` goes on
+    to bytes, messages and lists."""
     if isinstance(value, bool | np.bool_ | int | np.integer):
         arg.i = int(value)
     elif isinstance(value, float | np.floating):
@@ -131,6 +131,14 @@ def argument(name: str, value: bool | int | float | str) -> pb.Argument:
     elif isinstance(value, str):
         arg.s = value.encode("utf-8")
     else:
+        return False
+    return True
+
+
+def argument(name: str, value: bool | int | float | str) -> pb.Argument:
+    """A maker's own scalar argument, in the field Caffe2's `MakeArgument` chose (`set_scalar`)."""
+    arg = pb.Argument(name=name)
+    if not set_scalar(arg, value):
         raise TypeError(f"gradient maker argument '{name}': not a bool, int, float or str: {value!r}")
     return arg
 
