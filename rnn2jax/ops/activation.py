@@ -16,7 +16,14 @@ from .common import canonical_axis, size_from_dim, size_to_dim
 from .elementwise import FLOATING, unary
 from .emit import Call, EmitWriter, call, codegen_helper
 from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
-from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_from_output, gradient_op
+from .gradient_makers import (
+    GradientContext,
+    GradientOps,
+    gradient_from_input,
+    gradient_from_output,
+    gradient_op,
+    single_gradient,
+)
 from .registry import Kernel, declare_family, facet, register
 from .shape_facts import output_like_input
 
@@ -407,7 +414,7 @@ _FAST_GELU_ALPHA = math.sqrt(2.0) / math.sqrt(math.pi)
 _FAST_GELU_COEFF = 0.044715
 
 
-@register("Gelu")
+@register("Gelu", gradient=single_gradient("GeluGradient", "GO(0) I(0)"))
 def gelu(op: Op) -> Kernel:
     """`X Phi(X)`, or with `fast_gelu` the tanh approximation `0.5 X (1 + tanh(sqrt(2/pi) (X + 0.044715 X^3)))`."""
     fast = op.bool("fast_gelu", False)
@@ -419,11 +426,6 @@ def gelu(op: Op) -> Kernel:
         return x * (0.5 * jax.lax.erfc(-x / _SQRT_2))
 
     return unary(op, fn, FLOATING, "float")
-
-
-@facet("gradient", "Gelu")
-def _gelu_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("GeluGradient", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 @register("GeluGradient", inputs=2)
@@ -485,7 +487,7 @@ def _slopes(w: jax.Array, x: jax.Array, axis: int) -> jax.Array:
     return jnp.reshape(w, shape)
 
 
-@register("PRelu", inputs=2)
+@register("PRelu", inputs=2, gradient=single_gradient("PReluGradient", "O(0) GO(0) I(0) I(1)", "GI(0) GI(1)"))
 def prelu(op: Op) -> Kernel:
     """`max(X, 0) + min(X, 0) * slope[c]`, one slope per channel (`order` NCHW or NHWC) or one shared."""
     nchw = _prelu_order(op)
@@ -497,11 +499,6 @@ def prelu(op: Op) -> Kernel:
         return jnp.where(x > 0, x, x * slope) if not nchw else jnp.maximum(x, zero) + jnp.minimum(x, zero) * slope
 
     return kernel
-
-
-@facet("gradient", "PRelu")
-def _prelu_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("PReluGradient", [g.O(0), g.GO(0), g.I(0), g.I(1)], [g.GI(0), g.GI(1)])]
 
 
 @register("PReluGradient", inputs=4, outputs=2)

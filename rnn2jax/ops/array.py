@@ -23,7 +23,14 @@ from ..proto import caffe2_pb2 as pb
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .fill import _convert, _filler
-from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient, should_not_do_gradient
+from .gradient_makers import (
+    GradientContext,
+    GradientOps,
+    gradient_op,
+    no_gradient,
+    should_not_do_gradient,
+    single_gradient,
+)
 from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
@@ -161,7 +168,7 @@ def numpy_tile(op: Op) -> Kernel:
     return kernel
 
 
-@register("Expand", inputs=2, static_inputs=(1,))
+@register("Expand", inputs=2, static_inputs=(1,), gradient=single_gradient("ExpandGradient", "GO(0) I(0)"))
 def expand(op: Op) -> Kernel:
     """(X, shape) -> X broadcast to `shape` (int64; numpy rules from the right; dims <= 0 count as 1)."""
 
@@ -182,11 +189,6 @@ def expand(op: Op) -> Kernel:
         return jnp.broadcast_to(x, tuple(out))
 
     return kernel
-
-
-@facet("gradient", "Expand")
-def _expand_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("ExpandGradient", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 @register("ExpandGradient", inputs=2)
@@ -215,7 +217,7 @@ def size(op: Op) -> Kernel:
     return lambda x: np.asarray(math.prod(x.shape), np.dtype(np.int64))
 
 
-@register("FlattenToVec")
+@register("FlattenToVec", gradient=single_gradient("ResizeLike", "GO(0) I(0)"))
 def flatten_to_vec(op: Op) -> Kernel:
     def kernel(x):
         if x.ndim < 1:
@@ -223,11 +225,6 @@ def flatten_to_vec(op: Op) -> Kernel:
         return jnp.reshape(x, (-1,))
 
     return kernel
-
-
-@facet("gradient", "FlattenToVec")
-def _flatten_to_vec_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("ResizeLike", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 @register("EnsureDense")
@@ -444,7 +441,13 @@ def _sorted_desc(x: Any) -> tuple[Any, Any]:
     return jnp.take_along_axis(x, order, axis=-1), order
 
 
-@register("TopK", inputs=(1, 2), outputs=(2, 3), static_inputs=(1,))
+@register(
+    "TopK",
+    inputs=(1, 2),
+    outputs=(2, 3),
+    static_inputs=(1,),
+    gradient=single_gradient("TopKGradient", "GO(0) O(1) I(0)"),
+)
 def top_k(op: Op) -> Kernel:
     """(X[, k]) -> (Values, Indices[, FlattenIndices]) of the k largest along `axis` (default the last).
     With k > dim the outputs are padded with 0 and -1 (top_k.cc). Argument `k` wins over input `k`."""
@@ -485,11 +488,6 @@ def top_k(op: Op) -> Kernel:
         return vals, idx, jnp.reshape(flat, (math.prod(out_shape),))
 
     return kernel
-
-
-@facet("gradient", "TopK")
-def _top_k_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("TopKGradient", [g.GO(0), g.O(1), g.I(0)], [g.GI(0)])]
 
 
 def _scatter_rows(rows: Any, index: Any, n: int, dtype: Any) -> Any:
@@ -557,7 +555,13 @@ def _flexible_positions(ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, cols.astype(np.int64)
 
 
-@register("FlexibleTopK", inputs=2, outputs=2, static_inputs=(1,))
+@register(
+    "FlexibleTopK",
+    inputs=2,
+    outputs=2,
+    static_inputs=(1,),
+    gradient=single_gradient("FlexibleTopKGradient", "I(0) I(1) GO(0) O(1)"),
+)
 def flexible_top_k(op: Op) -> Kernel:
     """(X [..., D], K int64 [prod(...)]) -> (Values, Indices), 1-D: row r's K[r] largest, rows one after
     another (flexible_top_k.cc)."""
@@ -570,11 +574,6 @@ def flexible_top_k(op: Op) -> Kernel:
         return vals[rows, cols], idx[rows, cols].astype(np.dtype(np.int64))
 
     return kernel
-
-
-@facet("gradient", "FlexibleTopK")
-def _flexible_top_k_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("FlexibleTopKGradient", [g.I(0), g.I(1), g.GO(0), g.O(1)], [g.GI(0)])]
 
 
 @register("FlexibleTopKGradient", inputs=4, static_inputs=(1,))

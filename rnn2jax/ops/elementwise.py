@@ -23,6 +23,7 @@ from .gradient_makers import (
     gradient_from_input,
     gradient_from_output,
     gradient_op,
+    single_gradient,
 )
 from .registry import Kernel, declare_family, facet, register
 from .shape_facts import all_same_shape, output_like_input
@@ -228,14 +229,15 @@ def mul(op: Op) -> Kernel:
     return binary(op, jnp.multiply)
 
 
-@register("Div", inputs=2, shape_rule=all_same_shape, emitter=binary_emitter(divide))
+@register(
+    "Div",
+    inputs=2,
+    shape_rule=all_same_shape,
+    emitter=binary_emitter(divide),
+    gradient=single_gradient("DivGradient", "GO(0) I(0) I(1) O(0)", "GI(0) GI(1)"),
+)
 def div(op: Op) -> Kernel:
     return binary(op, divide)
-
-
-@facet("gradient", "Div")
-def _div_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("DivGradient", [g.GO(0), g.I(0), g.I(1), g.O(0)], [g.GI(0), g.GI(1)])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -455,24 +457,14 @@ def abs_(op: Op) -> Kernel:
     return unary(op, jnp.abs, FLOATING, "float")
 
 
-@register("Exp", shape_rule=output_like_input)
+@register("Exp", shape_rule=output_like_input, gradient=single_gradient("Mul", "O(0) GO(0)"))
 def exp(op: Op) -> Kernel:
     return unary(op, jnp.exp, FLOATING, "float")
 
 
-@facet("gradient", "Exp")
-def _exp_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("Mul", [g.O(0), g.GO(0)], [g.GI(0)])]
-
-
-@register("Log", shape_rule=output_like_input)
+@register("Log", shape_rule=output_like_input, gradient=single_gradient("Div", "GO(0) I(0)"))
 def log(op: Op) -> Kernel:
     return unary(op, jnp.log, FLOATING, "float")
-
-
-@facet("gradient", "Log")
-def _log_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("Div", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 @register("Sqrt", shape_rule=output_like_input)

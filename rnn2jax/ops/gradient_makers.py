@@ -16,10 +16,12 @@ registration replaced an earlier one, and an op type rnn2jax does not lower has 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..errors import RegistrationError
 from ..proto import caffe2_pb2 as pb
 from .registry import REGISTRY, record
 
@@ -185,6 +187,30 @@ def should_not_do_gradient(g: GradientContext) -> GradientOps:
 def gradient_not_implemented_yet(g: GradientContext) -> GradientOps:
     """Caffe2's GradientNotImplementedYet: the op should have a gradient, and Caffe2 has none."""
     raise GradientError(f"Operator {g.op.type} should have a gradient but is not implemented yet.")
+
+
+_BLOB = re.compile(r"(I|O|GO|GI)\((\d+)\)")
+
+
+def _blobs(written: str) -> list[tuple[str, int]]:
+    blobs = [_BLOB.fullmatch(word) for word in written.split()]
+    if not all(blobs):
+        raise RegistrationError(f"gradient blobs {written!r}: expected I(i), O(i), GO(i) or GI(i), spaced")
+    return [(blob.group(1), int(blob.group(2))) for blob in blobs if blob]
+
+
+def single_gradient(gradient_type: str, inputs: str, outputs: str = "GI(0)") -> Maker:
+    """Caffe2's `SingleGradientDef`, the maker of most ops: one `gradient_type` op, its inputs and outputs
+    written as in Caffe2's C++ maker, `I(i)`, `O(i)`, `GO(i)`, `GI(i)` separated by spaces
+    (`single_gradient("LRNGradient", "I(0) O(0) GO(0)")`: `LRNGradient(X, Y, dY) -> dX`)."""
+    reads, writes = _blobs(inputs), _blobs(outputs)
+
+    def maker(g: GradientContext) -> GradientOps:
+        ins = [getattr(g, kind)(i) for kind, i in reads]
+        return [gradient_op(gradient_type, ins, [getattr(g, kind)(i) for kind, i in writes])]
+
+    maker.__qualname__ = f"single_gradient({gradient_type!r}, {inputs!r}, {outputs!r})"
+    return maker
 
 
 def gradient_from_output(g: GradientContext) -> GradientOps:

@@ -22,7 +22,7 @@ from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .conv import geometry
 from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE
-from .gradient_makers import GradientContext, GradientOps, gradient_op
+from .gradient_makers import GradientContext, GradientOps, gradient_op, single_gradient
 from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
@@ -502,7 +502,7 @@ def _lrn_scale(x: Any, size: int, alpha: float, bias: float, axis: int) -> Any:
     return np.float32(bias) + _window_sum(x * x * (np.float32(alpha) / np.float32(size)), size, axis)
 
 
-@register("LRN", outputs=(1, 2))
+@register("LRN", outputs=(1, 2), gradient=single_gradient("LRNGradient", "I(0) O(0) GO(0)"))
 def lrn(op: Op) -> Kernel:
     """X -> (Y = X * scale^-beta, scale = bias + alpha/size * sum of X^2 over `size` channels); 4-D."""
     size, alpha, beta, bias, nhwc = _lrn_args(op)
@@ -514,11 +514,6 @@ def lrn(op: Op) -> Kernel:
         return x * scale ** np.float32(-beta), scale
 
     return kernel
-
-
-@facet("gradient", "LRN")
-def _lrn_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("LRNGradient", [g.I(0), g.O(0), g.GO(0)], [g.GI(0)])]
 
 
 @register("LRNGradient", inputs=3)
@@ -580,7 +575,7 @@ def _im2col(op: Op, x: Any, args: tuple) -> Any:
     return stacked.reshape(n, c * kh * kw, oh, ow)
 
 
-@register("Im2Col")
+@register("Im2Col", gradient=single_gradient("Col2Im", "GO(0) I(0)"))
 def im2col(op: Op) -> Kernel:
     """4-D image -> its patches: NCHW [N, C*kh*kw, oh, ow] (channel-major), NHWC [N, oh, ow, kh*kw*C]."""
     args = _im2col_args(op)
@@ -591,11 +586,6 @@ def im2col(op: Op) -> Kernel:
         return _im2col(op, x, args)
 
     return kernel
-
-
-@facet("gradient", "Im2Col")
-def _im2col_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("Col2Im", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 @register("Col2Im", inputs=2, gradient=_inverse_gradient_maker)
@@ -642,7 +632,7 @@ def _check_permutation(op: Op, index: int, indices: Any, n: int) -> None:
 runtime_checked("BatchPermutation", "BatchPermutationGradient")
 
 
-@register("BatchPermutation", inputs=2)
+@register("BatchPermutation", inputs=2, gradient=single_gradient("BatchPermutationGradient", "I(1) GO(0)"))
 def batch_permutation(op: Op) -> Kernel:
     """(X [N, ...], indices int32 [N]) -> Y[i] = X[indices[i]]."""
 
@@ -654,11 +644,6 @@ def batch_permutation(op: Op) -> Kernel:
         return x[jnp.clip(indices, 0, max(x.shape[0] - 1, 0))] if x.shape[0] else x
 
     return kernel
-
-
-@facet("gradient", "BatchPermutation")
-def _batch_permutation_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("BatchPermutationGradient", [g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 @register("BatchPermutationGradient", inputs=2)
@@ -677,7 +662,7 @@ def batch_permutation_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("IntegralImage")
+@register("IntegralImage", gradient=single_gradient("IntegralImageGradient", "I(0) GO(0)"))
 def integral_image(op: Op) -> Kernel:
     """(N, C, H, W) -> (N, C, H+1, W+1): Y[h, w] = sum of X[:h, :w]."""
 
@@ -688,11 +673,6 @@ def integral_image(op: Op) -> Kernel:
         return jnp.pad(sums, [(0, 0), (0, 0), (1, 0), (1, 0)])
 
     return kernel
-
-
-@facet("gradient", "IntegralImage")
-def _integral_image_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("IntegralImageGradient", [g.I(0), g.GO(0)], [g.GI(0)])]
 
 
 @register("IntegralImageGradient", inputs=2)

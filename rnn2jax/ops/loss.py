@@ -22,7 +22,14 @@ from ..ir.netdef import Op
 from .checks import first_bad, literal, runtime_check, runtime_checked
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE
-from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_op, should_not_do_gradient
+from .gradient_makers import (
+    GradientContext,
+    GradientOps,
+    gradient_from_input,
+    gradient_op,
+    should_not_do_gradient,
+    single_gradient,
+)
 from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
@@ -132,7 +139,7 @@ def averaged_loss_gradient(op: Op) -> Kernel:
 # LabelCrossEntropy / CrossEntropy
 
 
-@register("LabelCrossEntropy", inputs=2)
+@register("LabelCrossEntropy", inputs=2, gradient=single_gradient("LabelCrossEntropyGradient", "I(0) I(1) GO(0)"))
 def label_cross_entropy(op: Op) -> Kernel:
     """(X [N, D...], label [N] int) -> Y [N] = -log(max(X[n, label[n]], 1e-20)); X holds probabilities."""
 
@@ -144,11 +151,6 @@ def label_cross_entropy(op: Op) -> Kernel:
         return -jnp.log(jnp.maximum(picked, jnp.asarray(LOG_THRESHOLD, x.dtype)))
 
     return kernel
-
-
-@facet("gradient", "LabelCrossEntropy")
-def _label_cross_entropy_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("LabelCrossEntropyGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 @register("LabelCrossEntropyGradient", inputs=3)
@@ -179,7 +181,7 @@ def _soft_labels(op: Op, label: Any, n: int, d: int) -> Any:
     return label.reshape(n, d)
 
 
-@register("CrossEntropy", inputs=2)
+@register("CrossEntropy", inputs=2, gradient=single_gradient("CrossEntropyGradient", "I(0) I(1) GO(0)"))
 def cross_entropy(op: Op) -> Kernel:
     """(X [N, D], label [N, D] soft labels) -> Y [N] = -Σ_j label[n, j] · log(max(X[n, j], 1e-20))."""
 
@@ -191,11 +193,6 @@ def cross_entropy(op: Op) -> Kernel:
         return -jnp.sum(labels * logs, axis=1)
 
     return kernel
-
-
-@facet("gradient", "CrossEntropy")
-def _cross_entropy_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("CrossEntropyGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 @register("CrossEntropyGradient", inputs=3)
@@ -271,7 +268,11 @@ def _inner_size(op: Op, x: Any, position: int) -> int:
     return inner
 
 
-@register("SigmoidCrossEntropyWithLogits", inputs=2)
+@register(
+    "SigmoidCrossEntropyWithLogits",
+    inputs=2,
+    gradient=single_gradient("SigmoidCrossEntropyWithLogitsGradient", "GO(0) I(0) I(1)"),
+)
 def sigmoid_cross_entropy_with_logits(op: Op) -> Kernel:
     """(logits, targets) -> loss shaped like logits without its last dim: minus the mean over the
     last dim of the sigmoid log-likelihood, computed stably from the logits. Args `log_D_trick`
@@ -286,11 +287,6 @@ def sigmoid_cross_entropy_with_logits(op: Op) -> Kernel:
         return -jnp.sum(terms, axis=-1) / jnp.asarray(_inner_size(op, logits, 0), logits.dtype)
 
     return kernel
-
-
-@facet("gradient", "SigmoidCrossEntropyWithLogits")
-def _sigmoid_cross_entropy_with_logits_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("SigmoidCrossEntropyWithLogitsGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0)])]
 
 
 def _xent_gradient_factor(op: Op, g: Any, logits: Any) -> Any:
@@ -448,7 +444,11 @@ def _distance_rows(op: Op, x: Any, y: Any, first: int) -> int:
     return x.shape[0] if x.ndim else 1
 
 
-@register("SquaredL2Distance", inputs=2)
+@register(
+    "SquaredL2Distance",
+    inputs=2,
+    gradient=single_gradient("SquaredL2DistanceGradient", "I(0) I(1) GO(0)", "GI(0) GI(1)"),
+)
 def squared_l2_distance(op: Op) -> Kernel:
     """(X, Y) -> [N]: 0.5 · Σ (X - Y)² over each row. (Caffe2 computes (X·X + Y·Y)/2 - X·Y, the same
     value up to rounding; the difference form avoids its cancellation.)"""
@@ -459,11 +459,6 @@ def squared_l2_distance(op: Op) -> Kernel:
         return jnp.asarray(0.5, x.dtype) * jnp.sum(diff * diff, axis=1)
 
     return kernel
-
-
-@facet("gradient", "SquaredL2Distance")
-def _squared_l2_distance_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("SquaredL2DistanceGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0), g.GI(1)])]
 
 
 @register("SquaredL2DistanceGradient", inputs=3, outputs=2)
@@ -533,7 +528,7 @@ def weighted_sigmoid_cross_entropy_with_logits_gradient(op: Op) -> Kernel:
 # MakeTwoClass
 
 
-@register("MakeTwoClass")
+@register("MakeTwoClass", gradient=single_gradient("MakeTwoClassGradient", "GO(0)"))
 def make_two_class(op: Op) -> Kernel:
     """X (probabilities) -> Y = X.shape + [2] holding (1 - x, x)."""
 
@@ -542,11 +537,6 @@ def make_two_class(op: Op) -> Kernel:
         return jnp.stack([1 - x, x], axis=-1)
 
     return kernel
-
-
-@facet("gradient", "MakeTwoClass")
-def _make_two_class_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("MakeTwoClassGradient", [g.GO(0)], [g.GI(0)])]
 
 
 @register("MakeTwoClassGradient")
@@ -618,7 +608,11 @@ def margin_ranking_criterion_gradient(op: Op) -> Kernel:
     return kernel
 
 
-@register("CosineEmbeddingCriterion", inputs=2)
+@register(
+    "CosineEmbeddingCriterion",
+    inputs=2,
+    gradient=single_gradient("CosineEmbeddingCriterionGradient", "I(0) I(1) GO(0)"),
+)
 def cosine_embedding_criterion(op: Op) -> Kernel:
     """(S, Y) -> loss shaped like S: 1 - s where y == 1, else max(0, s - margin); `margin` defaults to 0."""
     margin = np.float32(op.float("margin", 0.0))
@@ -631,11 +625,6 @@ def cosine_embedding_criterion(op: Op) -> Kernel:
         return jnp.where(positive, 1 - s, jnp.maximum(jnp.zeros((), s.dtype), s - margin))
 
     return kernel
-
-
-@facet("gradient", "CosineEmbeddingCriterion")
-def _cosine_embedding_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("CosineEmbeddingCriterionGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 @register("CosineEmbeddingCriterionGradient", inputs=3)
@@ -774,7 +763,7 @@ def _logit(p: Any) -> Any:
     return -jnp.log(1 / x - 1)
 
 
-@register("BernoulliJSD", inputs=2)
+@register("BernoulliJSD", inputs=2, gradient=single_gradient("BernoulliJSDGradient", "GO(0) I(0) I(1)"))
 def bernoulli_jsd(op: Op) -> Kernel:
     """(X, T) probabilities -> L shaped like X: H((x + t) / 2) - (H(x) + H(t)) / 2, H the Bernoulli entropy."""
 
@@ -786,11 +775,6 @@ def bernoulli_jsd(op: Op) -> Kernel:
         return _entropy(avg) - (_entropy(x) + _entropy(t)) / 2
 
     return kernel
-
-
-@facet("gradient", "BernoulliJSD")
-def _bernoulli_jsd_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("BernoulliJSDGradient", [g.GO(0), g.I(0), g.I(1)], [g.GI(0)])]
 
 
 @register("BernoulliJSDGradient", inputs=3)

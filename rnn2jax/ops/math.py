@@ -33,6 +33,7 @@ from .gradient_makers import (
     gradient_not_implemented_yet,
     gradient_op,
     should_not_do_gradient,
+    single_gradient,
 )
 from .registry import Kernel, declare_family, facet, register
 from .shape_facts import all_same_shape, output_like_input
@@ -256,7 +257,7 @@ def enforce_finite(op: Op) -> Kernel:
     return kernel
 
 
-@register("NanCheck", inputs=(1, None))
+@register("NanCheck", inputs=(1, None), gradient=single_gradient("NanCheck", "GO(0)"))
 def nan_check(op: Op) -> Kernel:
     """Copies input 0, refusing it when it holds NaN or infinity; the other inputs are only printed by
     Caffe2 on failure (caffe2/operators/utility_ops.cc)."""
@@ -267,11 +268,6 @@ def nan_check(op: Op) -> Kernel:
         return jnp.asarray(x)
 
     return kernel
-
-
-@facet("gradient", "NanCheck")
-def _nan_check_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("NanCheck", [g.GO(0)], [g.GI(0)])]
 
 
 @register("IsNaN", gradient=NO_GRADIENT)
@@ -574,15 +570,10 @@ def sum_relu(op: Op) -> Kernel:
 # Identity-like ops of gradient plumbing
 
 
-@register("NegateGradient")
+@register("NegateGradient", gradient=single_gradient("Negative", "GO(0)"))
 def negate_gradient(op: Op) -> Kernel:
     """A copy forward; its gradient is the negated output gradient (negate_gradient_op.cc)."""
     return lambda x: jnp.asarray(x)
-
-
-@facet("gradient", "NegateGradient")
-def _negate_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("Negative", [g.GO(0)], [g.GI(0)])]
 
 
 @register("ZeroGradient", outputs=0)
@@ -854,7 +845,7 @@ def l1_distance_gradient(op: Op) -> Kernel:
 _SCALE_TYPES = frozenset(np.dtype(t) for t in (np.float32, np.int32, np.int64))
 
 
-@register("SquareRootDivide", inputs=2)
+@register("SquareRootDivide", inputs=2, gradient=single_gradient("SquareRootDivide", "GO(0) I(1)"))
 def square_root_divide(op: Op) -> Kernel:
     """Row i of DATA divided by sqrt(SCALE[i]) (unchanged where SCALE[i] is 0); SCALE (float, int32 or
     int64, first dim the batch size) must not be negative (square_root_divide_op.h)."""
@@ -876,11 +867,6 @@ def square_root_divide(op: Op) -> Kernel:
         return data * jnp.reshape(multiplier, (n,) + (1,) * (data.ndim - 1))
 
     return kernel
-
-
-@facet("gradient", "SquareRootDivide")
-def _square_root_divide_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("SquareRootDivide", [g.GO(0), g.I(1)], [g.GI(0)])]
 
 
 @register("RowMul", inputs=2)

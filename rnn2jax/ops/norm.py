@@ -23,6 +23,7 @@ from .gradient_makers import (
     gradient_not_implemented_yet,
     gradient_op,
     should_not_do_gradient,
+    single_gradient,
 )
 from .reduce import channel_view, require_dtype, storage_order
 from .registry import Kernel, declare_family, facet, register
@@ -829,7 +830,12 @@ def normalize_l1(op: Op) -> Kernel:
     return kernel
 
 
-@register("RMSNorm", inputs=3, outputs=2)
+@register(
+    "RMSNorm",
+    inputs=3,
+    outputs=2,
+    gradient=single_gradient("RMSNormGradient", "GO(0) I(0) I(1) O(1)", "GI(0) GI(1) GI(2)"),
+)
 def rms_norm(op: Op) -> Kernel:
     """`(X, gamma, beta) -> (Y, rrms)`: rows `size_to_dim(axis) x size_from_dim(axis)`, `rrms =
     1/sqrt(mean(x²) + eps)` shaped like X's dims before `axis`, `Y = X·rrms·gamma + beta`
@@ -851,11 +857,6 @@ def rms_norm(op: Op) -> Kernel:
         return y.reshape(x.shape), rrms.reshape(x.shape[:k])
 
     return kernel
-
-
-@facet("gradient", "RMSNorm")
-def _rms_norm_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("RMSNormGradient", [g.GO(0), g.I(0), g.I(1), g.O(1)], [g.GI(0), g.GI(1), g.GI(2)])]
 
 
 @register("RMSNormGradient", inputs=4, outputs=3)

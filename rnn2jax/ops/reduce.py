@@ -17,7 +17,14 @@ from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .common import canonical_axis, size_from_dim, size_to_dim
 from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
-from .gradient_makers import GradientContext, GradientOps, gradient_from_input, gradient_op, should_not_do_gradient
+from .gradient_makers import (
+    GradientContext,
+    GradientOps,
+    gradient_from_input,
+    gradient_op,
+    should_not_do_gradient,
+    single_gradient,
+)
 from .registry import Kernel, declare_family, facet, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
@@ -498,7 +505,7 @@ def _moments_dims(op: Op, axes: tuple[int, ...], ndim: int) -> tuple[int, ...]:
     return tuple(dims)
 
 
-@register("Moments", outputs=2)
+@register("Moments", outputs=2, gradient=single_gradient("MomentsGradient", "GO(0) GO(1) I(0) O(0)"))
 def moments(op: Op) -> Kernel:
     """`X -> (mean, variance)` over `axes` (the biased variance), float only; an empty reduction gives
     0 and 0 (math::Moments)."""
@@ -518,11 +525,6 @@ def moments(op: Op) -> Kernel:
         return mean.reshape(out), var.reshape(out)
 
     return kernel
-
-
-@facet("gradient", "Moments")
-def _moments_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("MomentsGradient", [g.GO(0), g.GO(1), g.I(0), g.O(0)], [g.GI(0)])]
 
 
 @register("MomentsGradient", inputs=4)
@@ -569,7 +571,7 @@ def channel_view(op: Op, x: jax.Array, nchw: bool, min_ndim: int = 2) -> tuple[j
     return (x.reshape(n, c, hxw) if nchw else x.reshape(n, hxw, c)), n, c, hxw
 
 
-@register("BatchMoments", outputs=2)
+@register("BatchMoments", outputs=2, gradient=single_gradient("BatchMomentsGradient", "GO(0) GO(1) I(0)"))
 def batch_moments(op: Op) -> Kernel:
     """`X -> (mu, var)` per channel: the mean of X and the mean of X² (not the variance) over N and
     HxW, float only; no spatial positions give NaN, as Caffe2's 0/0 (batch_moments_op.cc)."""
@@ -585,11 +587,6 @@ def batch_moments(op: Op) -> Kernel:
         return jnp.mean(view, axis=axes), jnp.mean(jnp.square(view), axis=axes)
 
     return kernel
-
-
-@facet("gradient", "BatchMoments")
-def _batch_moments_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("BatchMomentsGradient", [g.GO(0), g.GO(1), g.I(0)], [g.GI(0)])]
 
 
 @register("BatchMomentsGradient", inputs=3)

@@ -35,6 +35,7 @@ from .gradient_makers import (
     gradient_op,
     no_gradient,
     should_not_do_gradient,
+    single_gradient,
 )
 from .registry import Kernel, declare_family, facet, register
 from .shape_facts import INT32, Context, Guesses, Solver, Spec, output_like_input
@@ -359,7 +360,7 @@ def emit_transpose(w: EmitWriter, op: Op, xs: list[str]) -> Call:
     return call("jnp.transpose", xs[0], *((source_literal(tuple(axes)),) if axes else ()))
 
 
-@register("Squeeze")
+@register("Squeeze", gradient=single_gradient("ExpandDims", "GO(0)"))
 def squeeze(op: Op) -> Kernel:
     dims = _sorted_dims(op)
 
@@ -376,17 +377,12 @@ def squeeze(op: Op) -> Kernel:
     return kernel
 
 
-@facet("gradient", "Squeeze")
-def _squeeze_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("ExpandDims", [g.GO(0)], [g.GI(0)])]
-
-
 @facet("emitter", "Squeeze")
 def emit_squeeze(w: EmitWriter, op: Op, xs: list[str]) -> Call:
     return call("jnp.squeeze", xs[0], source_literal(_sorted_dims(op)))
 
 
-@register("ExpandDims")
+@register("ExpandDims", gradient=single_gradient("Squeeze", "GO(0)"))
 def expand_dims(op: Op) -> Kernel:
     """Argument `dims`: where the new size-1 dims are in the output."""
     dims = _sorted_dims(op)
@@ -402,17 +398,12 @@ def expand_dims(op: Op) -> Kernel:
     return kernel
 
 
-@facet("gradient", "ExpandDims")
-def _expand_dims_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("Squeeze", [g.GO(0)], [g.GI(0)])]
-
-
 @facet("emitter", "ExpandDims")
 def emit_expand_dims(w: EmitWriter, op: Op, xs: list[str]) -> Call:
     return call("jnp.expand_dims", xs[0], source_literal(_sorted_dims(op)))
 
 
-@register("Flatten")
+@register("Flatten", gradient=single_gradient("ResizeLike", "GO(0) I(0)"))
 def flatten(op: Op) -> Kernel:
     """To 2-D: [size_to_dim(axis), size_from_dim(axis)]."""
     axis = op.int("axis", 1)
@@ -425,11 +416,6 @@ def flatten(op: Op) -> Kernel:
         return jnp.reshape(x, (size_to_dim(x.shape, axis), size_from_dim(x.shape, axis)))
 
     return kernel
-
-
-@facet("gradient", "Flatten")
-def _flatten_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("ResizeLike", [g.GO(0), g.I(0)], [g.GI(0)])]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from .gradient_makers import (
     gradient_op,
     no_gradient,
     should_not_do_gradient,
+    single_gradient,
 )
 from .registry import Kernel, declare_family, facet, register
 
@@ -205,7 +206,13 @@ def lengths_gather(op: Op) -> Kernel:
 _PACK_TYPES = (np.float32, np.int32, np.int64)
 
 
-@register("PackSegments", inputs=2, outputs=(1, 2), static_inputs=(0,))
+@register(
+    "PackSegments",
+    inputs=2,
+    outputs=(1, 2),
+    static_inputs=(0,),
+    gradient=single_gradient("UnpackSegments", "I(0) GO(0)", "GI(1)"),
+)
 def pack_segments(op: Op) -> Kernel:
     """(LENGTHS [B], DATA [sum(LENGTHS), ...]) -> (PACKED [B, max_length, ...], PRESENCE_MASK [B,
     max_length] bool): each segment a row, padded with 0 (-inf for float with `pad_minf`) and cut to
@@ -248,12 +255,12 @@ def pack_segments(op: Op) -> Kernel:
     return kernel
 
 
-@facet("gradient", "PackSegments")
-def _pack_segments_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("UnpackSegments", [g.I(0), g.GO(0)], [g.GI(1)])]
-
-
-@register("UnpackSegments", inputs=2, static_inputs=(0,))
+@register(
+    "UnpackSegments",
+    inputs=2,
+    static_inputs=(0,),
+    gradient=single_gradient("PackSegments", "I(0) GO(0)", "GI(1)"),
+)
 def unpack_segments(op: Op) -> Kernel:
     """(LENGTHS [B], PACKED [B, T, ...]) -> DATA [sum(min(LENGTHS, T)), ...]: PackSegments undone.
     With argument `max_length` it must equal T and longer segments are cut to it; without it, Caffe2
@@ -285,18 +292,13 @@ def unpack_segments(op: Op) -> Kernel:
     return kernel
 
 
-@facet("gradient", "UnpackSegments")
-def _unpack_segments_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("PackSegments", [g.I(0), g.GO(0)], [g.GI(1)])]
-
-
 # --------------------------------------------------------------------------------------------------
 # BatchGather
 
 runtime_checked("BatchGather", "LengthsGather", "LengthsTopKGradient", "RemoveDataBlocks", "LengthsPartition")
 
 
-@register("BatchGather", inputs=2)
+@register("BatchGather", inputs=2, gradient=single_gradient("BatchGatherGradient", "I(0) I(1) GO(0)"))
 def batch_gather(op: Op) -> Kernel:
     """(DATA, INDICES) -> Gather along axis 1: DATA.shape[:1] + INDICES.shape + DATA.shape[2:]; with
     `match_outer`, INDICES' dim 0 is the batch shared with DATA (caffe2/operators/batch_gather_ops.h).
@@ -324,11 +326,6 @@ def batch_gather(op: Op) -> Kernel:
         return jnp.take(data, indices, axis=1, mode="clip")
 
     return kernel
-
-
-@facet("gradient", "BatchGather")
-def _batch_gather_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("BatchGatherGradient", [g.I(0), g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -530,7 +527,7 @@ def gather_ranges_to_dense(op: Op) -> Kernel:
 # Lengths ops
 
 
-@register("LengthsTile", inputs=2, static_inputs=(1,))
+@register("LengthsTile", inputs=2, static_inputs=(1,), gradient=single_gradient("LengthsSum", "GO(0) I(1)"))
 def lengths_tile(op: Op) -> Kernel:
     """(DATA [N, ...], LENGTHS [N] int32) -> row i repeated LENGTHS[i] times (caffe2/operators/lengths_tile_op.cc)."""
 
@@ -543,11 +540,6 @@ def lengths_tile(op: Op) -> Kernel:
         return _gather_rows(data, np.repeat(np.arange(lengths.size), lengths))
 
     return kernel
-
-
-@facet("gradient", "LengthsTile")
-def _lengths_tile_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("LengthsSum", [g.GO(0), g.I(1)], [g.GI(0)])]
 
 
 runtime_checked("LengthsPad")
@@ -605,7 +597,7 @@ def lengths_range_fill(op: Op) -> Kernel:
 runtime_checked("LengthsTopK")
 
 
-@register("LengthsTopK", inputs=2, outputs=2)
+@register("LengthsTopK", inputs=2, outputs=2, gradient=single_gradient("LengthsTopKGradient", "I(1) O(1) GO(0)"))
 def lengths_top_k(op: Op) -> Kernel:
     """(X [sum(LENGTHS)] float, LENGTHS [B] int32) -> (VALUES [B, k], INDICES [B, k] int32): each
     segment's k largest values (ties: the earlier first) and their positions in the segment, padded
@@ -626,11 +618,6 @@ def lengths_top_k(op: Op) -> Kernel:
         return _segment_top_k(flat, lengths, k)
 
     return kernel
-
-
-@facet("gradient", "LengthsTopK")
-def _lengths_top_k_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("LengthsTopKGradient", [g.I(1), g.O(1), g.GO(0)], [g.GI(0)])]
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -698,7 +685,11 @@ def _batch_sparse_rows(op: Op, lengths: Any, indices: Any, width: int) -> Any:
     return rows
 
 
-@register("BatchSparseToDense", inputs=(3, 4))
+@register(
+    "BatchSparseToDense",
+    inputs=(3, 4),
+    gradient=single_gradient("BatchDenseToSparse", "I(0) I(1) GO(0)", "GI(2)"),
+)
 def batch_sparse_to_dense(op: Op) -> Kernel:
     """(LENGTHS [B], INDICES [K], VALUES [K] float[, SHAPER [B', D]]) -> [B, D]: row i holds its
     segment's values at their indices, `default_value` elsewhere; D is argument `dense_last_dim` or
@@ -732,12 +723,11 @@ def batch_sparse_to_dense(op: Op) -> Kernel:
     return kernel
 
 
-@facet("gradient", "BatchSparseToDense")
-def _batch_sparse_to_dense_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("BatchDenseToSparse", [g.I(0), g.I(1), g.GO(0)], [g.GI(2)])]
-
-
-@register("BatchDenseToSparse", inputs=3)
+@register(
+    "BatchDenseToSparse",
+    inputs=3,
+    gradient=single_gradient("BatchSparseToDense", "I(0) I(1) GO(0) I(2)", "GI(2)"),
+)
 def batch_dense_to_sparse(op: Op) -> Kernel:
     """(LENGTHS [B], INDICES [K], DENSE [B, D] float) -> VALUES [K]: DENSE[row of k, INDICES[k]]."""
 
@@ -754,11 +744,6 @@ def batch_dense_to_sparse(op: Op) -> Kernel:
     return kernel
 
 
-@facet("gradient", "BatchDenseToSparse")
-def _batch_dense_to_sparse_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("BatchSparseToDense", [g.I(0), g.I(1), g.GO(0), g.I(2)], [g.GI(2)])]
-
-
 # --------------------------------------------------------------------------------------------------
 # BooleanMask and friends
 
@@ -767,7 +752,13 @@ def _static_mask(op: Op, mask: Any, position: int) -> np.ndarray:
     return _static_ints(op, mask, position, "MASK", (np.dtype(np.bool_),))
 
 
-@register("BooleanMask", inputs=2, outputs=(1, 2), static_inputs=(1,))
+@register(
+    "BooleanMask",
+    inputs=2,
+    outputs=(1, 2),
+    static_inputs=(1,),
+    gradient=single_gradient("BooleanMaskGradient", "I(1) GO(0)"),
+)
 def boolean_mask(op: Op) -> Kernel:
     """(DATA [N, ...], MASK [N] bool) -> (the rows where MASK holds, their indices int64)
     (caffe2/operators/boolean_mask_ops.cc)."""
@@ -781,11 +772,6 @@ def boolean_mask(op: Op) -> Kernel:
         return _gather_rows(data, index), index.astype(np.dtype(np.int64))
 
     return kernel
-
-
-@facet("gradient", "BooleanMask")
-def _boolean_mask_gradient_maker(g: GradientContext) -> GradientOps:
-    return [gradient_op("BooleanMaskGradient", [g.I(1), g.GO(0)], [g.GI(0)])]
 
 
 @register("BooleanMaskGradient", inputs=2, static_inputs=(0,))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from rnn2jax.caffe2.opdef import create_operator
+from rnn2jax.errors import RegistrationError
 from rnn2jax.ops.backward_pass import get_backward_pass, get_ssa, get_undefined_blobs, version_checks
-from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
+from rnn2jax.ops.gradient_makers import GradientContext, GradientError, get_gradient_for_op, single_gradient
 from rnn2jax.proto import caffe2_pb2 as pb
 
 
@@ -102,6 +103,17 @@ def test_missing_maker_and_refusing_makers_raise():
         get_gradient_for_op(op("Cast", ["a"], ["b"], to="float"), ["b_grad"])
     with pytest.raises(GradientError, match="broadcast=1"):
         get_gradient_for_op(op("BatchMatMul", ["a", "b"], ["c"], broadcast=1), ["c_grad"])
+
+
+def test_single_gradient_reads_blobs_as_caffe2_writes_them():
+    g = GradientContext(op("PRelu", ["x", "slope"], ["y"]), ["y_grad"])
+    made = single_gradient("PReluGradient", "O(0) GO(0) I(0) I(1)", "GI(0) GI(1)")(g)
+    assert brief(made) == [("PReluGradient", ["y", "y_grad", "x", "slope"], ["x_grad", "slope_grad"])]
+    assert g.g_input == ["x_grad", "slope_grad"]
+    with pytest.raises(GradientError, match="Gradient of output y is not provided"):
+        single_gradient("PReluGradient", "GO(0)")(GradientContext(op("PRelu", ["x", "s"], ["y"]), [None]))
+    with pytest.raises(RegistrationError, match="I\\(i\\), O\\(i\\), GO\\(i\\) or GI\\(i\\)"):
+        single_gradient("XGradient", "I(0),GO(0)")
 
 
 def test_stop_gradient_blocks_the_gradient():
