@@ -34,17 +34,10 @@ $(CAFFE2_STAMP): $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rnn2jax demo
 
-# One XLA compilation cache for the whole run, shared by the test processes (pytest's workers, the CLI and
-# example subprocesses, the Caffe2-style run): tests compile the same programs again from new closures (every
-# hypothesis example, every CLI call), and an identical program is then read back instead of compiled. It lives
-# in a temporary folder removed at the end, so no run sees another's. Long tests are balanced by work stealing.
 test: $(STAMP) $(CAFFE2_STAMP)
 	@sh scripts/install_graphviz.sh
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples
-	@cache=$$(mktemp -d); trap 'rm -rf "$$cache"' EXIT; \
-	export JAX_COMPILATION_CACHE_DIR="$$cache" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
-		JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0; \
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal $(PYTEST_ARGS) && \
+	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-caffe2-api
 
 # Caffe2-style tests on rnn2jax's `caffe2` (pytest plugin rnn2jax.caffe2.pytest_plugin, which loads Caffe2's test
@@ -55,7 +48,7 @@ test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 	if [ -z "$$src" ]; then echo "make: real Caffe2 is unavailable, so the Caffe2-style tests are not run"; exit 0; fi; \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	for name in $(CAFFE2_UPSTREAM_TESTS); do cp "$$src/python/operator_test/$$name.py" "$$tmp/"; done; \
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal --rootdir=. -c pyproject.toml -p rnn2jax.caffe2.pytest_plugin \
+	$(BIN)/python -m pytest -q -n 2 --rootdir=. -c pyproject.toml -p rnn2jax.caffe2.pytest_plugin \
 		-p tests.caffe2_upstream --caffe2-source "$$src" tests/caffe2_style "$$tmp"
 
 # Both fuzzers side by side for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=1800 FUZZ_SEED=7`): atheris over the
