@@ -15,13 +15,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
 from ..errors import Advice, InputTypeError, MissingBlobError, ParseError, ResourceError
 from ..ir.budget import check_array, format_bytes, memory_budget
-from ..ir.dtypes import caffe2_dtypes, check_not_narrowed, in_caffe2_dtypes
+from ..ir.dtypes import caffe2_dtypes, check_not_narrowed, device_array, in_caffe2_dtypes
 from ..ir.loader import load
 from ..ir.netdef import Net, Op, Plan
 from ..lowering.interpreter import LoweredNet, lower, specialisation_key
@@ -339,11 +338,12 @@ def xla_out_of_memory(where: str) -> Iterator[None]:
 
 
 def _as_array(value: Any, what: str) -> jax.Array:
-    """`jnp.asarray(value)`, with a named InputTypeError for values that are not arrays of numbers."""
+    """`value` as a JAX array (`device_array`), with a named InputTypeError for values that are not arrays of
+    numbers."""
     if isinstance(value, Mapping | str | bytes) or value is None:
         raise InputTypeError(f"{what} must be an array (NumPy or JAX), got a {type(value).__name__}")
     try:
-        return jnp.asarray(value)
+        return device_array(value)
     except (TypeError, ValueError) as error:
         raise InputTypeError(f"{what} must be an array of numbers (NumPy or JAX): {error}") from None
 

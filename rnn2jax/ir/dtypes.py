@@ -65,3 +65,13 @@ def check_not_narrowed(where: str, name: str, expected: Any, got: Any) -> None:
             "round its values silently; wrap the call in `with jax.enable_x64(True):`, or call the CompiledNet "
             "itself, which keeps 64-bit values"
         )
+
+
+def device_array(value: Any) -> jax.Array:
+    """`value` as a JAX array of its own dtype. A NumPy array is copied to the device with `jax.device_put`:
+    `jnp.asarray` of one compiles (and caches) an identity program for each new shape and dtype, about 20 ms
+    on a CPU, which a net fed arrays of many shapes (a Caffe2 script's FeedBlob, a CompiledNet's first calls)
+    pays again and again. Anything else (Python scalars and lists, JAX arrays) goes through `jnp.asarray`."""
+    if isinstance(value, np.ndarray | np.generic) and np.dtype(value.dtype).kind in "biufc":
+        return jax.device_put(value)
+    return jax.numpy.asarray(value)

@@ -20,11 +20,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..errors import BadArgumentError, InputTypeError, MissingBlobError, WorkspaceError
-from ..ir.dtypes import in_caffe2_dtypes
+from ..ir.dtypes import device_array, in_caffe2_dtypes
 from ..ir.loader import load
 from ..ir.netdef import Net, Plan
 from . import plan as plan_runner
@@ -350,6 +349,6 @@ def _as_blob(name: str, value: Any) -> Any:
     if array.dtype.kind not in "biufc":
         raise InputTypeError(f"blob '{name}': arrays of dtype {array.dtype} cannot be blobs")
     try:
-        return jnp.asarray(array)
+        return device_array(array)
     except (TypeError, ValueError) as error:
         raise BadArgumentError(f"blob '{name}': {error}") from None

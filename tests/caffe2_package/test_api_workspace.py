@@ -287,6 +287,17 @@ def test_running_an_unknown_net_is_an_error_naming_it():
 # Running ops: compiled once per op and shapes, in whichever workspace
 
 
+def test_feeding_arrays_of_new_shapes_compiles_nothing():
+    with count_compilations() as count:
+        for rows in range(1, 6):
+            for dtype in (np.float32, np.float64, np.int32, np.int64, np.bool_, np.float16):
+                value = (np.arange(rows * 3) % 2).reshape(rows, 3).astype(dtype)
+                workspace.FeedBlob("fed", value)
+                got = workspace.FetchBlob("fed")
+                assert got.dtype == value.dtype and np.array_equal(got, value)
+    assert count[0] == 0
+
+
 def test_repeated_run_operator_once_compiles_nothing_again():
     op = core.CreateOperator("Tanh", ["x"], ["y"])
     x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)

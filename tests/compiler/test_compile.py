@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import rnn2jax
+from helpers import count_compilations
 from rnn2jax.caffe2.opdef import create_net, create_operator
 
 
@@ -66,6 +67,22 @@ def test_compile_without_init_net_takes_every_read_blob_as_input():
     x = np.ones((2, 4), np.float32)
     out = fn(data=x, w1=weights[0], b1=weights[1], w2=weights[2], b2=weights[3])
     np.testing.assert_allclose(np.asarray(out["prob"]), _mlp_reference(x, *weights), rtol=1e-5, atol=1e-6)
+
+
+def test_numpy_inputs_of_a_new_shape_compile_the_net_and_nothing_else():
+    # jnp.asarray of a NumPy array compiles an identity program per new shape and dtype; inputs are copied
+    # to the device without one, so each new shape costs the net's own compilation only.
+    compiled = rnn2jax.compile(
+        create_net("n", [create_operator("Mul", ["x", "y"], ["xy"]), create_operator("Cast", ["n"], ["m"], to=10)])
+    )
+    for rows in (2, 3, 5):
+        x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+        n = np.arange(rows, dtype=np.int64)
+        with count_compilations() as total:
+            out = compiled(x=x, y=x[::-1].copy(), n=n)
+        assert total[0] == 1
+        np.testing.assert_array_equal(np.asarray(out["xy"]), x * x[::-1])
+        assert out["m"].dtype == np.int64 and np.array_equal(np.asarray(out["m"]), n)
 
 
 def test_params_argument_adds_and_replaces():
