@@ -27,7 +27,7 @@ import numpy as np
 from ..compiler.compiled_net import run_init_net
 from ..errors import Advice, BadArgumentError, InputTypeError, Rnn2JaxError, ShapeError, UnwrittenStateError
 from ..ir.budget import check_array
-from ..ir.dtypes import caffe2_dtypes
+from ..ir.dtypes import caffe2_dtypes, device_array
 from ..ir.loader import load
 from ..ir.netdef import Net, Op, Plan
 from ..lowering.interpreter import lower
@@ -245,8 +245,8 @@ class _OpCheck:
         return {name: env[name] for name in grad_op.outputs}
 
     def autodiff(self, grads: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-        floats = {n: jnp.asarray(self.inputs[n]) for n in self.float_names()}
-        return self.jitted_vjp(floats, {n: jnp.asarray(g) for n, g in grads.items()})
+        floats = {n: device_array(self.inputs[n]) for n in self.float_names()}
+        return self.jitted_vjp(floats, {n: device_array(g) for n, g in grads.items()})
 
     def _vjp(self, floats: Mapping[str, jax.Array], grads: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         outputs, pullback = jax.vjp(self.forward, floats)
@@ -265,11 +265,11 @@ class _OpCheck:
         with caffe2_dtypes():
             if self._forward64 is None:  # the other inputs are constants, as in the reference
                 self._forward64 = jax.jit(lambda floats: self.forward(floats, wide))
-            base = {n: jnp.asarray(wide[n]) for n in self.float_names()}
+            base = {n: device_array(wide[n]) for n in self.float_names()}
             cotangents = {n: np.asarray(g, np.float64) for n, g in grads.items()}
 
             def loss(scale: float) -> float:
-                out = self._forward64({**base, name: base[name] + scale * jnp.asarray(direction)})
+                out = self._forward64({**base, name: base[name] + scale * device_array(direction)})
                 return float(sum(np.vdot(np.asarray(out[n], np.float64), g) for n, g in cotangents.items()))
 
             numeric = (loss(FD_STEP) - loss(-FD_STEP)) / (2 * FD_STEP)
@@ -417,7 +417,7 @@ def reference_jaxprs(
     with caffe2_dtypes():
         for op in ops:
             check = _OpCheck(op, values, shapes, rng, dtype, plain=plain)
-            floats = {n: jnp.asarray(check.inputs[n]) for n in check.float_names()}
+            floats = {n: device_array(check.inputs[n]) for n in check.float_names()}
             found[op.where] = jax.make_jaxpr(check.forward)(floats)
     return found
 
