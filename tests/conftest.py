@@ -1,11 +1,36 @@
 import os
 from pathlib import Path
 
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
 from rnn2jax.checking.oracle import Caffe2Oracle, find_python39
 from rnn2jax.errors import Rnn2JaxError
+
+
+def _compile_at_llvm_o0() -> None:
+    """The test processes compile with XLA's LLVM backend at -O0, as C++ projects run their tests on debug
+    builds: most of the suite's time is XLA compiling thousands of small, distinct programs, and -O0 takes
+    about 40% less time on each. The HLO is the same; a float result may differ from -O2's in its last bit
+    (where -O2 contracts a multiply and an add), far inside every tolerance. XLA reads XLA_FLAGS once, when
+    JAX starts its backend here, and the variable is put back at once, so the programs the tests start as
+    subprocesses (the README's and docs' commands, the examples, `rnn2jax exec`) compile as users' do.
+    RNN2JAX_TEST_XLA_O2=1 keeps -O2 in the test processes too."""
+    if os.environ.get("RNN2JAX_TEST_XLA_O2") or jax._src.xla_bridge.backends_are_initialized():
+        return
+    before = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = f"{before or ''} --xla_backend_optimization_level=0".strip()
+    try:
+        jax.devices()
+    finally:
+        if before is None:
+            del os.environ["XLA_FLAGS"]
+        else:
+            os.environ["XLA_FLAGS"] = before
+
+
+_compile_at_llvm_o0()
 
 settings.register_profile(
     "default",
@@ -20,8 +45,8 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-# CI (.ci/run) draws the same examples on every run, so a commit that passed stays passing there;
-# local runs keep exploring new ones.
+# `make test` (and CI through it) draws the same examples on every run, so a commit that passed stays passing;
+# RNN2JAX_HYPOTHESIS_PROFILE=default or thorough explores fresh ones.
 settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True, database=None)
 settings.load_profile(os.environ.get("RNN2JAX_HYPOTHESIS_PROFILE", "default"))
 
