@@ -34,6 +34,14 @@ $(CAFFE2_STAMP): $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rnn2jax demo
 
+# `make test` draws the same hypothesis examples on every run, as CI does: the derandomized `ci` profile of
+# tests/conftest.py (and of rnn2jax.caffe2.pytest_plugin), 6 examples per test and 5 per Caffe2-style test;
+# a second run of the same commit gives the same answer. Each of the three may be set to explore instead
+# (RNN2JAX_HYPOTHESIS_PROFILE=thorough make test draws 200 fresh examples per test).
+test test-caffe2-api: export RNN2JAX_HYPOTHESIS_PROFILE ?= ci
+test test-caffe2-api: export RNN2JAX_EXAMPLES ?= 6
+test test-caffe2-api: export RNN2JAX_CAFFE2_EXAMPLES ?= 5
+
 test: $(STAMP) $(CAFFE2_STAMP)
 	@sh scripts/install_graphviz.sh
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples
