@@ -17,7 +17,7 @@ FUZZ_SECONDS ?= 600
 CAFFE2_UPSTREAM_TESTS := rnn_cell_test recurrent_network_test gru_test basic_rnn_test pack_rnn_sequence_op_test \
 	layer_norm_op_test expand_op_test flexible_top_k_test numpy_tile_op_test one_hot_ops_test
 
-.PHONY: demo test test-caffe2-api lint fuzz clean bench
+.PHONY: demo test test-explore test-caffe2-api lint fuzz clean bench
 BENCH_ARGS ?=
 
 $(STAMP): pyproject.toml
@@ -47,6 +47,16 @@ test: $(STAMP) $(CAFFE2_STAMP)
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-caffe2-api
+
+# `make test-explore [EXPLORE=tests/ops] [EXPLORE_EXAMPLES=50]`: fresh hypothesis draws, EXPLORE_EXAMPLES per test,
+# over EXPLORE (default: the whole suite but the Caffe2-style tests). Each failing example hypothesis keeps is
+# pinned in tests/regressions/hypothesis/ (tests/pinned_examples.py): commit it, and `make test` replays it on
+# every run.
+EXPLORE ?= tests
+EXPLORE_EXAMPLES ?= 50
+test-explore: $(STAMP) $(CAFFE2_STAMP)
+	RNN2JAX_HYPOTHESIS_PROFILE=explore RNN2JAX_EXAMPLES=$(EXPLORE_EXAMPLES) \
+		$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider $(EXPLORE)
 
 # Caffe2-style tests on rnn2jax's `caffe2` (pytest plugin rnn2jax.caffe2.pytest_plugin, which loads Caffe2's test
 # utilities from the real-Caffe2 venv): the project's own (tests/caffe2_style), and Caffe2's own RNN test files,

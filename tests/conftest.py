@@ -4,6 +4,7 @@ from pathlib import Path
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
+from pinned_examples import ExploredExamples, PinnedExamples, pin, read_index, seed_of
 
 from rnn2jax.checking.oracle import Caffe2Oracle, find_python39
 from rnn2jax.errors import Rnn2JaxError
@@ -45,10 +46,63 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-# `make test` (and CI through it) draws the same examples on every run, so a commit that passed stays passing;
-# RNN2JAX_HYPOTHESIS_PROFILE=default or thorough explores fresh ones.
-settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True, database=None)
-settings.load_profile(os.environ.get("RNN2JAX_HYPOTHESIS_PROFILE", "default"))
+# `make test` (and CI through it) draws the same examples on every run, so a commit that passed stays passing,
+# after replaying the examples `make test-explore` pinned (tests/pinned_examples.py); `explore` draws fresh
+# ones and pins what fails; default and thorough draw fresh ones and pin nothing.
+PROFILE = os.environ.get("RNN2JAX_HYPOTHESIS_PROFILE", "default")
+PINNED = PinnedExamples()
+EXPLORED = ExploredExamples() if PROFILE == "explore" else None
+settings.register_profile("ci", parent=settings.get_profile("default"), database=PINNED)
+if EXPLORED is not None:
+    settings.register_profile("explore", parent=settings.get_profile("default"), database=EXPLORED)
+settings.load_profile(PROFILE)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """In the `ci` profile each hypothesis test draws from the seed `derandomize` would give it (derandomize
+    itself turns the database off, and with it the pinned examples)."""
+    if PROFILE == "ci":
+        seed = seed_of(item)
+        if seed is not None:
+            getattr(item.obj, "__func__", item.obj)._hypothesis_internal_use_seed = seed
+    yield
+
+
+@pytest.fixture(autouse=True)
+def pinned_examples(request):
+    """`ci`: the examples pinned for this test were replayed (else its source changed since they were
+    pinned, and they would be skipped silently); `explore`: what failed is pinned."""
+    yield
+    nodeid = request.node.nodeid
+    if EXPLORED is not None and EXPLORED.saved:
+        pin(EXPLORED, nodeid)
+    expected = PINS.get(nodeid, set())
+    if PROFILE == "ci" and expected - PINNED.fetched:
+        pytest.fail(
+            f"{nodeid} has examples pinned in tests/regressions/hypothesis ({', '.join(sorted(expected))}) but "
+            "did not replay them: the test changed since they were pinned. Pin them again: "
+            f"make test-explore EXPLORE='{nodeid}', then drop the stale lines of pinned.txt"
+        )
+
+
+PINS = read_index()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[PINS_AT_START] = sum(len(v) for v in read_index().values())
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if PROFILE == "explore":
+        new = sum(len(v) for v in read_index().values()) - config.stash.get(PINS_AT_START, 0)
+        terminalreporter.write_line(
+            f"make test-explore: {new} newly pinned test key(s) in tests/regressions/hypothesis (pinned.txt); "
+            "commit them, and make test replays them on every run"
+        )
+
+
+PINS_AT_START = pytest.StashKey[int]()
 
 
 def pytest_ignore_collect(collection_path, config):
