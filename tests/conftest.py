@@ -97,8 +97,8 @@ def pytest_terminal_summary(terminalreporter, config):
     if PROFILE == "explore":
         new = sum(len(v) for v in read_index().values()) - config.stash.get(PINS_AT_START, 0)
         terminalreporter.write_line(
-            f"make test-explore: {new} newly pinned test key(s) in tests/regressions/hypothesis (pinned.txt); "
-            "commit them, and make test replays them on every run"
+            f"make test-explore: {new} test key(s) newly pinned in tests/regressions/hypothesis (pinned.txt)"
+            + ("; commit them with the fix, and make test replays them on every run" if new else "")
         )
 
 

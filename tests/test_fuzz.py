@@ -95,8 +95,8 @@ def test_a_short_atheris_run_finds_nothing(tmp_path):
     for name in ("basic_rnn-tanh", "lstm-forward_only", "gru"):
         shutil.copy(FUZZ / "seeds" / f"{name}.pb", corpus)
     result = subprocess.run(
-        [sys.executable, str(FUZZ / "fuzz_nets.py"), "-runs=15", "-seed=1", "-max_len=65536", "-timeout=20", "-rss_limit_mb=8192",
-         f"-artifact_prefix={tmp_path}/", str(corpus)],
+        [sys.executable, str(FUZZ / "fuzz_nets.py"), "-runs=15", "-seed=1", "-max_len=65536", "-timeout=20",
+         "-rss_limit_mb=8192", f"-artifact_prefix={tmp_path}/", str(corpus)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONHASHSEED": "0"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
