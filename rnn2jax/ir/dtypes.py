@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..errors import InputTypeError
@@ -74,4 +75,4 @@ def device_array(value: Any) -> jax.Array:
     pays again and again. Anything else (Python scalars and lists, JAX arrays) goes through `jnp.asarray`."""
     if isinstance(value, np.ndarray | np.generic) and np.dtype(value.dtype).kind in "biufc":
         return jax.device_put(value)
-    return jax.numpy.asarray(value)
+    return jnp.asarray(value)
