@@ -52,6 +52,7 @@ settings.register_profile(
 PROFILE = os.environ.get("RNN2JAX_HYPOTHESIS_PROFILE", "default")
 PINNED = PinnedExamples()
 EXPLORED = ExploredExamples() if PROFILE == "explore" else None
+PINS = read_index()  # nodeid -> its pinned key directories, as this session starts
 settings.register_profile("ci", parent=settings.get_profile("default"), database=PINNED)
 if EXPLORED is not None:
     settings.register_profile("explore", parent=settings.get_profile("default"), database=EXPLORED)
@@ -86,23 +87,17 @@ def pinned_examples(request):
         )
 
 
-PINS = read_index()
-
-
-def pytest_sessionstart(session):
-    session.config.stash[PINS_AT_START] = sum(len(v) for v in read_index().values())
-
-
 def pytest_terminal_summary(terminalreporter, config):
     if PROFILE == "explore":
-        new = sum(len(v) for v in read_index().values()) - config.stash.get(PINS_AT_START, 0)
+        new = pinned_keys(read_index()) - pinned_keys(PINS)
         terminalreporter.write_line(
             f"make test-explore: {new} test key(s) newly pinned in tests/regressions/hypothesis (pinned.txt)"
             + ("; commit them with the fix, and make test replays them on every run" if new else "")
         )
 
 
-PINS_AT_START = pytest.StashKey[int]()
+def pinned_keys(index: dict[str, set[str]]) -> int:
+    return sum(len(directories) for directories in index.values())
 
 
 def pytest_ignore_collect(collection_path, config):
