@@ -86,7 +86,9 @@ def _ours(real_name: str) -> ModuleType | None:
     """rnn2jax's own module `real_name` (imported), or None when rnn2jax has no such module."""
     if real_name in sys.modules:
         module = sys.modules[real_name]
-        return module if module.__name__ == real_name else None
+        # rnn2jax's own, possibly under another rnn2jax name (caffe2_pb2 is rnn2jax.proto.caffe2_pb2), and
+        # not a module of the source tree aliased under rnn2jax's name by `_source_alias`
+        return module if module.__name__.startswith("rnn2jax.") else None
     parent_name = real_name.rpartition(".")[0]
     parent = _ours(parent_name) if parent_name != _PACKAGE else importlib.import_module(_PACKAGE)
     if parent is None or not hasattr(parent, "__path__"):

@@ -90,6 +90,14 @@ class RNNCell:
         )
         return self._prepare_output_sequence(model, states_for_all_steps), states_for_all_steps
 
+    def apply(
+        self, model: ModelHelper, input_t: str, seq_lengths: str | None, states: Sequence[str], timestep: str
+    ) -> tuple[BlobReference, Sequence[BlobReference]]:
+        """One step of the cell, built into `model` (a decoder's step net): (output, new states)."""
+        input_t = self.prepare_input(model, input_t)
+        states = self._apply(model, input_t, seq_lengths, states, timestep)
+        return self._prepare_output(model, states), states
+
     def _apply(
         self,
         model: ModelHelper,

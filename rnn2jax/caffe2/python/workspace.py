@@ -27,7 +27,7 @@ from ...runtime.workspace import Workspace as _RuntimeWorkspace
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
-from . import _step_blobs, python_op  # noqa: F401
+from . import _step_blobs, python_op, scope  # noqa: F401
 
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
@@ -232,6 +232,11 @@ def CreateBlob(name: Any) -> bool:
 def _blob_names(ws: _RuntimeWorkspace) -> list[str]:
     """As in Caffe2, blobs made by CreateBlob or CreateNet count before anything writes them."""
     return sorted(set(ws.blobs()) | ws._created)
+
+
+def GetNameScope() -> str:
+    """The current name scope (`core.NameScope`), with its trailing separator: a prefix for fetching blobs."""
+    return scope.CurrentNameScope()
 
 
 def Blobs() -> list[str]:
