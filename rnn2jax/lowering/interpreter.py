@@ -96,10 +96,24 @@ class LoweredNet:
 
         Walks back from every op's `static_inputs` through the ops that computed them (all of such an
         op's inputs then decide the shape too), stopping at outputs computed from shapes alone (Shape's,
-        Reshape's old_shape, Concat's split_info: registry `shape_only`/`shape_outputs`).
-        The compiler makes these blobs static, so every op on the way computes with constants."""
+        Reshape's old_shape, Concat's split_info: registry `shape_only`/`shape_outputs`). A scoped op
+        (RecurrentNetwork) adds what its step net needs known from the enclosing scopes
+        (`static_scope_reads`). The compiler makes these blobs static, so every op on the way computes
+        with constants."""
+        need, _ = self._static_walk()
+        first_read = self.reads_before_writes()
+        return {name: need[name] for name in first_read if name in need}
+
+    def static_ops(self) -> tuple[int, ...]:
+        """Positions, in order, of the ops whose outputs' values decide a shape further on (the ops the
+        walk of `static_inputs` passes through): given known inputs they compute known values."""
+        return self._static_walk()[1]
+
+    def _static_walk(self) -> tuple[dict[str, Op], tuple[int, ...]]:
         need: dict[str, Op] = {}
-        for step in reversed(self._steps):
+        positions: list[int] = []
+        for position in reversed(range(len(self._steps))):
+            step = self._steps[position]
             op, opdef = step.op, step.opdef
             produced = [name for name in op.outputs if name in need]
             if produced:
@@ -107,12 +121,14 @@ class LoweredNet:
                 for name in produced:
                     del need[name]
                 if opdef.reads_values_for(op, produced):
+                    positions.append(position)
                     for name in op.inputs:
                         need.setdefault(name, reader)
-            for position in opdef.static_positions(op):
-                need.setdefault(op.inputs[position], op)
-        first_read = self.reads_before_writes()
-        return {name: need[name] for name in first_read if name in need}
+            for index in opdef.static_positions(op):
+                need.setdefault(op.inputs[index], op)
+            for name in getattr(step.kernel, "static_scope_reads", ()):
+                need.setdefault(name, op)
+        return need, tuple(reversed(positions))
 
     def reads_before_writes(self) -> dict[str, Op]:
         """Blobs the net reads before any of its ops writes them, in first-read order, each with the

@@ -44,6 +44,7 @@ from ..shape_facts import INT32, Context, Guesses, Solver, Spec, latest
 from .cell_vjp import lstm_cell_rows
 from .coverage import check_forward_rows, unwritten_fill
 from .fusion import FusedLSTM, find_fused_lstms
+from .peeling import timestep_shapes
 from .spec import Alias, Link, check_link_rows, decode_spec, initial_rows, state_rows
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
@@ -126,6 +127,15 @@ class RecurrentLowering:
         self.hoisted, self.per_step = self._split_invariant_ops()
         self.scratch_names = self._scratch_names(written)
         self.scope_reads = self._scope_reads()
+        local = {link.internal for link in spec.links} | {spec.timestep}
+        # enclosing blobs whose values decide the step's shapes: the enclosing net makes them static too
+        self.static_scope_reads = tuple(n for n in self.step.static_inputs() if n not in local)
+        self.timestep_shapes = timestep_shapes(self.step, self.per_step, spec.timestep, op.where)
+        if self.timestep_shapes is not None and spec.backward_step_net is not None:
+            raise BadArgumentError(
+                f"{op.where}: the step net's shapes depend on the timestep, and the op has a backward_step_net; "
+                "rnn2jax runs such step nets forward only (their gradients come from jax.grad of the forward)"
+            )
         sequences = {lk.internal for lk in spec.links if lk.external not in spec.states and lk.offset == 0}
         per_step = {lk.internal for lk in spec.links} | {spec.timestep}
         self.fused = [] if self.plain else find_fused_lstms(spec.step_net, sequences, set(self.scratch_names), per_step)
@@ -222,7 +232,11 @@ class RecurrentLowering:
         compact = self.compact_links and all(rows.shape[0] == 1 for rows in initial.values())
         scan = self._scan_rows if compact else self._scan_buffers
         constants: dict[str, Any] = {}
-        buffers, scratches = scan(initial, self._fuse(externals, outer), outer, steps, key, constants)
+        peeled, settled = 0, {}
+        if self.timestep_shapes is not None:
+            peeled, settled = self.timestep_shapes.plan(self.step, outer, steps)
+        loop = _Loop(steps, peeled, settled)
+        buffers, scratches = scan(initial, self._fuse(externals, outer), outer, loop, key, constants)
         # after tracing the step, so that a step op's own refusal (a shape that does not fit) comes first
         check_forward_rows(spec, {state: rows.shape[0] for state, rows in initial.items()}, steps)
         values = {alias.dst: self._alias(alias, buffers, scope) for alias in spec.aliases}
@@ -316,9 +330,14 @@ class RecurrentLowering:
         }
         return _Externals(sequences, externals.sliced, weights)
 
-    def _run_step(self, env: MutableMapping, externals: _Externals, key: jax.Array, after_op=None) -> None:
-        """The per-step ops in order, with each fused FC -> Sum -> LSTMUnit chain run as one."""
+    def _run_step(
+        self, env: MutableMapping, externals: _Externals, key: jax.Array, after_op=None, settled: bool = False
+    ) -> None:
+        """The per-step ops in order, with each fused FC -> Sum -> LSTMUnit chain run as one; with
+        `settled`, the timestep's shape computations are not run: `_step_env` gave their settled values."""
         skipped = {p for f in externals.fused for p in (f.fc, f.sum)}
+        if settled and self.timestep_shapes is not None:
+            skipped.update(self.timestep_shapes.positions)
         fused_at = {f.unit: f for f in externals.fused}
         ops = self.spec.step_net.ops
         for position in self.per_step:
@@ -337,20 +356,27 @@ class RecurrentLowering:
             if after_op is not None:
                 after_op(ops[position], env)
 
-    def _step_env(self, outer: Mapping[str, Any], t: jax.Array, xs: Mapping[str, jax.Array]) -> ChainMap:
-        local = {self.spec.timestep: jnp.reshape(t, (1,)).astype(jnp.int32)}
+    def _step_env(
+        self, outer: Mapping[str, Any], t: Any, xs: Mapping[str, jax.Array], loop: _Loop
+    ) -> tuple[ChainMap, bool]:
+        """The step's blobs: the timestep (known on a peeled step), the scanned rows, and in the loop the
+        settled values of the timestep's shape computations. Also: whether those were given."""
+        if isinstance(t, int):
+            local = {self.spec.timestep: np.array([t], np.int32)}
+        else:
+            local = {self.spec.timestep: jnp.reshape(t, (1,)).astype(jnp.int32), **loop.settled}
         local.update({name: row[None] for name, row in xs.items()})
-        return ChainMap({}, local, outer)
+        return ChainMap({}, local, outer), not isinstance(t, int) and bool(loop.settled)
 
     def _read_sliced(self, env: MutableMapping, externals: _Externals, t: jax.Array) -> None:
         for link, array in externals.sliced.items():
             env[link.internal] = rows_at(array, t + link.offset, link.window)
 
-    def _scan_rows(self, initial, externals, outer, steps, key, constants):
+    def _scan_rows(self, initial, externals, outer, loop, key, constants):
         """The compact form: the carry is the current row of each state."""
-        spec = self.spec
+        spec, steps = self.spec, loop.steps
         # a recognised LSTM stack runs with its own VJP (cell_vjp.py), unless the lowering is plain
-        cell = None if self.plain else lstm_cell_rows(self, initial, outer, steps)
+        cell = None if self.plain or loop.peeled else lstm_cell_rows(self, initial, outer, steps)
         if cell is not None:
             written, final, scratches = cell
             return {s: _CompactBuffer(initial[s], written[s], final[s]) for s in spec.states}, scratches
@@ -358,28 +384,26 @@ class RecurrentLowering:
 
         def body(carry, xs):
             t, rows = xs
-            env = self._step_env(outer, t, rows)
+            env, settled = self._step_env(outer, t, rows, loop)
             for link in spec.links:
                 if link.external in carry:
                     env[link.internal] = carry[link.external]
             self._read_sliced(env, externals, t)
-            self._run_step(env, externals, jax.random.fold_in(key, t))
-            new = {s: env[writes[s].internal] for s in spec.states}
-            for s in spec.states:
-                self._check_row(s, new[s], carry[s], writes[s].internal)
+            self._run_step(env, externals, jax.random.fold_in(key, t), settled=settled)
+            new = {s: self._state_row(s, env[writes[s].internal], carry[s], writes[s].internal) for s in spec.states}
             return new, (new, self._per_step_scratches(env, constants))
 
         init = {s: initial[s] for s in spec.states}
-        final, (rows, scratches) = _scan(body, init, externals.per_step, steps)
+        final, (rows, scratches) = loop.run(body, init, externals.per_step, self.op)
         buffers = {
             s: _CompactBuffer(initial[s], rows[s].reshape((steps, *initial[s].shape[1:])), final[s])
             for s in spec.states
         }
         return buffers, scratches
 
-    def _scan_buffers(self, initial, externals, outer, steps, key, constants):
+    def _scan_buffers(self, initial, externals, outer, loop, key, constants):
         """The general form: the carry is every state tensor, read and written through link views."""
-        spec = self.spec
+        spec, steps = self.spec, loop.steps
         buffers0 = {
             s: _pad_rows(rows, steps) if steps else rows
             for s, rows in initial.items()
@@ -387,22 +411,24 @@ class RecurrentLowering:
 
         def body(buffers, xs):
             t, rows = xs
-            env = self._step_env(outer, t, rows)
+            env, settled = self._step_env(outer, t, rows, loop)
             views = StateViews(env, dict(buffers), spec.links, t, self.op)
             self._read_sliced(env, externals, t)
-            self._run_step(env, externals, jax.random.fold_in(key, t), after_op=views.write_back)
+            self._run_step(env, externals, jax.random.fold_in(key, t), after_op=views.write_back, settled=settled)
             return views.buffers, self._per_step_scratches(env, constants)
 
-        buffers, scratches = _scan(body, buffers0, externals.per_step, steps)
+        buffers, scratches = loop.run(body, buffers0, externals.per_step, self.op)
         return buffers, scratches
 
-    def _check_row(self, state: str, value: Any, row: jax.Array, blob: str, rows: int = 1) -> None:
-        expected = (rows, *row.shape[1:])
-        if getattr(value, "shape", None) != expected:
+    def _state_row(self, state: str, value: Any, row: jax.Array, blob: str) -> jax.Array:
+        """The row a step wrote into `state`. Caffe2's link made the blob a view of the row, so an op may
+        write any shape of the same size (beam search's TopK writes scores [1, K] into rows [1, K, 1])."""
+        if getattr(value, "size", None) != row.size:
             raise ShapeError(
                 f"{self.op.where}: step net writes '{blob}' with shape {list(getattr(value, 'shape', ()))} "
-                f"into recurrent state '{state}', whose rows are {list(expected)}"
+                f"into recurrent state '{state}', whose rows are {list(row.shape)}"
             )
+        return jnp.reshape(value, row.shape)
 
     def _alias(self, alias: Alias, buffers: Mapping[str, Any], scope: Mapping[str, Any]) -> jax.Array:
         """Rows [offset, end) of the state (or, as in Caffe2, of any blob of the op's workspace)."""
@@ -442,14 +468,45 @@ def _pad_rows(rows: jax.Array, steps: Any) -> jax.Array:
     return jnp.pad(rows, pad, constant_values=jnp.asarray(fill).astype(rows.dtype))
 
 
-def _scan(body: Any, init: Any, sequences: Mapping[str, jax.Array], steps: int) -> tuple[Any, Any]:
-    """`lax.scan` over t = 0..steps-1 and the rows of `sequences`. With no steps the body is only
-    shape-evaluated (XLA need not compile a loop that never runs) and outputs are empty."""
+@dataclass(frozen=True)
+class _Loop:
+    """The steps of one RecurrentNetwork: the first `peeled` run one by one with their timestep known,
+    the rest in one `lax.scan` with the settled values of the timestep's shape computations (peeling.py)."""
+
+    steps: int
+    peeled: int = 0
+    settled: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def run(self, body: Any, init: Any, sequences: Mapping[str, jax.Array], op: Op) -> tuple[Any, Any]:
+        carry, outputs = init, []
+        for t in range(self.peeled):
+            carry, out = body(carry, (t, {k: v[t] for k, v in sequences.items()}))
+            outputs.append(out)
+        if not outputs:
+            return _scan(body, carry, sequences, self.steps)
+        rest = {k: v[self.peeled :] for k, v in sequences.items()}
+        carry, scanned = _scan(body, carry, rest, self.steps - self.peeled, start=self.peeled)
+        peeled = jax.tree.map(lambda *rows: jnp.stack(rows), *outputs)
+        if jax.tree.structure(peeled) != jax.tree.structure(scanned) or any(
+            a.shape[1:] != b.shape[1:] for a, b in zip(jax.tree.leaves(peeled), jax.tree.leaves(scanned), strict=True)
+        ):
+            raise ShapeError(
+                f"{op.where}: the first {self.peeled} step(s), whose shapes depend on the timestep, write rows of "
+                "other shapes than the later steps do"
+            )
+        return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), peeled, scanned)
+
+
+def _scan(
+    body: Any, init: Any, sequences: Mapping[str, jax.Array], steps: int, start: int = 0
+) -> tuple[Any, Any]:
+    """`lax.scan` over t = start..start+steps-1 and the rows of `sequences`. With no steps the body is
+    only shape-evaluated (XLA need not compile a loop that never runs) and outputs are empty."""
     if steps:
         # No unrolling: unroll 2, 4 and 8 measured no faster (CPU time, within +-10% noise) for the compiled
         # GRU and 2-layer LSTM nets at (T, N, H) (200, 4, 32) to (50, 32, 256), nor for a hand-written LSTM
         # scan at the issue 13 benchmark sizes up to (20, 128, 1024).
-        return lax.scan(body, init, (jnp.arange(steps, dtype=jnp.int32), sequences))
+        return lax.scan(body, init, (jnp.arange(start, start + steps, dtype=jnp.int32), sequences))
     row = (jnp.zeros((), jnp.int32), {k: jnp.zeros(v.shape[1:], v.dtype) for k, v in sequences.items()})
     _, per_step = jax.eval_shape(body, init, row)
     return init, jax.tree.map(lambda a: jnp.zeros((0, *a.shape), a.dtype), per_step)
