@@ -14,8 +14,11 @@ from pathlib import Path
 
 from ...errors import Rnn2JaxError
 
-CAFFE2_PINS = ("torch==1.10.2", "numpy<1.24", "protobuf<4", "future", "six")
-_CHECK = "from caffe2.python import core, workspace; print(len(workspace.RegisteredOperators()))"
+# networkx: Caffe2's memonger imports it, and data_parallel_model imports memonger (seq2seq's train.py)
+CAFFE2_PINS = ("torch==1.10.2", "numpy<1.24", "protobuf<4", "future", "six", "networkx<3")
+_CHECK = (
+    "import networkx; from caffe2.python import core, workspace; print(len(workspace.RegisteredOperators()))"
+)
 
 
 def _is_python39(python: str) -> bool:
