@@ -11,9 +11,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .install import install, installed, uninstall
+from .import_hook import caffe2_source, install, installed, uninstall
 
-__all__ = ["install", "installed", "uninstall"]
+__all__ = ["caffe2_source", "install", "installed", "uninstall"]
 
 # The snake_case builder of earlier releases, kept as deprecated aliases: name -> (module, attribute), the
 # module under rnn2jax.caffe2 or, for the gradient machinery that moved into the core, a full module name.

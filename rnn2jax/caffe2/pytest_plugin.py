@@ -1,9 +1,10 @@
 """A pytest plugin that runs Caffe2-style tests (Caffe2's own, or a user's) on rnn2jax, unchanged.
 
-`pytest -p rnn2jax.caffe2.pytest_plugin --caffe2-source DIR tests...` installs rnn2jax as `caffe2`
-(`rnn2jax.caffe2.install`) before collection. DIR (or $RNN2JAX_CAFFE2_SOURCE) is a `caffe2` package
-directory of Caffe2's Python sources, from which the test utilities rnn2jax does not provide
-(`hypothesis_test_util`, `gradient_checker`, `serialized_test.serialized_test_util`, ...) are loaded.
+`pytest -p rnn2jax.caffe2.pytest_plugin [--caffe2-source DIR] tests...` installs rnn2jax as `caffe2`
+(`rnn2jax.caffe2.install`) before collection. The test utilities rnn2jax does not provide
+(`hypothesis_test_util`, `gradient_checker`, `serialized_test.serialized_test_util`, ...) are loaded from a
+`caffe2` package directory of Caffe2's Python sources: DIR, else the one `install()` finds
+($RNN2JAX_CAFFE2_SOURCE, the tree of `rnn2jax setup-caffe2 --source-only`, the real-Caffe2 venv's).
 
 Caffe2's hypothesis profiles set no deadline, and compiling a new shape takes longer than hypothesis'
 default 200 ms, so this plugin registers a profile `rnn2jax` (Caffe2's `dev` profile without a
@@ -23,8 +24,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--caffe2-source",
         metavar="DIR",
-        default=os.environ.get("RNN2JAX_CAFFE2_SOURCE"),
-        help="a caffe2 package directory of Caffe2's Python sources (its test utilities are loaded from it)",
+        default=None,
+        help="a caffe2 package directory of Caffe2's Python sources (its test utilities are loaded from it; "
+        "default: $RNN2JAX_CAFFE2_SOURCE, else found as rnn2jax.caffe2.install finds it)",
     )
     parser.addoption(
         "--caffe2-examples",
@@ -37,7 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     from hypothesis import HealthCheck, Verbosity, settings
 
-    from .install import install
+    from .import_hook import install
 
     settings.register_profile(
         PROFILE,

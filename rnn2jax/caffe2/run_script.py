@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import InputTypeError
-from .install import install
+from .import_hook import install
 
 
 def run_script(

@@ -1,11 +1,10 @@
 """`rnn2jax exec SCRIPT [ARGS]`: run a Caffe2 Python script unchanged, with `import caffe2` resolving to
-rnn2jax. Modules rnn2jax does not provide (Caffe2's test utilities) come from `--caffe2-source`, else from
-the real Caffe2 that `rnn2jax setup-caffe2` installed, where there is one."""
+rnn2jax. Modules rnn2jax does not provide (Caffe2's test utilities) come from a Caffe2 source tree, which
+`rnn2jax.caffe2.install` finds (`--caffe2-source` first; `rnn2jax.caffe2.source_tree` says the order)."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from . import arguments
 
@@ -20,7 +19,10 @@ def _run_limit(text: str) -> tuple[str, int]:
 NAME = "exec"
 HELP = "run a Caffe2 Python script unchanged, with `import caffe2` resolving to rnn2jax"
 DESCRIPTION = """Run SCRIPT as `python SCRIPT ARGS` would, with `import caffe2` on rnn2jax. Its errors are Python's:
-they say what to pass to the API."""
+they say what to pass to the API. The caffe2.python modules rnn2jax does not implement (Caffe2's test utilities)
+are loaded from Caffe2's own Python sources, found in this order when the script imports one: --caffe2-source,
+$RNN2JAX_CAFFE2_SOURCE, the tree `rnn2jax setup-caffe2 --source-only` extracted, the caffe2 package of the
+real-Caffe2 venv `rnn2jax setup-caffe2` made."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--caffe2-source",
         metavar="DIR",
         help="a caffe2 package directory of Caffe2's Python sources: modules rnn2jax does not provide "
-        "(Caffe2's test utilities) are loaded from it (default: the caffe2 package of the venv --caffe2 "
-        "alone finds, if any)",
+        "(Caffe2's test utilities) are loaded from it (default: found, see above)",
     )
     parser.set_defaults(handler=_handle, audience="python")
 
@@ -47,18 +48,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _handle(args: argparse.Namespace) -> int:
     from ..caffe2.run_script import run_script
 
-    source = args.caffe2_source or caffe2_package()
-    return run_script(args.script, args.script_args, max_runs=dict(args.max_runs or ()), source=source)
-
-
-def caffe2_package() -> str | None:
-    """The caffe2 package of the real-Caffe2 venv that `--caffe2` alone would use ($RNN2JAX_CAFFE2_PYTHON,
-    else `rnn2jax setup-caffe2`'s default place), or None when there is none."""
-    from ..checking.oracle.session import find_caffe2_python
-
-    python = find_caffe2_python()
-    if python is None:
-        return None
-    venv = Path(python).parent.parent  # VENV/bin/python, not resolved: it links to the base interpreter
-    found = sorted(venv.glob("lib/python3*/site-packages/caffe2/__init__.py"))
-    return str(found[-1].parent) if found else None
+    return run_script(args.script, args.script_args, max_runs=dict(args.max_runs or ()), source=args.caffe2_source)

@@ -206,12 +206,14 @@ def default_venv(caffe2, tmp_path, monkeypatch):
     return venv
 
 
-def test_caffe2_alone_and_exec_find_the_default_venv(default_venv):
+def test_caffe2_alone_and_exec_find_the_default_venv(default_venv, monkeypatch):
+    from rnn2jax.caffe2.source_tree import FROM_VENV, find_source
     from rnn2jax.checking.oracle.session import caffe2_python
-    from rnn2jax.cli.exec import caffe2_package
 
+    monkeypatch.delenv("RNN2JAX_CAFFE2_SOURCE", raising=False)
     assert caffe2_python(None) == str(default_venv / "bin" / "python")
-    assert caffe2_package() == str(default_venv / "lib" / "python3.9" / "site-packages" / "caffe2")
+    found = find_source()
+    assert (found.path, found.origin) == (default_venv / "lib" / "python3.9" / "site-packages" / "caffe2", FROM_VENV)
 
 
 def test_compare_without_caffe2_finds_the_default_venv(default_venv, tmp_path, capsys):

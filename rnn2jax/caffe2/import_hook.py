@@ -2,8 +2,9 @@
 
 An import hook maps every `caffe2[.x.y]` module name to the same module object as
 `rnn2jax.caffe2[.x.y]`, so state such as the current workspace is shared whichever name a script
-imports it by. Modules rnn2jax does not provide (Caffe2's own pure-Python test utilities, say) can be
-loaded from a Caffe2 source tree given as `source`: its files are run as they are, on top of this API.
+imports it by. Modules rnn2jax does not provide (Caffe2's own pure-Python test utilities, say) are
+loaded from a Caffe2 source tree: its files are run as they are, on top of this API. The tree is the one
+given, else the one `source_tree.find_source` finds, looked for only when such a module is imported.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import Rnn2JaxError
+from .source_tree import Caffe2Source, given_source, installed_source
 
 _PACKAGE = __name__.rpartition(".")[0]  # "rnn2jax.caffe2"
 
@@ -38,8 +40,25 @@ class _AliasLoader(importlib.abc.Loader):
 
 
 class _Caffe2Finder(importlib.abc.MetaPathFinder):
-    def __init__(self, source: Path | None):
-        self.source = source
+    def __init__(self, source: Caffe2Source | None):
+        self._found = source
+        self._looked = source is not None
+
+    def found(self) -> Caffe2Source | None:
+        """The tree given, else the installed one, looked for on first need: a process that imports only
+        rnn2jax's modules never looks."""
+        if not self._looked:
+            self._found = installed_source()
+            self._looked = True
+        return self._found
+
+    def use(self, source: Caffe2Source | None) -> None:
+        self._found, self._looked = source, True
+
+    @property
+    def source(self) -> Path | None:
+        found = self.found()
+        return found.path if found is not None else None
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname.startswith(_PACKAGE + "."):
@@ -55,12 +74,12 @@ class _Caffe2Finder(importlib.abc.MetaPathFinder):
         """`from caffe2.python import device_checker` imports `rnn2jax.caffe2.python.device_checker`
         (the package's real name): when rnn2jax has no such module, it is `caffe2.python.device_checker`
         from `source`, under both names."""
-        if self.source is None:
-            return None
         parent = sys.modules.get(fullname.rpartition(".")[0])
         parent_is_ours = parent is None or parent.__name__.startswith(_PACKAGE)
         if parent_is_ours and importlib.machinery.PathFinder.find_spec(fullname, path) is not None:
             return None  # rnn2jax's own module: the normal import loads it
+        if self.source is None:
+            return None
         alias = "caffe2" + fullname[len(_PACKAGE) :]
         if self._from_source(alias) is None:
             return None
@@ -68,15 +87,16 @@ class _Caffe2Finder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(fullname, _AliasLoader(module), is_package=hasattr(module, "__path__"))
 
     def _from_source(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
-        if self.source is None:
+        source = self.source
+        if source is None:
             return None
         relative = Path(*fullname.split(".")[1:])
-        package = self.source / relative / "__init__.py"
+        package = source / relative / "__init__.py"
         if package.is_file():
             return importlib.util.spec_from_file_location(
                 fullname, package, submodule_search_locations=[str(package.parent)]
             )
-        module = (self.source / relative).with_suffix(".py")
+        module = (source / relative).with_suffix(".py")
         if module.is_file():
             return importlib.util.spec_from_file_location(fullname, module)
         return None
@@ -107,21 +127,29 @@ def installed() -> bool:
     return _finder() is not None
 
 
+def caffe2_source() -> Caffe2Source | None:
+    """The Caffe2 source tree this process loads the modules rnn2jax lacks from, and where it was found
+    (looking for it now if no such module was imported yet); None when not installed or there is none."""
+    finder = _finder()
+    return finder.found() if finder is not None else None
+
+
 def install(source: str | os.PathLike[str] | None = None) -> None:
     """Make `import caffe2` (and `caffe2.python...`, `caffe2.proto...`) resolve to `rnn2jax.caffe2`.
 
-    `source`: a `caffe2` package directory of Caffe2's Python sources; modules rnn2jax does not provide
-    (test utilities such as `caffe2.python.hypothesis_test_util`) are loaded from its files.
-    Refuses when a real Caffe2 is importable (or imported), rather than shadowing it.
+    Modules rnn2jax does not provide (test utilities such as `caffe2.python.hypothesis_test_util`) are loaded
+    from a Caffe2 source tree: `source` (a `caffe2` package directory of Caffe2's Python sources), else
+    $RNN2JAX_CAFFE2_SOURCE (both checked now), else the tree `rnn2jax setup-caffe2 --source-only` extracted,
+    else the caffe2 package of the real-Caffe2 venv `rnn2jax setup-caffe2` made; those two are looked for
+    only when a module rnn2jax lacks is imported. Refuses when a real Caffe2 is importable (or imported),
+    rather than shadowing it.
     """
-    source_path = Path(source).resolve() if source is not None else None
-    if source_path is not None and not (source_path / "python").is_dir():
-        raise Rnn2JaxError(f"install(source=...): {source_path} is not a caffe2 package directory (no python/)")
     finder = _finder()
-    if finder is not None:
-        if source_path is not None:
-            finder.source = source_path
+    if finder is not None:  # installed already: only a tree given now changes the one it uses
+        if source is not None:
+            finder.use(given_source(source))
         return
+    given = given_source(source)
     loaded = sys.modules.get("caffe2")
     if loaded is not None and not loaded.__name__.startswith(_PACKAGE):
         raise Rnn2JaxError(
@@ -134,7 +162,7 @@ def install(source: str | os.PathLike[str] | None = None) -> None:
             f"a real Caffe2 is importable in this environment ({real.origin}); rnn2jax.caffe2.install() "
             "will not shadow it: run the script with the real Caffe2, or in an environment without it"
         )
-    sys.meta_path.insert(0, _Caffe2Finder(source_path))
+    sys.meta_path.insert(0, _Caffe2Finder(given))
 
 
 def uninstall() -> None:
