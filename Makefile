@@ -16,6 +16,8 @@ FUZZ_SECONDS ?= 600
 # FlexibleTopK's k, NumpyTile's repeats, SegmentOneHot's indices): they pass only if int64 stays int64.
 CAFFE2_UPSTREAM_TESTS := rnn_cell_test recurrent_network_test gru_test basic_rnn_test pack_rnn_sequence_op_test \
 	layer_norm_op_test expand_op_test flexible_top_k_test numpy_tile_op_test one_hot_ops_test
+# and Caffe2's neural machine translation tests (caffe2/python/models/seq2seq/): beam search decoding against training
+CAFFE2_UPSTREAM_SEQ2SEQ_TESTS := seq2seq_beam_search_test seq2seq_model_helper_test
 
 .PHONY: demo test test-explore test-caffe2-api lint fuzz clean bench
 BENCH_ARGS ?=
@@ -59,13 +61,14 @@ test-explore: $(STAMP) $(CAFFE2_STAMP)
 		$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider $(EXPLORE)
 
 # Caffe2-style tests on rnn2jax's `caffe2` (pytest plugin rnn2jax.caffe2.pytest_plugin, which loads Caffe2's test
-# utilities from the real-Caffe2 venv): the project's own (tests/caffe2_style), and Caffe2's own RNN test files,
-# unmodified, run from a temporary copy (in place pytest would import the real caffe2 package beside them).
+# utilities from the real-Caffe2 venv): the project's own (tests/caffe2_style), and Caffe2's own RNN and seq2seq test
+# files, unmodified, run from a temporary copy (in place pytest would import the real caffe2 package beside them).
 test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 	@src=$$(ls -d $(CAFFE2_VENV)/lib/python3.9/site-packages/caffe2 2>/dev/null); \
 	if [ -z "$$src" ]; then echo "make: real Caffe2 is unavailable, so the Caffe2-style tests are not run"; exit 0; fi; \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	for name in $(CAFFE2_UPSTREAM_TESTS); do cp "$$src/python/operator_test/$$name.py" "$$tmp/"; done; \
+	for name in $(CAFFE2_UPSTREAM_SEQ2SEQ_TESTS); do cp "$$src/python/models/seq2seq/$$name.py" "$$tmp/"; done; \
 	$(BIN)/python -m pytest -q -n 2 --rootdir=. -c pyproject.toml -p rnn2jax.caffe2.pytest_plugin \
 		-p tests.caffe2_upstream --caffe2-source "$$src" tests/caffe2_style "$$tmp"
 

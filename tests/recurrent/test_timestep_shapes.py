@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 import rnn2jax
 from differential import check_op
 from rnn2jax.caffe2.opdef import create_net, create_operator
-from rnn2jax.errors import ShapeError
+from rnn2jax.errors import BadArgumentError, ShapeError, UnsupportedOpError
 from rnn2jax.ops.recurrent.peeling import MAX_PEELED_STEPS
+from rnn2jax.serving.codegen import generate
 
 F32, I32 = np.float32, np.int32
 
@@ -117,7 +118,7 @@ def _growing_step() -> list:
     """Sums x_t's first t + 1 values: the slice grows at every step, so the shapes never settle."""
     return [
         create_operator("Add", ["timestep", "ONE"], "slice_end"),
-        create_operator("FlattenToVec", ["x_t"], "x_flat"),
+        create_operator("Reshape", ["x_t"], ["x_flat", "x_old_shape"], shape=[-1]),
         create_operator("Slice", ["x_flat", "ZERO", "slice_end"], "x_head"),
         create_operator("ReduceSum", ["x_head"], "head_sum", axes=[0], keepdims=1),
         create_operator("Add", ["s_prev", "head_sum"], "top", broadcast=1),
@@ -170,3 +171,33 @@ def test_a_shape_decided_by_a_recurrent_state_is_refused():
     fn = rnn2jax.compile(create_net("stateful", [op]), outputs=["s_all"])
     with pytest.raises(ShapeError, match=r"'slice_end'.*decide"):
         fn({"x": np.ones((3, 1, 4), F32), "s0": np.ones(1, F32), "ZERO": np.array([0], I32)})
+
+
+def test_a_training_op_whose_step_shapes_depend_on_the_timestep_is_refused():
+    op = _recurrent(_beam_like_step(1), k=1)
+    op.arg.add(name="backward_step_net", n=create_net("backward", []))
+    with pytest.raises(BadArgumentError, match="backward_step_net") as error:
+        rnn2jax.compile(create_net("training", [op]), outputs=["s_all"])
+    assert "net 'training', op #0 (RecurrentNetwork)" in str(error.value)
+
+
+def test_codegen_refuses_a_step_net_whose_shapes_depend_on_the_timestep():
+    """Slice's starts and ends are computed from the timestep (the same value at every step, which rnn2jax
+    only knows by computing them): the generated module has no peeled steps, so it refuses."""
+    ops = [
+        create_operator("Mul", ["timestep", "ZERO"], "start"),
+        create_operator("Add", ["start", "K"], "end"),
+        create_operator("Reshape", ["x_t"], ["x_flat", "x_old_shape"], shape=[-1]),
+        create_operator("Slice", ["x_flat", "start", "end"], "head"),
+        create_operator("Reshape", ["head"], ["head_row", "head_old_shape"], shape=[1, -1]),
+        create_operator("Reshape", ["s_prev"], ["s_row", "s_old_shape"], shape=[1, -1]),
+        create_operator("Add", ["head_row", "s_row"], "top"),
+    ]
+    op = _recurrent(ops, k=2)
+    constants = {"K": np.array([2], I32), "ZERO": np.array([0], I32)}
+    with pytest.raises(UnsupportedOpError, match=r"timestep decides a shape in the step net \(net 'step'") as error:
+        generate(create_net("decoder", [op]), constants, outputs=["s_all"])
+    assert "codegen cannot write 1 op(s)" in str(error.value)
+    x = np.arange(12, dtype=F32).reshape(3, 1, 4)
+    got = rnn2jax.compile(create_net("decoder", [op]), outputs=["s_all"])({"x": x, "s0": np.zeros(2, F32), **constants})
+    np.testing.assert_array_equal(np.asarray(got["s_all"])[:, 0], np.cumsum(x[:, 0, :2], axis=0))

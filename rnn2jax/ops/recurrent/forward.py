@@ -134,7 +134,8 @@ class RecurrentLowering:
         if self.timestep_shapes is not None and spec.backward_step_net is not None:
             raise BadArgumentError(
                 f"{op.where}: the step net's shapes depend on the timestep, and the op has a backward_step_net; "
-                "rnn2jax runs such step nets forward only (their gradients come from jax.grad of the forward)"
+                "rnn2jax runs the first steps of such step nets outside the loop only in forward-only ops (beam "
+                "search decoders), not in a training net's"
             )
         sequences = {lk.internal for lk in spec.links if lk.external not in spec.states and lk.offset == 0}
         per_step = {lk.internal for lk in spec.links} | {spec.timestep}

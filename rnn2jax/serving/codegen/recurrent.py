@@ -5,7 +5,8 @@ writes; aliases then pick the final row (`_last`), all written rows (`_all`) or 
 
 This is the common form of rnn2jax's lowering (rnn2jax/ops/recurrent/forward.py): each state read at
 offset 0 and written at offset 1 through links of window 1, one initial row. Other arrangements
-(windows, other offsets) are refused with the op and the link named.
+(windows, other offsets) are refused with the op and the link named, and so are step nets whose shapes
+depend on the timestep (beam search), whose first steps the lowering runs outside its loop.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ...ir.netdef import Op
+from ...lowering.interpreter import lower
 from ...ops.emit import Unsupported, call
 from ...ops.recurrent.forward import initial_row
 from ...ops.recurrent.spec import Link, RecurrentSpec, decode_spec
@@ -75,6 +77,12 @@ class RecurrentPlan:
             nested = [o for o in ops if any(True for _ in o.nested_nets())]
             if nested:
                 raise Unsupported(f"the step net's {nested[0].where} holds a net of its own")
+            reader = lower(spec.step_net).static_inputs().get(spec.timestep)
+            if reader is not None:
+                raise Unsupported(
+                    f"the timestep decides a shape in the step net ({reader.where}): the generated module runs "
+                    "every step in one lax.scan; rnn2jax.compile and export run such nets"
+                )
         except Unsupported as why:
             self.problem = str(why)
         wanted = [self.writes_of[s].internal for s in spec.states if s in self.writes_of]
