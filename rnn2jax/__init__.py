@@ -9,6 +9,7 @@ import importlib
 
 from .errors import (
     BadArgumentError,
+    DistributedError,
     InputTypeError,
     MissingBlobError,
     ParseError,
@@ -62,6 +63,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "BadArgumentError",
     "CompiledNet",
+    "DistributedError",
     "InputTypeError",
     "MissingBlobError",
     "Net",

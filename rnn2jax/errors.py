@@ -107,5 +107,12 @@ class WorkspaceError(Rnn2JaxError):
     """A workspace has no net of that name, or already has one (create_net without overwrite=True)."""
 
 
+class DistributedError(Rnn2JaxError):
+    """The processes of a run across hosts cannot meet or work together: the rendezvous store timed out or
+    holds an earlier run's keys, JAX's multi-process runtime cannot start (its backend already started, a
+    process count or index that disagrees with the rendezvous), or a collective op was not given a common
+    world."""
+
+
 class RegistrationError(Rnn2JaxError, ValueError):
     """A user op cannot be registered: its type is taken (pass override=True), or its definition is wrong."""

@@ -36,9 +36,16 @@ def test_scoreboard_is_current(registries):
     assert committed == text, "docs/ops.md is stale: run .venv/bin/python scripts/ops_scoreboard.py"
 
 
+# Caffe2 ops its source has but the torch 1.10.2 wheel does not register (RedisStoreHandlerCreate is built only
+# with USE_REDIS); caffe2/distributed/redis_store_handler_op.h documents its arguments.
+NOT_IN_THE_WHEEL = {"RedisStoreHandlerCreate"}
+
+
 def test_every_lowered_op_is_a_caffe2_op(registries):
     catalog, _, _ = registries
-    assert set(REGISTRY) <= set(catalog.ops), sorted(set(REGISTRY) - set(catalog.ops))
+    ours = set(REGISTRY) - NOT_IN_THE_WHEEL
+    assert ours <= set(catalog.ops), sorted(ours - set(catalog.ops))
+    assert not NOT_IN_THE_WHEEL & set(catalog.ops), "the wheel has it after all: drop it from NOT_IN_THE_WHEEL"
 
 
 # Caffe2's CPU build cannot create these ("Cannot create operator of type 'CopyCPUToGPU' on the device

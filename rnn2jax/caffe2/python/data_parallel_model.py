@@ -13,23 +13,36 @@ builds the nets Caffe2 built on one host:
 * in the init net, after the fills, every `cpu_<d>/` blob it writes copied from device 0's, so all
   copies start equal (random fills differ per device).
 
-On rnn2jax all "devices" are one JAX host: the copies run in one compiled net, in the order Caffe2's
-DAG executor was free to choose. What is not provided is refused with an rnn2jax error naming the
-option: GPU and iDeep devices, `rendezvous` (multi-host Gloo), `shared_model`, `combine_spatial_bn`,
-`optimize_gradient_memory`/`dynamic_memory_management` (memonger) and sparse (GradientSlice)
-gradients; `use_nccl` is accepted and, as in Caffe2 on the CPU, has no effect.
+On rnn2jax all "devices" of a process are one JAX host: the copies run in one compiled net, in the order
+Caffe2's DAG executor was free to choose.
+
+Across hosts (`rendezvous=dict(kv_handler=..., shard_id=..., num_shards=..., engine="GLOO")`, the same
+script started once per shard) the nets are Caffe2's too: the forward builder's `loss_scale` is
+1 / (devices x shards); each gradient is summed over every device of every shard by one `Allreduce`; the
+init net `Broadcast`s shard 0's parameters; a barrier net runs before the training net. Those ops run on
+JAX's multi-process runtime (rnn2jax/ops/distributed.py), which must start before JAX's backend: so
+Parallelize joins it at once, through the store handler blob `kv_handler` (made by FileStoreHandlerCreate
+or RedisStoreHandlerCreate) or, with `kv_handler=None`, where JAX finds its cluster (MPI, SLURM, or a
+`jax.distributed.initialize` the script called itself). Nothing may have computed in the process before.
+
+What is not provided is refused with an rnn2jax error naming the option: GPU and iDeep devices (GPUs
+serve as JAX's default device instead), engines other than GLOO, `shared_model`, `combine_spatial_bn`,
+`optimize_gradient_memory`/`dynamic_memory_management` (memonger) and sparse (GradientSlice) gradients;
+`use_nccl` is accepted and, as in Caffe2 on the CPU, has no effect.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from multiprocessing import cpu_count
 from typing import Any
 
 from ...errors import BadArgumentError
+from ...ops import distributed
 from ..proto import caffe2_pb2
 from . import core, model_helper, scope, workspace
 
@@ -104,7 +117,8 @@ def Parallelize(
 
     `forward_pass_builder_fun(model, loss_scale)` returns the list of loss blobs; give one of
     `param_update_builder_fun(model)` (called per device, in its scopes) or `optimizer_builder_fun(model)`
-    (called once, unscoped) for a training model, neither for a forward-only (test) model.
+    (called once, unscoped) for a training model, neither for a forward-only (test) model. With a
+    `rendezvous` of several shards, this process joins the others here, before any net runs.
     """
     current = scope.CurrentDeviceScope()
     if current is not None and current.device_type != caffe2_pb2.CPU:
@@ -115,7 +129,7 @@ def Parallelize(
             "give cpu_device=True (Parallelize_CPU): rnn2jax builds the CPU form and runs it on the JAX host",
         )
     if rendezvous is not None:
-        raise _unsupported("rendezvous (multi-host training over Gloo)", "only one host is supported")
+        _CheckRendezvous(rendezvous)
     if shared_model:
         raise _unsupported("shared_model=True", "every device keeps its own parameter copy")
     if combine_spatial_bn:
@@ -132,11 +146,16 @@ def Parallelize(
 
     model = model_helper_obj
     devices = list(range(cpu_count())) if devices is None else list(devices)
+    num_shards = 1 if rendezvous is None else rendezvous["num_shards"]
+    if num_shards > 1:
+        _JoinShards(rendezvous, barrier_net_timeout_sec)
     model._device_type = caffe2_pb2.CPU
     model._device_prefix = "cpu"
     model._shared_model = shared_model
     log.info("Parallelizing model for devices: %s", devices)
-    num_workers = len(devices) * num_threads_per_device
+    extra_workers = 8 if rendezvous is not None else 0  # Caffe2's best guess for the collectives
+    num_workers = len(devices) * num_threads_per_device + extra_workers
+    max_concurrent_distributed_ops = min(max_concurrent_distributed_ops, num_workers - 1)
     model.net.Proto().num_workers = num_workers
     model.net.Proto().type = net_type
     model._devices = devices
@@ -148,7 +167,7 @@ def Parallelize(
 
     # Parameters created before: not data parallel, handled apart.
     non_datapar_params = copy.copy(model.params)
-    loss_scale = 1.0 / len(devices)
+    loss_scale = 1.0 / (len(devices) * num_shards)
     has_parameter_updates = param_update_builder_fun is not None or optimizer_builder_fun is not None
     if not has_parameter_updates and model.init_params:
         log.warning(
@@ -221,11 +240,73 @@ def Parallelize(
     # Caffe2's DAG net ran its first iteration on one worker (allocation and NCCL races); kept for equal nets.
     model.Proto().arg.add(name="first_iter_only_one_worker", i=1)
 
-    _SyncAllParams(devices, model, model.param_init_net, model.param_init_net, rendezvous, sync_names)
+    _SyncAllParams(
+        devices,
+        model,
+        model.param_init_net,
+        model.param_init_net,
+        rendezvous,
+        sync_names,
+        max_concurrent_distributed_ops=1,
+    )
     if post_sync_builder_fun is not None:
         _scoped_per_device(model, devices, lambda _device: post_sync_builder_fun(model))
     model._data_parallel_model_init_nets = [model.param_init_net]
     model._data_parallel_model_nets = [model.net]
+    _AddBarrierToModelNets(model, barrier_net_timeout_sec)
+
+
+_RENDEZVOUS_KEYS = ("kv_handler", "shard_id", "num_shards", "engine")
+
+
+def _CheckRendezvous(rendezvous: Any) -> None:
+    """The rendezvous dict Caffe2 reads: kv_handler, shard_id, num_shards and engine GLOO."""
+    where = "data_parallel_model.Parallelize: rendezvous"
+    if not isinstance(rendezvous, dict):
+        raise BadArgumentError(
+            f"{where} must be a dict ({', '.join(_RENDEZVOUS_KEYS)}), got {type(rendezvous).__name__}"
+        )
+    missing = [key for key in _RENDEZVOUS_KEYS if key not in rendezvous]
+    if missing:
+        raise BadArgumentError(
+            f"{where} lacks {', '.join(repr(k) for k in missing)} (it needs {', '.join(_RENDEZVOUS_KEYS)})"
+        )
+    shards, shard = rendezvous["num_shards"], rendezvous["shard_id"]
+    if not isinstance(shards, int) or not isinstance(shard, int) or shards < 1 or not 0 <= shard < shards:
+        raise BadArgumentError(f"{where}: shard_id {shard!r} of num_shards {shards!r}: need 0 <= shard_id < num_shards")
+    if rendezvous["engine"] != "GLOO":
+        raise _unsupported(
+            f"rendezvous engine {rendezvous['engine']!r}",
+            "give engine='GLOO': the collectives run on JAX's runtime, Gloo between CPUs and NCCL between GPUs",
+        )
+
+
+def _JoinShards(rendezvous: dict[str, Any], timeout_sec: float) -> None:
+    """Join JAX's multi-process runtime as shard `shard_id` now, before the nets run: JAX can start it only
+    before its backend. The store is the `kv_handler` blob; the shards wait for each other up to the barrier's
+    timeout, as Caffe2's pre-training barrier did."""
+    where = "data_parallel_model.Parallelize"
+    store = None
+    if rendezvous["kv_handler"]:
+        name = str(rendezvous["kv_handler"])
+        if not workspace.HasBlob(name):
+            raise BadArgumentError(
+                f"{where}: rendezvous kv_handler '{name}' is no blob of the workspace; create it first with "
+                "FileStoreHandlerCreate (or RedisStoreHandlerCreate)"
+            )
+        store = workspace.FetchBlob(name)
+        if not isinstance(store, distributed.StoreHandler):
+            raise BadArgumentError(
+                f"{where}: rendezvous kv_handler '{name}' holds no store handler (make it with FileStoreHandlerCreate)"
+            )
+    distributed.join(
+        store,
+        rendezvous["num_shards"],
+        rendezvous["shard_id"],
+        where=where,
+        interface=rendezvous.get("interface") or "",
+        timeout=timeout_sec,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -251,8 +332,47 @@ def RunNet(model: Any, num_iterations: int) -> None:
             workspace.RunNet(net, num_iterations)
 
 
+def _AddBarrierToModelNets(model: Any, barrier_net_timeout_sec: int) -> None:
+    """Across hosts, a barrier net before the training net (and its common world's init net before the init
+    net): shards that start an epoch sooner wait for the slower ones, as in Caffe2."""
+    if model._rendezvous is not None and model._rendezvous["engine"] == "GLOO":
+        model._barrier_init_net = core.Net("barrier_init_net")
+        model._barrier_net = _CreateBarrierNet(model, model._barrier_init_net, "pre_training", barrier_net_timeout_sec)
+        model._data_parallel_model_init_nets.insert(0, model._barrier_init_net)
+        model._data_parallel_model_nets.insert(0, model._barrier_net)
+
+
+def _CreateBarrierNet(model: Any, init_net: core.Net, name_prefix: str, timeout_sec: int) -> core.Net:
+    comm_world = _CreateOrCloneCommonWorld(
+        init_net, name_prefix + "_barrier_cw", rendezvous=model._rendezvous, timeout_sec=timeout_sec
+    )
+    barrier_net = core.Net(name_prefix + "_barrier_net")
+    barrier_net.Barrier(inputs=[comm_world], outputs=[], engine=model._rendezvous["engine"])
+    return barrier_net
+
+
 def Synchronize(model: Any, timeout_sec: int = _DEFAULT_BARRIER_NET_TIMEOUT_SEC) -> None:
-    """Deprecated in Caffe2; a barrier between hosts, so nothing to do on one host."""
+    """Deprecated in Caffe2 (Parallelize adds a barrier net): a barrier between the shards."""
+    warnings.warn(
+        "The Synchronize API has been deprecated: Parallelize adds a barrier net that runs before training "
+        "(its timeout is Parallelize's barrier_net_timeout_sec)",
+        category=DeprecationWarning,
+        stacklevel=2,
+    )
+    if model._rendezvous is None or model._rendezvous["num_shards"] <= 1:
+        return
+    if model._sync_barrier_net is None:
+        barrier_init_net = core.Net("sync_barrier_init_net")
+        model._sync_barrier_net = _CreateBarrierNet(model, barrier_init_net, "sync", timeout_sec)
+        workspace.RunNetOnce(barrier_init_net)
+        workspace.CreateNet(model._sync_barrier_net)
+        model._sync_barrier_net_timeout = timeout_sec
+    if model._sync_barrier_net_timeout != timeout_sec:
+        raise BadArgumentError(
+            "data_parallel_model.Synchronize: must use fixed timeout, "
+            f"{model._sync_barrier_net_timeout} != {timeout_sec}"
+        )
+    workspace.RunNet(model._sync_barrier_net)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -312,8 +432,8 @@ def GetCheckpointParams(model: Any) -> set[core.BlobReference]:
 
 
 def FinalizeAfterCheckpoint(model: Any, blobs: Iterable[Any] | None = None, cpu_mode: bool = False) -> None:
-    """After loading a checkpoint of the first device's blobs: copy them to the other devices (a
-    `checkpoint_sync_net`, created once, run on every call)."""
+    """After loading a checkpoint of the first device's blobs: copy them to the other devices, and across
+    hosts broadcast shard 0's (a `checkpoint_sync_net`, created once, run on every call)."""
     if not hasattr(model, "_checkpoint_net"):
         if blobs is None:
             _, unique_names = _ComputeBlobsToSync(model)
@@ -327,7 +447,24 @@ def FinalizeAfterCheckpoint(model: Any, blobs: Iterable[Any] | None = None, cpu_
                     for d in devices
                 }
         model._checkpoint_net = core.Net("checkpoint_sync_net")
-        _SyncAllParams(devices, model, None, model._checkpoint_net, model._rendezvous, unique_names)
+        if not cpu_mode:
+            model._checkpoint_net.RunAllOnGPU()
+        checkpoint_init_net = None
+        if model._rendezvous is not None and model._rendezvous["num_shards"] > 1:
+            checkpoint_init_net = core.Net("checkpoint_init_net")
+            if not cpu_mode:
+                checkpoint_init_net.RunAllOnGPU()
+        _SyncAllParams(
+            devices,
+            model,
+            checkpoint_init_net,
+            model._checkpoint_net,
+            model._rendezvous,
+            unique_names,
+            max_concurrent_distributed_ops=1,
+        )
+        if checkpoint_init_net is not None:
+            workspace.RunNetOnce(checkpoint_init_net)
         workspace.CreateNet(model._checkpoint_net)
     workspace.RunNet(model._checkpoint_net.Proto().name)
 
@@ -340,15 +477,26 @@ def GetLearningRateBlobNames(model: Any) -> list[str]:
 
 
 def AddBlobSync(model: Any, blobs: Iterable[Any], net: core.Net | None = None) -> None:
-    """Copy `blobs` (names of device 0's copies, or unscoped names) from device 0 to the other devices,
-    at the end of `net` (the model's net by default)."""
+    """Copy `blobs` (names of device 0's copies, or unscoped names) from device 0 to the other devices, and
+    across hosts from shard 0 to the others, at the end of `net` (the model's net by default)."""
     names = [stripBlobName(b) for b in blobs]
     for name in names:
         if name not in model._device_grouped_blobs:
             model._device_grouped_blobs[name] = {
                 d: core.BlobReference(f"{model._device_prefix}_{d}/{name}") for d in model._devices
             }
-    _SyncAllParams(model._devices, model, None, net or model.net, model._rendezvous, names)
+    _SyncAllParams(model._devices, model, model.param_init_net, net or model.net, model._rendezvous, names)
+
+
+def AddDistributedBlobSync(model: Any, blobs: Sequence[Any]) -> None:
+    """Sum `blobs` over the shards (not over the devices) at the end of the model's net."""
+    if model._rendezvous is None:
+        return
+    synth_name = "_".join(str(b) for b in blobs)
+    comm_world = _CreateOrCloneCommonWorld(
+        model.param_init_net, "blob_sync_cw_" + synth_name, rendezvous=model._rendezvous
+    )
+    model.net.Allreduce(inputs=[comm_world, *blobs], outputs=blobs, engine=model._rendezvous["engine"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -381,10 +529,41 @@ def _SyncAllParams(
     unique_param_names: Iterable[str],
     max_concurrent_distributed_ops: int = 4,
 ) -> None:
-    if rendezvous is not None and rendezvous.get("num_shards", 1) > 1:
-        raise _unsupported("rendezvous (multi-host training over Gloo)", "only one host is supported")
-    for param in unique_param_names:
-        _Broadcast(devices, model, net, param)
+    if rendezvous is None or rendezvous["num_shards"] <= 1:
+        for param in unique_param_names:
+            _Broadcast(devices, model, net, param)
+        return
+    _SyncAllParamsDistributed(
+        devices, model, init_net, net, rendezvous, unique_param_names, max_concurrent_distributed_ops
+    )
+
+
+def _SyncAllParamsDistributed(
+    devices: Sequence[int],
+    model: Any,
+    init_net: core.Net | None,
+    net: core.Net,
+    rendezvous: dict[str, Any],
+    unique_param_names: Iterable[str],
+    max_concurrent_distributed_ops: int,
+) -> None:
+    """Per parameter (sorted by name): one Broadcast of shard 0's device-0 copy to every copy of every shard."""
+    if model._broadcast_context is None:
+        model._broadcast_context = CollectivesConcurrencyControl(
+            "broadcast", max_concurrent_distributed_ops, init_net, rendezvous
+        )
+    context = model._broadcast_context
+    for param_name in sorted(unique_param_names):
+        params_group = list(model._device_grouped_blobs[param_name].values())
+        with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+            comm_world, control_input = context.get_control_and_context(params_group)
+            net.Broadcast(
+                inputs=[comm_world, *params_group],
+                outputs=params_group,
+                name=param_name,
+                engine=rendezvous["engine"],
+                control_input=control_input,
+            )
 
 
 def _AllReduceBlobs(
@@ -396,9 +575,11 @@ def _AllReduceBlobs(
     use_nccl: bool,
     max_concurrent_distributed_ops: int,
 ) -> None:
-    """On one host, per blob: Sum of all device copies into device 0's, then broadcast back."""
-    if rendezvous is not None and rendezvous.get("num_shards", 1) > 1:
-        raise _unsupported("rendezvous (multi-host training over Gloo)", "only one host is supported")
+    """On one host, per blob: Sum of all device copies into device 0's, then broadcast back; across hosts,
+    one Allreduce of every copy of every shard."""
+    if rendezvous is not None and rendezvous["num_shards"] > 1:
+        _AllReduceBlobsDistributed(blob_names, devices, model, net, rendezvous, max_concurrent_distributed_ops)
+        return
     if len(devices) == 1:
         return
     for blob_name in blob_names:
@@ -416,8 +597,108 @@ def _AllReduceBlobs(
             _Broadcast(devices, model, net, blob_name)
 
 
+class CollectivesConcurrencyControl:
+    """Caffe2's pool of common worlds for a kind of collective: up to `max_concurrent_context` worlds (made in
+    `param_init_net`), used in turn, each collective given the previous one of its world as control input."""
+
+    def __init__(self, name: str, max_concurrent_context: int, param_init_net: core.Net | None, rendezvous: Any):
+        self.name = name
+        self.param_init_net = param_init_net
+        self.max_concurrent_context = max_concurrent_context
+        self.counter = 0
+        self.common_worlds: list[Any] = []
+        self.control_inputs: list[Any] = []
+        self.rendezvous = rendezvous
+
+    def get_control_and_context(self, control_output_blob: Any) -> tuple[Any, Any]:
+        common_world, control_input = None, None
+        current_slot = self.counter % self.max_concurrent_context
+        if len(self.common_worlds) < self.max_concurrent_context:
+            if self.param_init_net is None:
+                raise BadArgumentError(
+                    "data_parallel_model: a collective across hosts needs an init net for its common world"
+                )
+            common_world = _CreateOrCloneCommonWorld(
+                self.param_init_net, f"{self.name}_{current_slot}_cw", rendezvous=self.rendezvous
+            )
+            self.common_worlds.append(common_world)
+            self.control_inputs.append(control_output_blob)
+        else:
+            common_world = self.common_worlds[current_slot]
+            control_input = self.control_inputs[current_slot]
+            self.control_inputs[current_slot] = control_output_blob
+        self.counter += 1
+        return common_world, control_input
+
+
+def _CreateOrCloneCommonWorld(
+    net: core.Net, common_world_blob: str, rendezvous: Any, name: str | None = None, timeout_sec: int | None = None
+) -> core.BlobReference:
+    """A CreateCommonWorld op in `net`, or a CloneCommonWorld of one it has with the same timeout."""
+    timeout_ms = (_DEFAULT_TIMEOUT_SEC if timeout_sec is None else timeout_sec) * 1000
+    existing = None
+    for op in net.Proto().op:
+        if op.type != "CreateCommonWorld":
+            continue
+        op_timeout_ms = next((arg.i for arg in op.arg if arg.name == "timeout_ms"), -1)
+        if op_timeout_ms == timeout_ms:
+            existing = op.output[0]
+            break
+    if name is None:
+        name = f"{common_world_blob}_op"
+    if existing is not None:
+        return net.CloneCommonWorld([existing], common_world_blob, name=name, engine=rendezvous["engine"])
+    kwargs = {key: rendezvous[key] for key in ("transport", "interface", "mpi_rendezvous") if key in rendezvous}
+    return net.CreateCommonWorld(
+        rendezvous["kv_handler"] or [],
+        common_world_blob,
+        name=name,
+        size=rendezvous["num_shards"],
+        rank=rendezvous["shard_id"],
+        engine=rendezvous["engine"],
+        timeout_ms=timeout_ms,
+        **kwargs,
+    )
+
+
+def _AllReduceBlobsDistributed(
+    blob_names: Sequence[str],
+    devices: Sequence[int],
+    model: Any,
+    net: core.Net,
+    rendezvous: dict[str, Any],
+    max_concurrent_distributed_ops: int,
+) -> None:
+    """Per blob: one Allreduce (GLOO: across devices and hosts at once) over every device copy, on device 0."""
+    if model.net.Proto().num_workers <= 1:
+        raise BadArgumentError("data_parallel_model: please specify more than 1 worker")
+    reducing_device_opt = core.DeviceOption(model._device_type, devices[0])
+    context = CollectivesConcurrencyControl(
+        "allreduce", max_concurrent_distributed_ops, model.param_init_net, rendezvous
+    )
+    for blob_name in blob_names:
+        blobs_group = list(model._device_grouped_blobs[blob_name].values())
+        if isinstance(blobs_group[0], core.GradientSlice):
+            raise _unsupported(
+                f"the sparse gradient of '{blob_name}'", "Caffe2 synchronized GradientSlices on GPUs only"
+            )
+        with core.DeviceScope(reducing_device_opt):
+            comm_world, control_input = context.get_control_and_context(blobs_group[0])
+            net.Allreduce(
+                inputs=[comm_world, *blobs_group],
+                outputs=blobs_group,
+                name=blob_name,
+                engine=rendezvous["engine"],
+                control_input=control_input,
+                gpu_direct=rendezvous.get("transport") == "ibverbs",
+            )
+
+
 def _BroadcastComputedParams(devices: Sequence[int], model: Any, rendezvous: Any, use_nccl: bool = False) -> None:
-    """Computed parameters are copied from device 0 (Caffe2 did not average them)."""
+    """Computed parameters are copied from device 0 (Caffe2 did not average them, nor send them across
+    hosts: it warned that it did not)."""
+    if rendezvous is not None:
+        log.warning("Distributed broadcast of computed params is not implemented yet")
     if len(devices) == 1:
         return
     for param_name in model._computed_param_names:

@@ -44,9 +44,22 @@ def _gpu_count() -> int:
         return 0
 
 
-has_cuda_support = _gpu_count() > 0
+def __getattr__(name: str) -> Any:
+    """`has_cuda_support` and `has_gpu_support`, computed when first read rather than at import: asking JAX
+    for its GPUs starts its backend, after which a script training across hosts could no longer start JAX's
+    multi-process runtime (`data_parallel_model.Parallelize` with a rendezvous does, before anything runs)."""
+    if name in ("has_cuda_support", "has_gpu_support"):
+        value = _gpu_count() > 0
+        globals().update(has_cuda_support=value, has_gpu_support=value)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "has_cuda_support", "has_gpu_support"})
+
+
 has_hip_support = False
-has_gpu_support = has_cuda_support
 has_fbgemm = False
 is_asan = False
 GpuDeviceType = caffe2_pb2.CUDA
