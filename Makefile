@@ -93,10 +93,13 @@ fuzz: $(STAMP)
 	test $$atheris -eq 0 -a $$mutations -eq 0 && ! grep -qE 'saved to .*/(escape|silent)-' fuzz-atheris.log
 
 # `make bench`: rnn2jax's compiled Caffe2 RNN nets against PyTorch, hand-written JAX and real Caffe2, checked
-# equal and then timed; writes benchmarks/results/latest.json and prints it as Markdown for the README.
+# equal and then timed; writes benchmarks/results/latest.json and prints it as Markdown for the README. Then
+# Caffe2's seq2seq beam-search decoding (translate.py's code) on real Caffe2 and on rnn2jax, in sentences per
+# second (benchmarks/results/nmt_decode.json).
 bench: $(STAMP) $(CAFFE2_STAMP)
 	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS)
 	$(BIN)/python scripts/bench_table.py
+	$(BIN)/python benchmarks/nmt_decode.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples

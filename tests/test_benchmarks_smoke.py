@@ -79,3 +79,36 @@ def test_mismatch_is_an_error(monkeypatch):
     assert compare.check_close("ok", want * (1 + 5e-5), want) <= 1.0
     with pytest.raises(compare.BenchmarkMismatch, match="gradient of w"):
         compare.check_result("bad", {"w": want + 1e-3}, {"w": want})
+
+
+CAFFE2_PYTHON = ROOT / ".venv-caffe2" / "bin" / "python"
+
+
+@pytest.mark.skipif(not CAFFE2_PYTHON.exists(), reason=f"real-Caffe2 venv missing: {CAFFE2_PYTHON}")
+def test_nmt_decode_checks_both_sides_and_reports_throughput(tmp_path):
+    """benchmarks/nmt_decode.py --quick: real Caffe2 trains a tiny checkpoint, both sides decode it with
+    Caffe2's translate code, the translations are checked equal, and each side's throughput is reported."""
+    out = tmp_path / "nmt.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "nmt_decode.py"), "--quick", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["sides"]) == {"caffe2", "rnn2jax"} and report["sentences"] == 4
+    for side in report["sides"].values():
+        assert side["warm_sentences_per_s"] > 0 and side["cold_sentences_per_s"] > 0 and len(side["warm_pass_s"]) == 1
+    assert 0 <= report["score_max_rel_error"] <= 1e-4
+    assert "| rnn2jax |" in proc.stdout and "translations equal" in proc.stdout
+
+
+def test_nmt_decode_refuses_different_translations():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import nmt_decode
+    finally:
+        sys.path.pop(0)
+    same = [[[4, 5, 2], -1.5], [[2], -0.25]]
+    assert nmt_decode._check_equal(same, same) == 0.0
+    with pytest.raises(SystemExit, match="sentence 1: rnn2jax decodes"):
+        nmt_decode._check_equal(same, [same[0], [[3, 2], -0.25]])
+    with pytest.raises(SystemExit, match="sentence 0: rnn2jax's score"):
+        nmt_decode._check_equal(same, [[[4, 5, 2], -1.6], same[1]])
