@@ -178,21 +178,30 @@ def seq2seq_case(training: bool, steps: int = 20) -> Case:
 
 def dper_case() -> Case:
     """The real dper ads-ranking train net (176 ops, two LSTM pools), with tests/programs/test_dper_net.py's
-    stand-ins for its three proprietary ops, inputs and parameters."""
+    stand-ins for its three proprietary ops, inputs and parameters (drawn, as the test draws them, from
+    the shapes real Caffe2 gives the arrays beside each parameter: the real-Caffe2 venv is needed)."""
     root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "tests"))
+    sys.path[:0] = [str(root / "tests"), str(root / "tests" / "programs")]
     import test_dper_net as dper
     from google.protobuf import text_format
 
+    from rnn2jax.checking.oracle import Caffe2Oracle
     from rnn2jax.ir.loader import load
-    from rnn2jax.ops.registry import overlay
 
     if not dper.NET.exists():
         raise SystemExit(f"the dper net is absent ({dper.NET})")
-    net = load(text_format.Parse(dper.NET.read_text(), pb.NetDef()))
+    caffe2_python = Path(os.environ.get("RNN2JAX_CAFFE2_PYTHON", root / ".venv-caffe2" / "bin" / "python"))
+    if not caffe2_python.exists():
+        raise SystemExit(f"the dper case draws its parameters with real Caffe2: {caffe2_python} is missing")
+    net_proto = text_format.Parse(dper.NET.read_text(), pb.NetDef())
+    net = load(net_proto)
     inputs = dper.feature_inputs(np.random.default_rng(0), 5)
-    with overlay({op.type: op for op in dper.STAND_INS}):
-        params = dper.parameters(net, inputs, 0)
+    caffe2 = Caffe2Oracle(caffe2_python)
+    try:
+        tokens = caffe2.python_ops(dper.CAFFE2_STAND_INS)
+        params = dper.parameters(caffe2, net, dper.caffe2_net(net_proto, tokens), inputs, 0)
+    finally:
+        caffe2.close()
     written = [name for op in net.ops for name in op.outputs if not name.endswith("step_workspaces")]
     outputs = list(dict.fromkeys(written))
 

@@ -33,6 +33,11 @@ def _compile_at_llvm_o0() -> None:
 
 _compile_at_llvm_o0()
 
+# The tests and the programs they start compile without JAX's persistent cache (rnn2jax/compiler/cache.py),
+# which the command line turns on by default: nothing is written into the user's cache, and every run
+# compiles what it tests. The cache's own tests give it a directory of their own.
+os.environ["RNN2JAX_CACHE_DIR"] = ""
+
 settings.register_profile(
     "default",
     max_examples=int(os.environ.get("RNN2JAX_EXAMPLES", "8")),

@@ -6,6 +6,9 @@ states its `NAME`, its `HELP` line in `rnn2jax --help` and the `DESCRIPTION` ato
 help line says it all), and adds its flags in `add_arguments`; the flags several commands share are
 defined once, in arguments.py.
 
+Every command keeps what it compiles in JAX's persistent compilation cache (`--no-cache` not to;
+rnn2jax/compiler/cache.py), so its next run of the same net compiles nothing.
+
 Exit status: 0 on success, 1 when a check fails, 2 on bad input (an `Rnn2JaxError`, printed on stderr with
 its advice in flags: `--db-root DIR` where Python is told `db_root=DIR`).
 """
@@ -32,7 +35,7 @@ from . import (
     setup_caffe2,
     verify,
 )
-from .arguments import OPS_HELP, CommandParser
+from .arguments import NO_CACHE_HELP, OPS_HELP, CommandParser
 
 # in `rnn2jax --help`'s order: look, check, run, convert, then the helpers
 COMMANDS = (inspect, verify, run, export, codegen, compare, setup_caffe2, convert_params, draw, run_plan, exec, demo)
@@ -41,6 +44,7 @@ COMMANDS = (inspect, verify, run, export, codegen, compare, setup_caffe2, conver
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="rnn2jax", description="Compile Caffe2 (recurrent) nets to JAX.")
     parser.add_argument("--ops", action="append", metavar="MODULE", help=OPS_HELP)
+    parser.add_argument("--no-cache", action="store_true", help=NO_CACHE_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         parser_of_command = arguments.command(commands, module.NAME, help=module.HELP, description=module.DESCRIPTION)
@@ -73,6 +77,10 @@ def _import_user_ops(module: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if not (args.no_cache or getattr(args, "no_cache_after", False)):
+            from ..compiler.cache import enable_compilation_cache
+
+            enable_compilation_cache()
         for module in [*(args.ops or ()), *(getattr(args, "ops_after", None) or ())]:
             _import_user_ops(module)
         return args.handler(args)

@@ -95,6 +95,11 @@ OPS_HELP = (
     "(repeatable; before or after the command)"
 )
 
+NO_CACHE_HELP = (
+    "compile without JAX's persistent compilation cache (by default executables are kept in $RNN2JAX_CACHE_DIR, "
+    "else ~/.cache/rnn2jax/jax, so the next run of the same net compiles nothing)"
+)
+
 FLAGS: dict[str, Flag] = {
     # the model
     "--net": _flag(
@@ -159,6 +164,7 @@ FLAGS: dict[str, Flag] = {
     "--json": _flag("--json", action="store_true", help="print the report as JSON"),
     # every command: user ops (the top-level parser has the same flag, for before the command)
     "--ops": _flag("--ops", action="append", dest="ops_after", metavar="MODULE", help=OPS_HELP),
+    "--no-cache": _flag("--no-cache", action="store_true", dest="no_cache_after", help=NO_CACHE_HELP),
 }
 
 
@@ -222,9 +228,10 @@ def command(
     commands: argparse._SubParsersAction, name: str, *, help: str, description: str | None = None
 ) -> argparse.ArgumentParser:
     """A command's parser: its help line in `rnn2jax --help`, its description (argparse folds its line breaks
-    and wraps it to the terminal), and `--ops`."""
+    and wraps it to the terminal), `--ops` and `--no-cache`."""
     parser = commands.add_parser(name, help=help, description=description)
     add(parser, "--ops")
+    add(parser, "--no-cache")
     return parser
 
 

@@ -28,6 +28,7 @@ from ..lowering.user_ops import as_opdefs
 from ..ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
 from ..ops.registry import overlay
 from ..runtime.params import PathLike, resolve_params, run_storage_init_net, save_params, uses_storage
+from .cache import enable_compilation_cache
 from .sharding import check_batch_axes, replicate, shard_inputs
 
 Arrays = dict[str, jax.Array]
@@ -362,6 +363,7 @@ def compile(
     db_root: PathLike | None = None,
     custom_ops: Any = None,
     inputs: Sequence[str] | None = None,
+    cache_dir: PathLike | None = None,
 ) -> CompiledNet:
     """Compile a Caffe2 net into a `CompiledNet`.
 
@@ -379,7 +381,11 @@ def compile(
     `inputs` names blobs that are inputs even though the init net or `params` fill them (an init net that
     sets up one sample's data, say): the filled values become the inputs' `defaults`, which a call that
     does not give them uses (`rnn2jax.checking.input_rule` says how the command line picks them).
+    `cache_dir` turns on JAX's persistent compilation cache there (for the whole process, as JAX has one
+    cache per process; `rnn2jax.compiler.cache`), so the next process compiling this net compiles nothing.
     """
+    if cache_dir is not None:
+        enable_compilation_cache(cache_dir)
     if params is not None and not isinstance(params, Mapping | str | os.PathLike):
         raise InputTypeError(
             "params= must be a mapping of blob name -> array or the path of an .npz file, "

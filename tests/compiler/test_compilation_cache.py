@@ -1,0 +1,121 @@
+"""JAX's persistent compilation cache (rnn2jax/compiler/cache.py): a second start compiles nothing.
+
+Each start is a fresh process that counts its XLA compilations with JAX's own monitoring events. JAX
+reports an executable loaded from the cache both as a backend compile and as a cache hit, so compilations
+are the first less the second. The test suite turns the cache off for everything else (conftest.py); these
+tests give each run a directory of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = files("rnn2jax.examples")
+PREDICT, INIT = str(EXAMPLES / "mlp_predict_net.pbtxt"), str(EXAMPLES / "mlp_init_net.pbtxt")
+
+CHILD = """
+import json, sys
+import jax
+compiled, loaded = [], []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, _d, **kw: compiled.append(1) if event == "/jax/core/compile/backend_compile_duration" else None)
+jax.monitoring.register_event_listener(
+    lambda event, **kw: loaded.append(1) if event == "/jax/compilation_cache/cache_hits" else None)
+how, argv = sys.argv[1], json.loads(sys.argv[2])
+if how == "cli":
+    from rnn2jax.cli import main
+    code = main(argv)
+else:
+    import numpy as np
+    import rnn2jax
+    if how == "jax-dir":
+        jax.config.update("jax_compilation_cache_dir", argv[1].replace("ours", "theirs"))
+    fn = rnn2jax.compile(argv[0], init_net=argv[2], cache_dir=argv[1])
+    jax.block_until_ready(fn(data=np.ones((2, 8), np.float32))["prob"])
+    code = 0
+print(json.dumps({"code": code, "compiled": len(compiled) - len(loaded), "loaded": len(loaded),
+                  "dir": jax.config.jax_compilation_cache_dir}))
+"""
+
+
+def start(how: str, argv: list[str], cache: str | None, cwd: Path) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env.pop("RNN2JAX_CACHE_DIR", None)
+    if cache is not None:
+        env["RNN2JAX_CACHE_DIR"] = cache
+    env["XDG_CACHE_HOME"] = str(cwd / "xdg-cache")  # where the default directory would be
+    command = [sys.executable, "-c", CHILD, how, json.dumps(argv)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    report["stderr"] = done.stderr
+    return report
+
+
+def _run_argv(tmp_path: Path) -> list[str]:
+    np.save(tmp_path / "x.npy", np.ones((3, 8), np.float32))
+    return ["run", PREDICT, "--init", INIT, "--input", f"data={tmp_path / 'x.npy'}"]
+
+
+def _entries(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir()} if directory.is_dir() else set()
+
+
+def test_a_second_rnn2jax_run_compiles_nothing(tmp_path):
+    argv, cache = _run_argv(tmp_path), tmp_path / "cache"
+    first = start("cli", argv, str(cache), tmp_path)
+    assert first["code"] == 0 and first["compiled"] >= 2 and first["loaded"] == 0  # the init net's and the net's
+    assert any(name.startswith("jit_rnn2jax_net-") for name in _entries(cache))
+    second = start("cli", argv, str(cache), tmp_path)
+    assert second["code"] == 0 and second["compiled"] == 0 and second["loaded"] == first["compiled"]
+
+
+def test_the_default_directory_is_the_users_cache(tmp_path):
+    first = start("cli", _run_argv(tmp_path), None, tmp_path)
+    assert first["dir"] == str(tmp_path / "xdg-cache" / "rnn2jax" / "jax")
+    assert _entries(tmp_path / "xdg-cache" / "rnn2jax" / "jax")
+
+
+def test_no_cache_and_an_empty_directory_compile_everything(tmp_path):
+    argv, cache = _run_argv(tmp_path), tmp_path / "cache"
+    start("cli", argv, str(cache), tmp_path)
+    kept = _entries(cache)
+    for how in (["--no-cache", *argv], [*argv, "--no-cache"]):
+        again = start("cli", how, str(cache), tmp_path)
+        assert again["code"] == 0 and again["compiled"] >= 2 and again["loaded"] == 0 and again["dir"] is None
+    off = start("cli", argv, "", tmp_path)
+    assert off["compiled"] >= 2 and off["dir"] is None and not (tmp_path / "xdg-cache").exists()
+    assert _entries(cache) == kept
+
+
+def test_compile_with_cache_dir_compiles_nothing_the_second_time(tmp_path):
+    cache = tmp_path / "python-cache"
+    argv = [PREDICT, str(cache), INIT]
+    first = start("python", argv, None, tmp_path)
+    assert first["compiled"] >= 2 and first["dir"] == str(cache)
+    second = start("python", argv, None, tmp_path)
+    assert second["compiled"] == 0 and second["loaded"] == first["compiled"]
+
+
+def test_a_directory_the_user_gave_jax_is_kept(tmp_path):
+    theirs = tmp_path / "theirs"
+    report = start("jax-dir", [PREDICT, str(tmp_path / "ours"), INIT], None, tmp_path)
+    assert report["dir"] == str(theirs)  # and with it the user's own settings (JAX's thresholds)
+    assert not (tmp_path / "ours").exists() and not (tmp_path / "xdg-cache").exists()
+
+
+def test_a_cache_directory_that_cannot_be_made_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    report = start("cli", _run_argv(tmp_path), str(blocker / "cache"), tmp_path)
+    assert report["code"] == 2
+    assert f"rnn2jax: error: compilation cache: cannot create {blocker / 'cache'}" in report["stderr"]
+    assert "RNN2JAX_CACHE_DIR" in report["stderr"]
