@@ -377,7 +377,8 @@ class RecurrentLowering:
         """The compact form: the carry is the current row of each state."""
         spec, steps = self.spec, loop.steps
         # a recognised LSTM stack runs with its own VJP (cell_vjp.py), unless the lowering is plain
-        cell = None if self.plain or loop.peeled else lstm_cell_rows(self, initial, outer, steps)
+        plain = self.plain or self.timestep_shapes is not None  # the cell VJP knows no settled values
+        cell = None if plain else lstm_cell_rows(self, initial, outer, steps)
         if cell is not None:
             written, final, scratches = cell
             return {s: _CompactBuffer(initial[s], written[s], final[s]) for s in spec.states}, scratches
