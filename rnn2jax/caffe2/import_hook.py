@@ -5,10 +5,21 @@ An import hook maps every `caffe2[.x.y]` module name to the same module object a
 imports it by. Modules rnn2jax does not provide (Caffe2's own pure-Python test utilities, say) are
 loaded from a Caffe2 source tree: its files are run as they are, on top of this API. The tree is the one
 given, else the one `source_tree.find_source` finds, looked for only when such a module is imported.
+
+Two things the tree's files take for granted are not so here, and each module of the tree gets its own
+`__builtins__` whose `__import__` makes up for them, in the views of two modules it alone gets:
+
+* Caffe2's files were written for NumPy before 1.24, and use aliases it has since removed (`np.object`,
+  `np.str`, `np.float_`, ...): their `numpy` is a proxy of NumPy that adds back those NumPy lacks.
+* rnn2jax's `BlobReference` is a `str`, Caffe2's was not, and Caffe2's `schema` tells blob references from
+  names with `isinstance(x, basestring)`: their `past.builtins.basestring` leaves blob references out.
+
+NumPy, `past.builtins`, and every other module's view of them, stay as they are.
 """
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -18,6 +29,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import numpy
 
 from ..errors import Rnn2JaxError
 from .source_tree import Caffe2Source, given_source, installed_source
@@ -94,12 +107,102 @@ class _Caffe2Finder(importlib.abc.MetaPathFinder):
         package = source / relative / "__init__.py"
         if package.is_file():
             return importlib.util.spec_from_file_location(
-                fullname, package, submodule_search_locations=[str(package.parent)]
+                fullname,
+                package,
+                loader=_SourceTreeLoader(fullname, str(package)),
+                submodule_search_locations=[str(package.parent)],
             )
         module = (source / relative).with_suffix(".py")
         if module.is_file():
-            return importlib.util.spec_from_file_location(fullname, module)
+            return importlib.util.spec_from_file_location(
+                fullname, module, loader=_SourceTreeLoader(fullname, str(module))
+            )
         return None
+
+
+# NumPy's aliases that Caffe2's sources use and NumPy has removed, as NumPy before 1.24 defined them: the
+# builtins (removed in 1.24; NumPy 2 gave `bool` and `long` back, as NumPy types, and keeps those), the
+# scalar types' old names (removed in 2.0) and `asscalar` (removed in 1.23).
+_REMOVED_NUMPY_NAMES: dict[str, Any] = {
+    "object": object,
+    "bool": bool,
+    "int": int,
+    "long": int,
+    "float": float,
+    "complex": complex,
+    "str": str,
+    "unicode": str,
+    "float_": numpy.float64,
+    "complex_": numpy.complex128,
+    "string_": numpy.bytes_,
+    "unicode_": numpy.str_,
+    "NaN": numpy.nan,
+    "Inf": numpy.inf,
+    "asscalar": lambda a: a.item(),
+}
+
+
+class _NotBlobReferences(type):
+    def __instancecheck__(cls, instance: Any) -> bool:
+        from .python.core import BlobReference
+
+        return isinstance(instance, bytes | str) and not isinstance(instance, BlobReference)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        from .python.core import BlobReference
+
+        return issubclass(subclass, bytes | str) and not issubclass(subclass, BlobReference)
+
+
+class _basestring(metaclass=_NotBlobReferences):
+    """`past.builtins.basestring` as Caffe2 saw it: str and bytes, but not a BlobReference (a str here)."""
+
+
+def _proxy(module: ModuleType, names: dict[str, Any]) -> ModuleType:
+    """A module that is `module` plus `names`: each attribute not set here is `module`'s."""
+    proxy = ModuleType(module.__name__, module.__doc__)
+    proxy.__dict__.update(names)
+    proxy.__getattr__ = lambda name: getattr(module, name)  # type: ignore[method-assign]  # PEP 562
+    proxy.__dir__ = lambda: sorted(set(dir(module)) | set(names))  # type: ignore[method-assign]
+    return proxy
+
+
+def _tree_view(module: ModuleType) -> ModuleType | None:
+    """The tree's view of NumPy (plus the removed aliases it lacks: looked up in its namespace, not with getattr,
+    which warns about them) or of `past.builtins` (with `_basestring`); None for any other module."""
+    if module is numpy:
+        present = vars(numpy)
+        return _proxy(numpy, {k: v for k, v in _REMOVED_NUMPY_NAMES.items() if k not in present})
+    if module.__name__ == "past.builtins":
+        return _proxy(module, {"basestring": _basestring})
+    return None
+
+
+_tree_views: dict[str, ModuleType | None] = {}  # made on first use: a process that loads no tree module never does
+
+
+def _import_for_source_tree(
+    name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+) -> ModuleType:
+    """`__import__` for the tree's modules: `numpy` and `past.builtins` are their views (`_tree_view`), every
+    other module is as usual."""
+    module = builtins.__import__(name, globals, locals, fromlist, level)
+    if module.__name__ not in ("numpy", "past.builtins"):
+        return module
+    if module.__name__ not in _tree_views:
+        _tree_views[module.__name__] = _tree_view(module)
+    return _tree_views[module.__name__] or module
+
+
+_SOURCE_TREE_BUILTINS = {**builtins.__dict__, "__import__": _import_for_source_tree}
+
+
+class _SourceTreeLoader(importlib.machinery.SourceFileLoader):
+    """Runs a file of the Caffe2 source tree as usual, with `_SOURCE_TREE_BUILTINS` as its builtins."""
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__dict__["__builtins__"] = _SOURCE_TREE_BUILTINS
+        super().exec_module(module)
 
 
 def _ours(real_name: str) -> ModuleType | None:

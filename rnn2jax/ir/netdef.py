@@ -424,11 +424,10 @@ def decode_plan(proto: pb.PlanDef) -> Plan:
     nets: dict[str, Net] = {}
     token = _NESTING.set(-1)  # a plan's nets are top-level nets, not nested ones
     try:
-        for i, net in enumerate(proto.network):
-            key = net.name or f"network[{i}]"
-            if key in nets:
-                raise ParseError(f"{where}: two nets are named '{key}'")
-            nets[key] = decode_net(net, where)
+        for net in proto.network:
+            if net.name in nets:  # an unnamed net is named "" (Caffe2's plans name nets built in a NetBuilder so)
+                raise ParseError(f"{where}: two nets are named '{net.name}'")
+            nets[net.name] = decode_net(net, where)
     finally:
         _NESTING.reset(token)
     return Plan(proto.name, MappingProxyType(nets), tuple(_decode_step(s, where) for s in proto.execution_step))

@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...errors import Rnn2JaxError
 from .core import BlobReference
 from .helpers.arg_scope import arg_scope, get_current_scope  # noqa: F401  (brew.arg_scope)
 from .model_helper import BIAS, COMPUTED_PARAM, WEIGHT, ModelHelper
@@ -153,3 +154,36 @@ depth_concat = _caffe2_helper("array_helpers", "depth_concat")
 iter = _caffe2_helper("train", "iter")
 accuracy = _caffe2_helper("train", "accuracy")
 add_weight_decay = _caffe2_helper("train", "add_weight_decay")
+
+
+# -- Caffe2's helper modules rnn2jax does not implement: their functions come from the Caffe2 source tree (its
+# helpers/conv.py, pooling.py, ...: plain Python on top of this API), loaded when first called.
+
+
+def _tree_helper(module: str, name: str) -> Callable[..., Any]:
+    helper = _caffe2_helper(module, name)
+
+    def from_tree(model: ModelHelper, *args: Any, **kwargs: Any) -> Any:
+        try:
+            importlib.import_module(f".helpers.{module}", __package__)
+        except ModuleNotFoundError:
+            raise Rnn2JaxError(
+                f"brew.{name} is Caffe2's own helpers/{module}.py, which rnn2jax runs from a Caffe2 source tree: "
+                "none is in use (rnn2jax.caffe2.install(source=DIR), or $RNN2JAX_CAFFE2_SOURCE)"
+            ) from None
+        return helper(model, *args, **kwargs)
+
+    from_tree.__name__ = from_tree.__qualname__ = name
+    return from_tree
+
+
+_TREE_HELPERS = {
+    "conv": ("conv_nd", "conv", "conv_transpose", "group_conv", "group_conv_deprecated"),
+    "pooling": ("max_pool", "average_pool", "max_pool_with_index"),
+    "elementwise_linear": ("elementwise_linear",),
+    "control_ops": ("cond", "loop"),
+    "db_input": ("db_input",),
+    "tools": ("image_input", "video_input"),
+    "quantization": ("fused_8bit_rowwise_quantized_to_float",),
+}
+globals().update({name: _tree_helper(module, name) for module, names in _TREE_HELPERS.items() for name in names})

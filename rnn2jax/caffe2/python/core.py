@@ -16,9 +16,12 @@ OperatorDefs real Caffe2 emitted, byte for byte.
 
 from __future__ import annotations
 
-from collections import namedtuple
+import sys
+from collections import OrderedDict, defaultdict, namedtuple
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
+
+import numpy as np
 
 from ...ops import backward_pass as _backward_pass
 from ...ops.gradient_makers import (
@@ -30,7 +33,9 @@ from ...ops.gradient_makers import (
 )
 from ..opdef import make_argument
 from ..proto import caffe2_pb2
-from . import scope
+from . import _import_c_extension as C
+from . import scope, workspace  # noqa: F401  (Caffe2's `core.workspace`: record_queue calls it)
+from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
 from .scope import DeviceScope, NameScope  # noqa: F401  (Caffe2 scripts use core.NameScope)
 
 DataType = caffe2_pb2.TensorProto.DataType
@@ -97,30 +102,17 @@ def InferOpBlobDevicesAsDict(
 
 
 def InferOpBlobDevices(op: caffe2_pb2.OperatorDef) -> tuple[list, list]:
-    def copy() -> caffe2_pb2.DeviceOption:
-        option = caffe2_pb2.DeviceOption()
-        option.CopyFrom(op.device_option)
-        return option
-
-    return [copy() for _ in op.input], [copy() for _ in op.output]
+    """The device option of each input and of each output of `op` (the C extension's answer, parsed)."""
+    inputs, outputs = C.infer_op_input_output_device(op.SerializeToString())
+    parse = caffe2_pb2.DeviceOption.FromString
+    return [parse(d) for d in inputs], [parse(d) for d in outputs]
 
 
-_engine_prefs: dict[str, Any] = {"global": {}, "op": {}}
-
-
-def SetGlobalEnginePref(global_engine_pref: Mapping[int, Sequence[str]]) -> None:
-    """Recorded only: XLA picks the kernels, there are no engines to choose between."""
-    _engine_prefs["global"] = dict(global_engine_pref)
-
-
-def SetOpEnginePref(op_type: str, op_engine_pref: Mapping[int, Sequence[str]]) -> None:
-    _engine_prefs["op"][op_type] = dict(op_engine_pref)
-
-
-def SetEnginePref(per_op_engine_pref: Mapping[str, Any], global_engine_pref: Mapping[int, Any]) -> None:
-    SetGlobalEnginePref(global_engine_pref)
-    for op_type, pref in per_op_engine_pref.items():
-        SetOpEnginePref(op_type, pref)
+# Engine preferences are the C extension's, as in Caffe2 (recorded only: XLA picks the kernels)
+SetPerOpEnginePref = C.set_per_op_engine_pref
+SetGlobalEnginePref = C.set_global_engine_pref
+SetEnginePref = C.set_engine_pref
+SetOpEnginePref = C.set_op_engine_pref
 
 
 def TriggerLazyImport() -> None:
@@ -366,19 +358,25 @@ def _plain(grad: Any) -> Any:
 class Net:
     """A NetDef under construction, with Caffe2's bookkeeping of names and external inputs.
 
-    `net.FC([...], "out", axis=2)` adds an op (any attribute naming an op type rnn2jax knows), as in
-    Caffe2; `net.Python(f)` adds a Python op that runs `f` on the host.
+    `net.FC([...], "out", axis=2)` adds an op (any attribute naming an op type rnn2jax runs or real Caffe2
+    registers: a net may hold ops rnn2jax refuses to run, such as If, to be read or rewritten), as in Caffe2;
+    `net.Python(f)` adds a Python op that runs `f` on the host.
     """
 
     _net_names_used: ClassVar[set[str]] = set()
 
     @staticmethod
     def current_prefix() -> str:
-        return scope.CurrentNameScope()
+        """The name of the NetBuilder being built (`with NetBuilder(name)`), else "": nets made inside one are
+        named under it. NetBuilder is Caffe2's own module (net_builder.py): none is active unless it was
+        imported."""
+        net_builder = sys.modules.get("caffe2.python.net_builder")
+        builder = net_builder.NetBuilder.current(required=False) if net_builder is not None else None
+        return builder.name if builder else ""
 
     @staticmethod
-    def _get_next_net_name(basename: str) -> str:
-        name = basename
+    def _get_next_net_name(basename: str | None) -> str:
+        name = basename = "/".join(x for x in [Net.current_prefix(), basename] if x)
         next_idx = 1
         while name in Net._net_names_used:
             name = f"{basename}_{next_idx}"
@@ -392,6 +390,10 @@ class Net:
 
     def __init__(self, name_or_proto: str | caffe2_pb2.NetDef | Net, inplace: bool = False):
         self._next_blob_name_ids: dict[str, int] = {}
+        self._registered_blob_names: set[str] = set()  # NextBlob never hands out a name twice
+        self._attr_dict: defaultdict[str, list] = defaultdict(list)
+        self._input_record: Any = None
+        self._output_record: Any = None
         if isinstance(name_or_proto, Net):
             name_or_proto = name_or_proto.Proto()
         if isinstance(name_or_proto, caffe2_pb2.NetDef):
@@ -499,10 +501,19 @@ class Net:
         return name
 
     def NextScopedBlob(self, prefix: str = "unnamed") -> BlobReference:
-        return ScopedBlobReference(self.NextName(prefix))
+        """`NextBlob` of the name in the current name scope."""
+        return self.NextBlob(ScopedName(prefix))
 
     def NextBlob(self, prefix: str = "unnamed") -> BlobReference:
-        return BlobReference(self.NextName(prefix))
+        """`prefix` itself, else `prefix_auto_<i>`: a name neither defined in this net nor handed out before."""
+        base = BlobReference(prefix)
+        blob = base
+        index = 0
+        while str(blob) in self._registered_blob_names or self.BlobIsDefined(blob):
+            blob = base + f"_auto_{index}"
+            index += 1
+        self._registered_blob_names.add(str(blob))
+        return blob
 
     # -- ops -------------------------------------------------------------------------------------
 
@@ -532,7 +543,7 @@ class Net:
     def __getattr__(self, op_type: str) -> Any:
         if op_type.startswith("__") or not op_type[:1].isupper():
             raise AttributeError(op_type)
-        if not IsOperator(op_type):
+        if not IsOperator(op_type) and op_type not in CAFFE2_OPERATOR_TYPES:
             raise AttributeError(f"Method {op_type} is not a registered operator.")
         return lambda *args, **kwargs: self._CreateAndAddToSelf(op_type, *args, **kwargs)
 
@@ -606,27 +617,263 @@ class Net:
             proto.op.append(op)
         proto.external_input[:] = remapped(proto.external_input)
         proto.external_output[:] = remapped(proto.external_output)
-        return Net(proto)
+        new_net = Net(proto)
+        if keep_schema:
+            self._clone_records(new_net, remap)
+        new_net._attr_dict.update(self._attr_dict)
+        if update_external_list:
+            _recompute_external_lists(new_net.Proto())
+        return new_net
+
+    def _clone_records(self, new_net: Net, remap: Mapping[str, str]) -> None:
+        """The input and output records of a clone: this net's, over the renamed blobs (Caffe2's keep_schema).
+        Records are Caffe2's `schema` module's, from the source tree: a net has none unless it was imported."""
+        for attribute in ("_input_record", "_output_record"):
+            record = getattr(self, attribute)
+            if record:
+                from . import schema
+
+                blobs = [BlobReference(remap.get(str(b), str(b)), net=new_net) for b in record.field_blobs()]
+                setattr(new_net, attribute, schema.from_blob_list(record, blobs))
 
     def AppendNet(self, net: Net | caffe2_pb2.NetDef, device_option: Any = None) -> Net:
+        """Append `net`'s ops; its external inputs that this net neither has nor produces become this net's,
+        and its external outputs are added (as Caffe2 did: duplicates within `net`'s list are kept)."""
         proto = net.Proto() if isinstance(net, Net) else net
+        produced = {blob for op in self._net.op for blob in op.output}
+        for name in proto.external_input:
+            if name not in self._net.external_input and name not in produced:
+                self._net.external_input.append(name)
+        self._net.external_output.extend([o for o in proto.external_output if o not in self._net.external_output])
         ops = list(proto.op)
         if device_option is not None:
             ops = [_with_device(op, device_option) for op in ops]
+            for op in ops:
+                if op.type == "RecurrentNetwork":
+                    for arg in op.arg:
+                        if arg.name.endswith("step_net"):
+                            for step_op in arg.n.op:
+                                step_op.device_option.CopyFrom(device_option)
         self._ExtendOps(ops)
-        for name in proto.external_input:
-            if name not in self._net.external_input:
-                self._net.external_input.append(name)
-        for name in proto.external_output:
-            if name not in self._net.external_output:
-                self._net.external_output.append(name)
         return self
+
+    def Const(self, array: Any, blob_out: Any = None, dtype: Any = None) -> BlobReference:
+        """A constant blob: ConstantFill for a bool, else the GivenTensor*Fill of the array's dtype. Strings get
+        GivenTensorFill, as in Caffe2 (its test `dtype == np.str` never held for a string array)."""
+        if isinstance(array, bool):
+            return self.ConstantFill([], blob_out or 1, dtype=caffe2_pb2.TensorProto.BOOL, value=array)
+        array = np.array(array) if dtype is None else np.array(array, dtype=dtype)
+        fill = {
+            np.dtype(np.int32): "GivenTensorIntFill",
+            np.dtype(np.int64): "GivenTensorInt64Fill",
+            np.dtype(np.bool_): "GivenTensorBoolFill",
+        }.get(array.dtype, "GivenTensorFill")
+        return getattr(self, fill)([], blob_out or 1, shape=array.shape, values=array.flatten().tolist())
+
+    def LogInfo(self, *msg_or_blobs: Any) -> None:
+        """Print each message (a string constant) or blob when the net runs."""
+        for item in msg_or_blobs:
+            blob = item
+            if not isinstance(item, BlobReference):
+                blob = self.GivenTensorStringFill([], self.NextName("log"), shape=[], values=[item])
+            self.Print(blob, [])
+
+    def add_attribute(self, name: str, obj: Any) -> None:
+        """Keep `obj` under `name`: user objects that travel with the net (tasks read them back)."""
+        self._attr_dict[name].append(obj)
+
+    def get_attributes(self, name: str) -> list:
+        return self._attr_dict.get(name, [])
+
+    def set_rand_seed(self, seed: int = 100, sequence_seed: bool = True, seed_on_op_def: bool = False) -> None:
+        """Give op i the random seed `seed + i` (or `seed`; or, with `seed_on_op_def`, a hash of the op)."""
+        if sequence_seed and seed_on_op_def:
+            raise AssertionError("sequence_seed and seed_on_op_def cannot be both set to True.")
+        for i, op in enumerate(self._net.op):
+            if sequence_seed:
+                op.device_option.random_seed = seed + i
+            elif seed_on_op_def:
+                op.device_option.random_seed = hash(str(op) + str(seed)) % np.iinfo(np.uint32).max
+            else:
+                op.device_option.random_seed = seed
+
+    def UsedBlobNames(self) -> set[str]:
+        """Every blob an op reads or writes, and the external inputs and outputs."""
+        names = set(self._net.external_input) | set(self._net.external_output)
+        for op in self._net.op:
+            names |= set(op.input) | set(op.output)
+        return names
+
+    def is_external_input(self, blob: Any) -> bool:
+        return str(blob) in self._net.external_input
+
+    def extend_ops(self, new_ops: Iterable[caffe2_pb2.OperatorDef]) -> None:
+        self._ExtendOps(new_ops)
+
+    def AddArgument(self, arg_name: str, arg_value: Any) -> None:
+        self._net.arg.append(make_argument(arg_name, arg_value))
+
+    def DeduplicateGradientSlices(self, g: GradientSlice, aggregator: str = "sum") -> GradientSlice:
+        """One gradient row per index: Unique the indices, then sum (or average) the rows of each."""
+        if not isinstance(g, GradientSlice):
+            raise TypeError(f"DeduplicateGradientSlices takes a GradientSlice, got {type(g).__name__}")
+        unique, remapping = self.Unique([g.indices], 2, engine="SparseHash")
+        if aggregator.lower() == "sum":
+            values = self.UnsortedSegmentSum([g.values, remapping], 1)
+        elif aggregator.lower() == "mean":
+            values = self.UnsortedSegmentMean([g.values, remapping], 1)
+        else:
+            raise ValueError(f"{aggregator} is not supported")
+        return GradientSlice(indices=unique, values=values)
+
+    # -- records (caffe2.python.schema), as Caffe2's Net keeps them ---------------------------------
+
+    def input_record(self) -> Any:
+        return self._input_record
+
+    def output_record(self) -> Any:
+        return self._output_record
+
+    def set_input_record(self, input_record: Any) -> Any:
+        """The record of the net's inputs; a record without blobs gets new ones, named in this net's scope.
+        Every blob of it becomes an external input."""
+        from . import schema
+
+        if self._input_record is not None and not (
+            input_record.has_blobs() and set(input_record.field_blobs()) == set(self._input_record.field_blobs())
+        ):
+            raise AssertionError("Input schema cannot be reset")
+        if not input_record.has_blobs():
+            with NameScope(self.Name()):
+                self._input_record = schema.NewRecord(self, input_record)
+        else:
+            self._input_record = input_record
+        for blob in self._input_record.field_blobs():
+            if not self.is_external_input(blob):
+                self.AddExternalInput(blob)
+        return self._input_record
+
+    def recover_input_record_by_prefix(self, prefix: str) -> None:
+        record = _recover_record_by_prefix(self._net.external_input, prefix)
+        if record:
+            self.set_input_record(record)
+
+    def set_output_record(self, record: Any) -> None:
+        """The record of the net's outputs: each blob must be defined here, and becomes an external output."""
+        if self._output_record is not None and not (
+            record.has_blobs() and set(record.field_blobs()) == set(self._output_record.field_blobs())
+        ):
+            raise AssertionError("Output schema cannot be reset")
+        for blob in record.field_blobs():
+            if not self.BlobIsDefined(blob):
+                raise AssertionError(f"{blob} is not defined in net {self.Proto()}")
+        for blob in record.field_blobs():
+            if blob not in self.external_outputs:
+                self.AddExternalOutput(blob)
+        self._output_record = record
+
+    def recover_output_record_by_prefix(self, prefix: str) -> None:
+        record = _recover_record_by_prefix(self._net.external_output, prefix)
+        if record:
+            self.set_output_record(record)
+
+    def AppendOutputRecordField(self, field_name: str, record: Any) -> None:
+        from . import schema
+
+        if self._output_record is None:
+            raise AssertionError("Tried to append to missing output record")
+        for blob in record.field_blobs():
+            if not self.BlobIsDefined(blob):
+                raise AssertionError(f"{blob} is not defined")
+        for blob in record.field_blobs():
+            self.AddExternalOutput(blob)
+        self._output_record = self._output_record + schema.Struct((field_name, record))
 
     def RunAllOnGPU(self, gpu_id: int = 0, use_cudnn: bool = False) -> None:
         """Device options say nothing to XLA: the net runs on JAX's default device, so this is a no-op."""
 
     def RunAllOnMKL(self) -> None:
         """No MKL engine here: a no-op."""
+
+
+def _recompute_external_lists(proto: caffe2_pb2.NetDef) -> None:
+    """External inputs: what an op reads before any op writes it; outputs: what ops write and none reads
+    (Caffe2's Clone with update_external_list; the outputs in set order, as Caffe2 listed them)."""
+    written: set[str] = set()
+    read_after_write: set[str] = set()
+    del proto.external_input[:]
+    del proto.external_output[:]
+    for op in proto.op:
+        for blob in op.input:
+            if blob not in written:
+                proto.external_input.append(blob)
+            else:
+                read_after_write.add(blob)
+        written.update(op.output)
+    proto.external_output.extend(b for b in written if b not in read_after_write)
+
+
+def _get_blob_ref(blob_name_or_ref: Any) -> BlobReference:
+    return blob_name_or_ref if isinstance(blob_name_or_ref, BlobReference) else BlobReference(blob_name_or_ref)
+
+
+def _recover_record_by_prefix(names: Iterable[str], prefix: str = "") -> Any:
+    """The record whose columns are the blobs of `names` that start with `prefix` (None when none do)."""
+    from . import schema
+
+    columns = [name[len(prefix) :] for name in names if name.startswith(prefix)]
+    if not columns:
+        return None
+    return schema.from_column_list(columns, col_blobs=[_get_blob_ref(prefix + name) for name in columns])
+
+
+def clone_and_bind_net(
+    net: Net,
+    name: str,
+    prefix: str,
+    blob_remap: dict[str, str] | None = None,
+    inputs: Any = None,
+    keep_schema: bool = True,
+) -> tuple[Net, dict[str, str]]:
+    """Clone `net` as `name`, its own blobs prefixed with `prefix`, its input record bound to the blobs of
+    `inputs` (a schema.Field with at least the record's fields). Returns the clone and the renaming."""
+    from . import schema
+
+    if not isinstance(net, Net):
+        raise TypeError(f"clone_and_bind_net takes a core.Net, got {type(net).__name__}")
+    blob_remap = {} if blob_remap is None else blob_remap
+    if inputs is not None:
+        if not isinstance(inputs, schema.Field):
+            raise TypeError(f"inputs must be a schema.Field, got {type(inputs).__name__}")
+        original = net.input_record()
+        if original is None:
+            raise AssertionError(f"net {net.Name()} has no input record to bind")
+        extra = set(original.field_names()) - set(inputs.field_names())
+        if extra:
+            raise AssertionError(
+                f"Schemas don't match, extra fields {extra} found in the net {net.Name()}. "
+                f"original: {original.field_names()}; inputs: {inputs.field_names()}"
+            )
+        original_mapping = dict(zip(original.field_names(), original.field_blobs(), strict=True))
+        for field, blob in zip(inputs.field_names(), inputs.field_blobs(), strict=True):
+            if field in original_mapping:
+                blob_remap[str(original_mapping[field])] = str(blob)
+    ssa, blob_versions = get_ssa(net.Proto())
+    undefined = get_undefined_blobs(ssa)
+    for blob in blob_versions:
+        if blob not in blob_remap:
+            blob_remap[blob] = blob if blob in undefined else prefix + blob
+    cloned = net.Clone(name, blob_remap, keep_schema=keep_schema)
+    if not keep_schema and inputs:
+        cloned.set_input_record(inputs)
+    return cloned, blob_remap
+
+
+def output_to_list(op_output: Any) -> list[BlobReference]:
+    """An op's outputs as a list, whether it returned one BlobReference or a tuple of them."""
+    if type(op_output) not in (list, tuple, BlobReference):
+        raise TypeError(f"not an op's output: {op_output!r}")
+    return [op_output] if isinstance(op_output, BlobReference) else list(op_output)
 
 
 def _with_device(op: caffe2_pb2.OperatorDef, device_option: caffe2_pb2.DeviceOption) -> caffe2_pb2.OperatorDef:
@@ -645,102 +892,211 @@ def reset_net_names() -> None:
 # Plans
 
 
-class ExecutionStep:
-    """A PlanDef execution step under construction: nets or substeps, run `num_iter` times."""
+def get_net_name(netlike: Any) -> str:
+    """The name of a Net, a NetDef, or a name."""
+    if isinstance(netlike, Net):
+        return netlike.Proto().name
+    if isinstance(netlike, caffe2_pb2.NetDef):
+        return netlike.name
+    return netlike
 
-    def __init__(self, name: str, nets: Any = None, num_iter: int | None = None):
-        self._step = caffe2_pb2.ExecutionStep(name=name)
-        self._net_dict: dict[str, Net] = {}
+
+def _add_net_to_dict(net_dict: dict[str, Net | None], net: Any) -> bool:
+    """Record `net` under its name; False when the name is there already (the same net, or a name only)."""
+    name = get_net_name(net)
+    if name in net_dict:
+        if net_dict[name] is not None and net != net_dict[name]:
+            raise AssertionError("Different nets with same name: " + name)
+        return False
+    net_dict[name] = net if isinstance(net, Net) else None
+    return True
+
+
+class ExecutionStep:
+    """A PlanDef execution step under construction: nets or substeps, run `num_iter` times. Once added to a
+    plan or a step it is used, and can no longer change."""
+
+    _step_names_used: ClassVar[set[str]] = set()
+
+    @staticmethod
+    def _get_next_step_name(basename: str) -> str:
+        name = basename
+        next_idx = 1
+        while name in ExecutionStep._step_names_used:
+            name = f"{basename}_{next_idx}"
+            next_idx += 1
+        ExecutionStep._step_names_used |= {name}
+        return name
+
+    def __init__(self, name: str | None, nets: Any = None, num_iter: int | None = None):
+        self._step = caffe2_pb2.ExecutionStep()
+        self._step.name = name or ExecutionStep._get_next_step_name("step")
+        self._net_dict: OrderedDict[str, Net | None] = OrderedDict()
+        self._is_used = False
         self._substeps: list[ExecutionStep] = []
         if nets is not None:
-            for net in nets if isinstance(nets, list | tuple) else [nets]:
-                self.AddNet(net)
+            for net in [nets] if type(nets) is Net else nets:
+                if _add_net_to_dict(self._net_dict, net):
+                    self._step.network.append(get_net_name(net))
         if num_iter is not None:
             self._step.num_iter = num_iter
+
+    def get_net(self, name: str) -> Net | None:
+        return self._net_dict[name]
 
     def Name(self) -> str:
         return self._step.name
 
     def __str__(self) -> str:
-        return self.Name()
+        return self._step.name
+
+    def _assert_can_mutate(self) -> None:
+        if self._is_used:
+            raise AssertionError("Cannot mutate a step that has already been added to a plan/step.")
+
+    def _notify_is_used(self) -> None:
+        self._is_used = True
 
     def Proto(self) -> caffe2_pb2.ExecutionStep:
         return self._step
 
     def HasNets(self) -> bool:
-        return bool(self._step.network)
+        return len(self._step.network) > 0
 
     def HasSubsteps(self) -> bool:
-        return bool(self._step.substep)
+        return len(self._step.substep) > 0
 
-    def Nets(self) -> list[Net]:
+    def Nets(self) -> list[Net | None]:
         return list(self._net_dict.values())
 
     def Substeps(self) -> list[ExecutionStep]:
-        return list(self._substeps)
-
-    def get_net(self, name: str) -> Net:
-        return self._net_dict[name]
+        return self._substeps
 
     def SetIter(self, num_iter: int) -> None:
+        self._assert_can_mutate()
         self._step.num_iter = num_iter
 
     def SetCreateWorkspace(self, create_workspace: bool) -> None:
+        self._assert_can_mutate()
         self._step.create_workspace = create_workspace
 
     def SetNumConcurrentInstances(self, num_concurrent_instances: int) -> None:
+        self._assert_can_mutate()
         self._step.num_concurrent_instances = num_concurrent_instances
 
     def SetOnlyOnce(self, only_once: bool) -> None:
+        self._assert_can_mutate()
         self._step.only_once = only_once
 
-    def SetShouldStopBlob(self, should_stop_blob: str) -> None:
+    def SetShouldStopBlob(self, should_stop_blob: BlobReference) -> None:
+        if not isinstance(should_stop_blob, BlobReference):
+            raise AssertionError(f"expects BlobReference here, got {type(should_stop_blob)}")
+        self._assert_can_mutate()
         self._step.should_stop_blob = str(should_stop_blob)
 
     def RunEveryMillis(self, interval: int) -> None:
+        """Run this step every `interval` ms while its siblings run (and once after they finish)."""
         self._step.run_every_ms = interval
 
     def SetReportNet(self, report_net: Net, report_interval: int) -> None:
-        self._add_net(report_net)
-        self._step.report_net = report_net.Name()
+        """Deprecated in Caffe2 (RunEveryMillis replaces it)."""
+        self._assert_can_mutate()
+        _add_net_to_dict(self._net_dict, report_net)
+        self._step.report_net = get_net_name(report_net)
         self._step.report_interval = report_interval
 
+    def AddSubstep(self, substep: Any) -> ExecutionStep:
+        """Add a step (an ExecutionStep, or an ExecutionStep message); an empty step is left out."""
+        self._assert_can_mutate()
+        if self.HasNets():
+            raise AssertionError("Cannot have both network and substeps.")
+        if isinstance(substep, ExecutionStep):
+            substep._notify_is_used()
+            if not substep.HasNets() and not substep.HasSubsteps():
+                return self
+            for net in substep.Nets():
+                _add_net_to_dict(self._net_dict, net)
+            self._substeps.append(substep)
+            proto = substep.Proto()
+        else:
+            proto = substep
+        self._step.substep.add().CopyFrom(proto)
+        return self
+
     def SetConcurrentSubsteps(self, concurrent_substeps: bool) -> None:
+        self._assert_can_mutate()
+        if self.HasNets():
+            raise AssertionError("Cannot have both network and substeps.")
         self._step.concurrent_substeps = concurrent_substeps
 
-    def AddSubstep(self, substep: Any) -> ExecutionStep:
-        if self._step.network:
-            raise ValueError(f"execution step '{self.Name()}' has nets; it cannot also have substeps")
-        if isinstance(substep, Net):
-            substep = ExecutionStep(substep.Name(), substep)
-        self._substeps.append(substep)
-        self._step.substep.add().CopyFrom(substep.Proto())
-        for net in substep._all_nets():
-            self._net_dict.setdefault(net.Name(), net)
-        return self
-
     def AddNet(self, net: Net) -> ExecutionStep:
-        if self._step.substep:
-            raise ValueError(f"execution step '{self.Name()}' has substeps; it cannot also have nets")
-        self._add_net(net)
-        self._step.network.append(net.Name())
-        return self
-
-    def _add_net(self, net: Net) -> None:
+        self._assert_can_mutate()
+        if self.HasSubsteps():
+            raise AssertionError("Cannot have both network and substeps.")
         if not isinstance(net, Net):
             raise TypeError(f"execution step '{self.Name()}': not a core.Net: {type(net).__name__}")
-        self._net_dict.setdefault(net.Name(), net)
+        _add_net_to_dict(self._net_dict, net)
+        self._step.network.append(get_net_name(net))
+        return self
 
-    def _all_nets(self) -> list[Net]:
-        return list(self._net_dict.values())
+    def get_all_attributes(self, name: str) -> list:
+        """The attributes under `name` (`Net.add_attribute`) of every net of this step and its substeps."""
+        return [attr for net in self._net_dict.values() for attr in net.get_attributes(name)]
+
+    @classmethod
+    def create_from_proto(
+        cls, step_proto: caffe2_pb2.ExecutionStep, net_obj_dict: dict[str, Net], net_proto_dict: dict[str, Any]
+    ) -> ExecutionStep:
+        """An ExecutionStep (and its substeps) from its message; nets by name from the dicts."""
+        if bool(step_proto.network) == bool(step_proto.substep):
+            raise AssertionError(f"execution step '{step_proto.name}' must have either nets or substeps")
+        steps_or_nets: list[Any] = []
+        if step_proto.substep:
+            for substep_proto in step_proto.substep:
+                steps_or_nets.append(ExecutionStep.create_from_proto(substep_proto, net_obj_dict, net_proto_dict))
+        else:
+            for net_name in step_proto.network:
+                if net_name not in net_obj_dict:
+                    net_obj_dict[net_name] = Net(net_proto_dict[net_name])
+                steps_or_nets.append(net_obj_dict[net_name])
+
+        def field(name: str) -> Any:
+            return getattr(step_proto, name) if step_proto.HasField(name) else None
+
+        stop = BlobReference(step_proto.should_stop_blob) if step_proto.HasField("should_stop_blob") else None
+        return execution_step(
+            step_proto.name,
+            steps_or_nets,
+            num_iter=field("num_iter"),
+            concurrent_substeps=field("concurrent_substeps"),
+            should_stop_blob=stop,
+            only_once=field("only_once"),
+            num_concurrent_instances=field("num_concurrent_instances"),
+            create_workspace=field("create_workspace"),
+            run_every_ms=field("run_every_ms"),
+        )
+
+
+def add_nets_in_order(step: ExecutionStep, net_list: list[str]) -> None:
+    """The names of the nets `step` runs, substeps first, each once, appended to `net_list` (the order a
+    plan lists them in)."""
+    proto = step.Proto()
+    for substep in step.Substeps():
+        add_nets_in_order(substep, net_list)
+    for net in proto.network:
+        if net not in net_list:
+            net_list.append(net)
+    if proto.report_net and proto.report_net not in net_list:
+        net_list.append(proto.report_net)
 
 
 class Plan:
-    """A PlanDef under construction: execution steps and the nets they name."""
+    """A PlanDef under construction: execution steps and the nets they name, in the order they run."""
 
     def __init__(self, name_or_step: str | ExecutionStep):
         self._plan = caffe2_pb2.PlanDef()
-        self._net_dict: dict[str, Net] = {}
+        self._net_dict: OrderedDict[str, Net | None] = OrderedDict()
+        self._steps: list[ExecutionStep] = []
         if isinstance(name_or_step, ExecutionStep):
             self._plan.name = name_or_step.Name()
             self.AddStep(name_or_step)
@@ -757,60 +1113,117 @@ class Plan:
 
     def AddNets(self, nets: Iterable[Net]) -> None:
         for net in nets:
-            if net.Name() not in self._net_dict:
-                self._net_dict[net.Name()] = net
+            if _add_net_to_dict(self._net_dict, net):
+                if not isinstance(net, Net):
+                    raise TypeError(f"plan '{self._plan.name}': not a core.Net: {type(net).__name__}")
                 self._plan.network.add().CopyFrom(net.Proto())
 
-    def Nets(self) -> list[Net]:
+    def Nets(self) -> list[Net | None]:
         return list(self._net_dict.values())
 
     def AddStep(self, step: ExecutionStep) -> None:
+        if not isinstance(step, ExecutionStep):
+            raise TypeError(f"plan '{self._plan.name}': not an ExecutionStep: {type(step).__name__}")
+        step._notify_is_used()
         if not step.HasNets() and not step.HasSubsteps():
             return
         self._plan.execution_step.add().CopyFrom(step.Proto())
-        self.AddNets(step._all_nets())
+        self._steps.append(step)
+        net_list: list[str] = []
+        add_nets_in_order(step, net_list)
+        self.AddNets([step.get_net(n) for n in net_list])
+
+    def Steps(self) -> list[ExecutionStep]:
+        return self._steps
+
+    def get_all_attributes(self, name: str) -> list:
+        return [attr for net in self._net_dict.values() for attr in net.get_attributes(name)]
+
+    @classmethod
+    def create_from_proto(cls, plan_proto: caffe2_pb2.PlanDef) -> Plan:
+        plan = Plan(plan_proto.name)
+        plan._plan.CopyFrom(plan_proto)
+        del plan._plan.network[:]
+        del plan._plan.execution_step[:]
+        net_obj_dict: dict[str, Net] = {}
+        net_proto_dict = {}
+        for net_proto in plan_proto.network:
+            if net_proto.name in net_proto_dict:
+                raise AssertionError(f"plan '{plan_proto.name}' has two nets named '{net_proto.name}'")
+            net_proto_dict[net_proto.name] = net_proto
+        for step_proto in plan_proto.execution_step:
+            plan.AddStep(ExecutionStep.create_from_proto(step_proto, net_obj_dict, net_proto_dict))
+        return plan
+
+
+def to_execution_step(step_or_nets: Any, default_name: str | None = None) -> ExecutionStep:
+    """A step as is; anything else (a net, a list, a NetBuilder with its stop blob) wrapped in one."""
+    if isinstance(step_or_nets, ExecutionStep):
+        return step_or_nets
+    stop_blob = None
+    if not default_name and hasattr(step_or_nets, "name"):
+        default_name = step_or_nets.name
+    if hasattr(step_or_nets, "_stop_blob") and hasattr(step_or_nets, "get"):  # net_builder.NetBuilder
+        stop_blob = step_or_nets._stop_blob
+        step_or_nets = step_or_nets.get()
+    return execution_step(default_name, step_or_nets, should_stop_blob=stop_blob)
 
 
 def execution_step(
-    default_name: str,
+    default_name: str | None,
     steps_or_nets: Any,
     num_iter: int | None = None,
     report_net: Net | None = None,
     report_interval: int | None = None,
     concurrent_substeps: bool | None = None,
-    should_stop_blob: str | None = None,
+    should_stop_blob: BlobReference | None = None,
     only_once: bool | None = None,
     num_concurrent_instances: int | None = None,
     create_workspace: bool = False,
     run_every_ms: int | None = None,
 ) -> ExecutionStep:
-    """Caffe2's helper: an ExecutionStep from a net, a step, or a list of either."""
-    if isinstance(steps_or_nets, ExecutionStep) and not any(
-        v is not None for v in (num_iter, report_net, concurrent_substeps, should_stop_blob, only_once)
-    ):
-        return steps_or_nets
+    """A new ExecutionStep running `steps_or_nets` (None, a net, a step, or a list of nets or of steps);
+    it runs once unless `num_iter` or `should_stop_blob` (a bool scalar, checked after each pass) says
+    otherwise."""
+    if should_stop_blob is not None and num_iter is not None:
+        raise AssertionError("Cannot set both should_stop_blob and num_iter.")
+    if should_stop_blob is None and num_iter is None:
+        num_iter = 1
     step = ExecutionStep(default_name)
-    if num_iter is not None:
-        step.SetIter(num_iter)
     if should_stop_blob is not None:
         step.SetShouldStopBlob(should_stop_blob)
+    if num_iter is not None:
+        step.SetIter(num_iter)
     if only_once is not None:
         step.SetOnlyOnce(only_once)
     if concurrent_substeps is not None:
         step.SetConcurrentSubsteps(concurrent_substeps)
+    if report_net is not None:
+        if report_interval is None:
+            raise AssertionError("report_net needs a report_interval")
+        step.SetReportNet(report_net, report_interval)
     if num_concurrent_instances is not None:
         step.SetNumConcurrentInstances(num_concurrent_instances)
     if create_workspace:
         step.SetCreateWorkspace(True)
     if run_every_ms:
         step.RunEveryMillis(run_every_ms)
-    if report_net is not None:
-        step.SetReportNet(report_net, report_interval or 1)
-    items = steps_or_nets if isinstance(steps_or_nets, list | tuple) else [steps_or_nets]
-    if items and all(isinstance(item, Net) for item in items):
-        for net in items:
-            step.AddNet(net)
-    else:
-        for item in items:
-            step.AddSubstep(item)
+    if isinstance(steps_or_nets, ExecutionStep):
+        step.AddSubstep(steps_or_nets)
+    elif isinstance(steps_or_nets, Net):
+        step.AddNet(steps_or_nets)
+    elif isinstance(steps_or_nets, list):
+        if all(isinstance(x, Net) for x in steps_or_nets):
+            for net in steps_or_nets:
+                step.AddNet(net)
+        else:
+            for x in steps_or_nets:
+                step.AddSubstep(to_execution_step(x))
+    elif steps_or_nets:
+        raise ValueError("steps_or_nets must be a step, a net, or a list of nets or steps.")
     return step
+
+
+def scoped_execution_step(name: str | None, *args: Any, **kwargs: Any) -> ExecutionStep:
+    """`execution_step` with the name in the current name scope."""
+    return execution_step(ScopedName(name) if name else name, *args, **kwargs)

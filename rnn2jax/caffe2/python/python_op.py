@@ -46,6 +46,15 @@ def register_python_function(
     return token
 
 
+def register_gradient_function(token: str, grad_f: Callable) -> None:
+    """Give the Python op `token` its gradient function, after the fact (Caffe2's C extension registered the
+    two separately: `register_python_op`, then `register_python_gradient_op`)."""
+    if token not in _FUNCTIONS:
+        raise BadArgumentError(f"register_python_gradient_op: no Python op was registered as '{token}'")
+    f, _, workspace_view = _FUNCTIONS[token]
+    _FUNCTIONS[token] = (f, grad_f, workspace_view)
+
+
 class TensorCPU:
     """A blob as a Python op sees it."""
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..opdef import make_argument, make_tensor
 from ..proto import caffe2_pb2
 
 MakeArgument = make_argument
+OPTIMIZER_ITERATION_NAME = "optimizer_iteration"
+ITERATION_MUTEX_NAME = "iteration_mutex"
 
 
 def NumpyArrayToCaffe2Tensor(arr: Any, name: str | None = None) -> caffe2_pb2.TensorProto:
@@ -66,3 +69,61 @@ def BuildUniqueMutexIter(init_net: Any, net: Any, iter: Any = None, iter_mutex: 
 
 def iterator_ndarray_view(row: Any) -> Any:
     return row
+
+
+def OpAlmostEqual(op_a: caffe2_pb2.OperatorDef, op_b: caffe2_pb2.OperatorDef, ignore_fields: Any = None) -> bool:
+    """Whether two ops are the same but for the fields `ignore_fields` (a name or a list of names): layers use it
+    to tell an init op they already added."""
+    fields = ignore_fields or []
+    fields = fields if isinstance(fields, list) else [fields]
+    if not all(isinstance(f, str) for f in fields):
+        raise AssertionError(f"Expect each field is text type, but got {fields}")
+
+    def cleaned(op: caffe2_pb2.OperatorDef) -> caffe2_pb2.OperatorDef:
+        op = copy.deepcopy(op)
+        for field in fields:
+            if op.HasField(field):
+                op.ClearField(field)
+        return op
+
+    a, b = cleaned(op_a), cleaned(op_b)
+    return a == b or str(a) == str(b)
+
+
+def EnumClassKeyVals(cls: type) -> dict[str, str]:
+    """The upper-case attributes of `cls` whose values are strings (a class used as an enum), by name."""
+    if type(cls) is not type:
+        raise AssertionError(f"{cls} is not a class")
+    enum: dict[str, str] = {}
+    for key in dir(cls):
+        value = getattr(cls, key)
+        if key == key.upper() and isinstance(value, str):
+            if value in enum.values():
+                raise AssertionError(f"Failed to resolve {cls} as Enum: duplicate entries {key}={value}")
+            enum[key] = value
+    return enum
+
+
+def ArgsToDict(args: Iterable[caffe2_pb2.Argument]) -> dict[str, Any]:
+    """Named arguments as {name: value} (the field that is set; None when none is); unnamed ones are skipped."""
+    result: dict[str, Any] = {}
+    for arg in args:
+        if not arg.HasField("name"):
+            continue
+        result[arg.name] = None
+        for field in arg.DESCRIPTOR.fields:
+            if field.name == "name":
+                continue
+            repeated = field.label == field.LABEL_REPEATED
+            if (not repeated and arg.HasField(field.name)) or (repeated and len(getattr(arg, field.name)) > 0):
+                result[arg.name] = getattr(arg, field.name)
+                break
+    return result
+
+
+def NHWC2NCHW(tensor: Any) -> Any:
+    return tensor.transpose((0, tensor.ndim - 1, *range(1, tensor.ndim - 1)))
+
+
+def NCHW2NHWC(tensor: Any) -> Any:
+    return tensor.transpose((0, *range(2, tensor.ndim), 1))

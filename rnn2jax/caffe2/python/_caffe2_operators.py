@@ -1,0 +1,146 @@
+"""The op types real Caffe2 (torch 1.10.2) registers, engine variants left out: what Caffe2's `Net` let a script
+build. rnn2jax builds any of them too (`net.CreateTreeCursor(...)`, `ops.If(...)`), running only those it lowers
+or runs as host ops; a net with the others is refused when it runs, naming them all.
+
+Listed from real Caffe2's `workspace.RegisteredOperators()`; tests/caffe2_package/test_api_caffe2_modules.py checks
+the list against it.
+"""
+
+from __future__ import annotations
+
+_LISTED = """
+    APMeter ATen Abs AbsGradient Accumulate AccumulateHistogram Accuracy Acos AcosGradient Adadelta Adagrad Adam Add
+    AddGradient AddPadding AffineChannel AffineChannelGradient Alias AliasWithName Allgather Allreduce And Append ArgMax
+    ArgMin Asin AsinGradient Assert AsyncNetBarrier Atan AtanGradient AtomicAppend AtomicFetchAdd AtomicFetchAdd64
+    AtomicIter AveragePool AveragePool1D AveragePool1DGradient AveragePool2D AveragePool2DGradient AveragePool3D
+    AveragePool3DGradient AveragePoolGradient AveragePut AveragedLoss AveragedLossGradient BBoxTransform
+    BRGNCHWCToPackedInt8BGRAStylizerDeprocess Barrier BatchBoxCox BatchBucketOneHot BatchBucketize BatchDenseToSparse
+    BatchGather BatchGatherGradient BatchMatMul BatchMoments BatchMomentsGradient BatchOneHot BatchPermutation
+    BatchPermutationGradient BatchSparseToDense BatchToSpace BernoulliJSD BernoulliJSDGradient BisectPercentile
+    BitwiseAnd BitwiseOr BitwiseXor BooleanMask BooleanMaskGradient BooleanMaskLengths BooleanUnmask BoxWithNMSLimit
+    Broadcast Bucketize ByteWeightDequant C10LayerNorm_DontUseThisOpYet CTCBeamSearchDecoder CTCGreedyDecoder Cast Cbrt
+    CbrtGradient Ceil ChannelBackpropStats ChannelShuffle ChannelShuffleGradient ChannelStats CheckAtomicBool
+    CheckCounterDone CheckDatasetConsistency Checkpoint Clip ClipGradient ClipTensorByScaling CloneCommonWorld
+    CloseBlobsQueue CloseRebatchingQueue Col2Im CollectAndDistributeFpnRpnProposals CollectRpnProposals CollectTensor
+    ColwiseMax ColwiseMaxGradient ComputeOffset Concat ConcatBatchMatMulBatchGatherOp ConcatTensorVector Conditional
+    ConditionalSetAtomicBool ConstantFill Conv Conv1D Conv1DGradient Conv2D Conv2DGradient Conv3D Conv3DGradient
+    ConvGradient ConvRelu ConvTranspose ConvTransposeGradient Copy CopyCPUToGPU CopyFromCPUInput CopyGPUToCPU
+    CopyOnDeviceLike CopyRowsToTensor CopyRowsToTensorGradient Cos CosGradient Cosh CoshGradient
+    CosineEmbeddingCriterion CosineEmbeddingCriterionGradient CosineSimilarity CosineSimilarityGradient CountDown
+    CountUp Crash CreateAtomicBool CreateBlobsQueue CreateBlobsQueueDB CreateCommonWorld CreateCounter CreateDB
+    CreateMap CreateMutex CreateRebatchingQueue CreateScope CreateTensorVector CreateTextFileReader CreateTreeCursor
+    CrossEntropy CrossEntropyGradient Cube CubeGradient DBExists DataCouple DecayAdagrad DeformConv DeformConvGradient
+    DenseVectorToIdList DepthConcat DepthSplit DequeueBlobs DequeueRebatchingQueue DestroyCommonWorld DiagonalFill
+    DistributeFpnProposals Div DivGradient Do DotProduct DotProductGradient DotProductWithPadding
+    DotProductWithPaddingGradient Dropout DropoutGrad EQ ElementwiseLinear ElementwiseLinearGradient Elu EluGradient
+    EnforceFinite EnqueueBlobs EnqueueRebatchingQueue EnsureCPUOutput EnsureClipped EnsureDense Erf ErfGradient
+    EstimateAllBlobSizes Exp Expand ExpandDims ExpandGradient FC FCGradient FCTransposed FCTransposedGradient
+    FP16MomentumSGDUpdate FP32MomentumSGDUpdate Fail FbFCPacked FbGemmPack FbGemmPackTranspose FeedBlob
+    FileStoreHandlerCreate Find FindDuplicateElements Flatten FlattenToVec FlexibleTopK FlexibleTopKGradient
+    Float16ConstantFill Float16SparseNormalize Float16UniformFill FloatToFused2BitFakeRowwiseQuantized
+    FloatToFused2BitRowwiseQuantized FloatToFused4BitFakeRowwiseQuantized FloatToFused4BitRowwiseQuantized
+    FloatToFused8BitRowwiseQuantized FloatToFused8BitRowwiseQuantizedHalfScaleBias FloatToFusedRandRowwiseQuantized
+    FloatToHalf FloatToRowwiseQuantized8Bits Floor Free Ftrl Fused2BitRowwiseQuantizedToFloat
+    Fused2BitRowwiseQuantizedToHalf Fused4BitRowwiseQuantizedToFloat Fused4BitRowwiseQuantizedToHalf
+    Fused8BitRowwiseQuantizedHalfScaleBiasToFloat Fused8BitRowwiseQuantizedHalfScaleBiasToHalfFloat
+    Fused8BitRowwiseQuantizedToFloat Fused8BitRowwiseQuantizedToHalfFloat FusedRandRowwiseQuantizedToFloat GE GFtrl
+    GRUUnit GRUUnitGradient GT Gather GatherByKey GatherFused8BitRowwise GatherPadding GatherRanges GatherRangesToDense
+    GaussianFill Gelu GeluGradient GenerateProposals GenerateProposalsCPP GetAllBlobNames GetCursorOffset
+    GetGPUMemoryUsage GivenTensorBoolFill GivenTensorByteStringToUInt8Fill GivenTensorDoubleFill GivenTensorFill
+    GivenTensorInt16Fill GivenTensorInt64Fill GivenTensorIntFill GivenTensorStringFill Glu GroupNorm GroupNormGradient
+    HSoftmax HSoftmaxGradient HSoftmaxSearch HalfFloatToFused8BitRowwiseQuantized
+    HalfFloatToFused8BitRowwiseQuantizedHalfScaleBias HalfToFloat HalfToFused2BitFakeRowwiseQuantized
+    HalfToFused2BitRowwiseQuantized HalfToFused4BitFakeRowwiseQuantized HalfToFused4BitRowwiseQuantized HardSigmoid
+    HardSigmoidGradient HasElements HasScope HeatmapMaxKeypoint Histogram HuffmanTreeHierarchy If Im2Col IncrementPut
+    IndexFreeze IndexGet IndexHash IndexLoad IndexSize IndexStore InferenceLSTM InstanceNorm InstanceNormGradient
+    Int8Add Int8AddRelu Int8AveragePool Int8AveragePoolRelu Int8ChannelShuffle Int8Concat Int8Conv Int8ConvRelu
+    Int8ConvTranspose Int8Dequantize Int8FC Int8FCPackWeight Int8Flatten Int8GenQuantParams Int8GivenIntTensorFill
+    Int8GivenTensorFill Int8LeakyRelu Int8MaxPool Int8MaxPoolRelu Int8Quantize Int8Relu Int8Reshape Int8ResizeNearest
+    Int8RoIAlign Int8Sigmoid Int8Slice Int8Softmax Int8Sum Int8SumRelu Int8Transpose IntIndexCreate IntegralImage
+    IntegralImageGradient IsEmpty IsMemberOf IsNaN Iter KeySplit KeyValueToMap L1Distance L1DistanceGradient LC LC1D
+    LC1DGradient LC2D LC2DGradient LC3D LC3DGradient LCGradient LE LRN LRNGradient LSTMUnit LSTMUnitGradient LT
+    LabelCrossEntropy LabelCrossEntropyGradient LambdaRankNdcg LambdaRankNdcgGradient Lars LastNWindowCollector
+    LayerNorm LayerNormGradient LeakyRelu LeakyReluGradient LearningRate LearningRateAdaption LengthsGather
+    LengthsIndicesInGradientMeanGradient LengthsIndicesInGradientSumGradient LengthsMax
+    LengthsMaxWithMainInputAndForwardOutputGradient LengthsMean LengthsMeanGradient LengthsPad LengthsPartition
+    LengthsRangeFill LengthsSplit LengthsSum LengthsSumGradient LengthsTile LengthsToOffsets LengthsToRanges
+    LengthsToSegmentIds LengthsToShape LengthsToWeights LengthsTopK LengthsTopKGradient LengthsWeightedSum
+    LengthsWeightedSumGradient LengthsWeightedSumWithMainInputGradient Load Log Log1p Log1pGradient LogFatal Logit
+    LogitGradient LongIndexCreate LpNorm LpNormGradient LpPool LpPoolGradient MSRAFill MakeTwoClass MakeTwoClassGradient
+    MapToKeyValue MarginRankingCriterion MarginRankingCriterionGradient MatMul Max MaxGradient MaxPool MaxPool1D
+    MaxPool1DGradient MaxPool2D MaxPool2DGradient MaxPool3D MaxPool3DGradient MaxPoolGradient MaxPoolWithIndex
+    MaxPoolWithIndexGradient Mean MeanGradient MergeDenseFeatureTensors MergeDim MergeIdLists
+    MergeMultiListFeatureTensors MergeMultiListFeatureTensorsGradient MergeMultiMapFeatureTensors
+    MergeMultiMapFeatureTensorsGradient MergeMultiScalarFeatureTensors MergeMultiScalarFeatureTensorsGradient
+    MergeSingleListFeatureTensors MergeSingleListFeatureTensorsGradient MergeSingleMapFeatureTensors
+    MergeSingleMapFeatureTensorsGradient MergeSingleScalarFeatureTensors MergeSingleScalarFeatureTensorsGradient Min
+    MinGradient Mish MishGradient Mod Moments MomentsGradient MomentumSGD MomentumSGDUpdate Mul MulGradient
+    MultiClassAccuracy NCCLAllGather NCCLAllreduce NCCLBroadcast NCCLReduce NCCLReduceScatter NCHW2NHWC NE
+    NGramFromCategorical NHWC2NCHW NanCheck NegateGradient Negative Normalize NormalizeGradient NormalizeL1
+    NormalizePlanarYUV Not NumpyTile ONNXWhile OneHot Onnxifi Or PRelu PReluGradient PackRNNSequence PackRecords
+    PackSegments PackedInt8BGRANHWCToNCHWCStylizerPreprocess PadEmptySamples PadImage PadImageGradient PairWiseLoss
+    PairWiseLossGradient Partition Percentile Perplexity PiecewiseLinearTransform Pow PrependDim Print Python
+    PythonDLPack PythonDLPackGradient PythonGradient QuantDecode QuantDecodeGradient Quantile RMACRegions RMSNorm
+    RMSNormGradient Range RangeFill ReadNextBatch ReadRandomBatch ReceiveTensor Reciprocal ReciprocalGradient
+    RecurrentNetwork RecurrentNetworkBlobFetcher RecurrentNetworkGradient Reduce ReduceBackMax ReduceBackMaxGradient
+    ReduceBackMean ReduceBackMeanGradient ReduceBackSum ReduceBackSumGradient ReduceFrontMax ReduceFrontMaxGradient
+    ReduceFrontMean ReduceFrontMeanGradient ReduceFrontSum ReduceFrontSumGradient ReduceFrontWeightedSum
+    ReduceFrontWeightedSumGradient ReduceL1 ReduceL1Gradient ReduceL2 ReduceL2Gradient ReduceMax ReduceMaxGradient
+    ReduceMean ReduceMeanGradient ReduceMin ReduceMinGradient ReduceScatter ReduceSum ReduceSumGradient ReduceTailSum
+    Relu ReluGradient ReluN ReluNGradient RemoveDataBlocks RemovePadding ReplaceNaN ReservoirSampling ResetCounter
+    ResetCursor Reshape ResizeLike ResizeNearest ResizeNearest3D ResizeNearest3DGradient ResizeNearestGradient
+    RetrieveCount ReversePackedSegs RmsProp RoIAlign RoIAlignGradient RoIAlignRotated RoIAlignRotatedGradient RoIPool
+    RoIPoolGradient RowMul RowWiseCounter RowWiseSparseAdagrad RowWiseSparseAdagradFusedWithSparseLengthsMeanGradient
+    RowWiseSparseAdagradFusedWithSparseLengthsMeanGradientApprox RowWiseSparseAdagradFusedWithSparseLengthsSumGradient
+    RowWiseSparseAdagradFusedWithSparseLengthsSumGradientApprox
+    RowWiseSparseAdagradFusedWithSparseLengthsWeightedSumGradient
+    RowWiseSparseAdagradFusedWithSparseLengthsWeightedSumGradientApprox RowWiseSparseAdam Rowwise8BitQuantizedToFloat
+    RowwiseMax RowwiseMaxGradient Rsqrt RsqrtGradient SafeDequeueBlobs SafeEnqueueBlobs Save Scale ScaleBlobs Scatter
+    ScatterAssign ScatterWeightedSum SegmentIdsToLengths SegmentIdsToRanges SegmentOneHot SelfBinningHistogram Selu
+    SeluGradient SendTensor SequenceMask Shape Sigmoid SigmoidCrossEntropyWithLogits
+    SigmoidCrossEntropyWithLogitsGradient SigmoidGradient Sign Sin SinGradient Sinh SinhGradient
+    SinusoidPositionEncoding Size Slice SliceGradient SmartDecaySparseAdam Snapshot Softmax SoftmaxGradient
+    SoftmaxWithLoss SoftmaxWithLossGradient Softplus SoftplusGradient Softsign SoftsignGradient SortAndShuffle
+    SortedSegmentMean SortedSegmentMeanGradient SortedSegmentRangeLogMeanExp SortedSegmentRangeLogMeanExpGradient
+    SortedSegmentRangeLogSumExp SortedSegmentRangeLogSumExpGradient SortedSegmentRangeMax SortedSegmentRangeMaxGradient
+    SortedSegmentRangeMean SortedSegmentRangeMeanGradient SortedSegmentRangeSum SortedSegmentRangeSumGradient
+    SortedSegmentSum SortedSegmentSumGradient SortedSegmentWeightedSum SortedSegmentWeightedSumGradient SpaceToBatch
+    SparseAdadelta SparseAdagrad SparseAdagradFusedWithSparseLengthsMeanGradient
+    SparseAdagradFusedWithSparseLengthsMeanGradientApprox SparseAdagradFusedWithSparseLengthsSumGradient
+    SparseAdagradFusedWithSparseLengthsSumGradientApprox SparseAdagradFusedWithSparseLengthsWeightedSumGradient
+    SparseAdagradFusedWithSparseLengthsWeightedSumGradientApprox SparseAdam SparseDropoutWithReplacement SparseFtrl
+    SparseItemwiseDropoutWithReplacement SparseLengthsIndicesInGradientMeanGradient
+    SparseLengthsIndicesInGradientSumGradient SparseLengthsIndicesInGradientWeightedSumGradient
+    SparseLengthsIndicesInGradientWeightedSumWithMainInputGradient SparseLengthsMax SparseLengthsMean
+    SparseLengthsMean2BitRowwiseSparse SparseLengthsMean4BitRowwiseSparse SparseLengthsMean8BitRowwiseSparse
+    SparseLengthsMean8BitsRowwise SparseLengthsMeanFused2BitRowwise SparseLengthsMeanFused4BitRowwise
+    SparseLengthsMeanFused8BitRowwise SparseLengthsMeanGradient SparseLengthsPositionalWeightedSum SparseLengthsSum
+    SparseLengthsSum2BitRowwiseSparse SparseLengthsSum4BitRowwiseSparse SparseLengthsSum8BitRowwiseSparse
+    SparseLengthsSum8BitsRowwise SparseLengthsSumFused2BitRowwise SparseLengthsSumFused4BitRowwise
+    SparseLengthsSumFused8BitRowwise SparseLengthsSumGradient SparseLengthsSumSparseLookup
+    SparseLengthsWeightedMean8BitsRowwise SparseLengthsWeightedSum SparseLengthsWeightedSum2BitRowwiseSparse
+    SparseLengthsWeightedSum4BitRowwiseSparse SparseLengthsWeightedSum8BitRowwiseSparse
+    SparseLengthsWeightedSum8BitsRowwise SparseLengthsWeightedSumFused2BitRowwise
+    SparseLengthsWeightedSumFused4BitRowwise SparseLengthsWeightedSumFused8BitRowwise SparseLengthsWeightedSumGradient
+    SparseLengthsWeightedSumWithMainInputGradient SparseLpRegularizer SparseMomentumSGDUpdate SparseNormalize
+    SparseSortedSegmentMean SparseSortedSegmentMeanGradient SparseSortedSegmentSum SparseSortedSegmentSumGradient
+    SparseSortedSegmentWeightedSum SparseSortedSegmentWeightedSumGradient SparseStorm SparseToDense SparseToDenseMask
+    SparseToDenseMaskGradient SparseUnsortedSegmentMean SparseUnsortedSegmentMeanGradient SparseUnsortedSegmentSum
+    SparseUnsortedSegmentSumGradient SparseUnsortedSegmentWeightedSum SparseUnsortedSegmentWeightedSumGradient
+    SparseWngrad SpatialBN SpatialBNGradient SpatialSoftmaxWithLoss SpatialSoftmaxWithLossGradient Split SplitByLengths
+    Sqr Sqrt SquareRootDivide SquaredL2Distance SquaredL2DistanceGradient Squeeze StatRegistryCreate StatRegistryExport
+    StatRegistryUpdate StdDevPut StopGradient StoreAdd StoreGet StoreSet StoreWait Storm StringEndsWith StringEquals
+    StringIndexCreate StringJoin StringPrefix StringStartsWith StringSuffix StumpFunc StumpFuncIndex Sub SubGradient Sum
+    SumElements SumElementsGradient SumElementsInt SumInt SumReduceLike SumRelu SumSqrElements Summarize SwapBestPath
+    Swish SwishGradient TT TTLinearGradient TTSparseLengthsSum TTSparseLengthsSumGradient Tan TanGradient Tanh
+    TanhGradient TensorProtosDBInput TensorVectorSize TextFileReaderRead ThresholdedRelu ThresholdedReluGradient
+    ThrowChildThreadException ThrowException Tile TileGradient TimerBegin TimerEnd TimerGet TimerGetAndEnd TopK
+    TopKGradient Transpose TrimDataset UnPackRecords UniformFill UniformIntFill Unique UniqueUniformFill
+    UnpackRNNSequence UnpackSegments UnsafeCoalesce UnsortedSegmentMean UnsortedSegmentMeanGradient UnsortedSegmentSum
+    UnsortedSegmentSumGradient UnsortedSegmentWeightedSum UnsortedSegmentWeightedSumGradient UpsampleBilinear
+    UpsampleBilinearGradient VariableLengthSequencePadding ViterbiPath WallClockTime WeightScale WeightedMultiSampling
+    WeightedSample WeightedSampleDequeueBlobs WeightedSigmoidCrossEntropyWithLogits
+    WeightedSigmoidCrossEntropyWithLogitsGradient WeightedSum WeightedSumGradient Where While Wngrad XavierFill Xor
+    YellowFin ZeroGradient rnn_internal_accumulate_gradient_input rnn_internal_apply_link
+"""
+CAFFE2_OPERATOR_TYPES = frozenset(_LISTED.split())
