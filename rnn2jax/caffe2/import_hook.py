@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy
 
+from ..compiler.cache import enable_compilation_cache
 from ..errors import Rnn2JaxError
 from .source_tree import Caffe2Source, given_source, installed_source
 
@@ -240,6 +241,8 @@ def caffe2_source() -> Caffe2Source | None:
 def install(source: str | os.PathLike[str] | None = None) -> None:
     """Make `import caffe2` (and `caffe2.python...`, `caffe2.proto...`) resolve to `rnn2jax.caffe2`.
 
+    It also turns on JAX's persistent compilation cache (`rnn2jax.compiler.cache`: $RNN2JAX_CACHE_DIR, else
+    ~/.cache/rnn2jax/jax; an empty RNN2JAX_CACHE_DIR leaves it off), so the script's next run compiles nothing.
     Modules rnn2jax does not provide (test utilities such as `caffe2.python.hypothesis_test_util`) are loaded
     from a Caffe2 source tree: `source` (a `caffe2` package directory of Caffe2's Python sources), else
     $RNN2JAX_CAFFE2_SOURCE (both checked now), else the tree `rnn2jax setup-caffe2 --source-only` extracted,
@@ -266,6 +269,7 @@ def install(source: str | os.PathLike[str] | None = None) -> None:
             "will not shadow it: run the script with the real Caffe2, or in an environment without it"
         )
     sys.meta_path.insert(0, _Caffe2Finder(given))
+    enable_compilation_cache()  # a script's nets, compiled once, load from the cache in its next run
 
 
 def uninstall() -> None:

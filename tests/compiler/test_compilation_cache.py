@@ -33,6 +33,14 @@ how, argv = sys.argv[1], json.loads(sys.argv[2])
 if how == "cli":
     from rnn2jax.cli import main
     code = main(argv)
+elif how == "install":
+    import numpy as np
+    import rnn2jax.caffe2
+    rnn2jax.caffe2.install()
+    from caffe2.python import core, workspace
+    workspace.FeedBlob("x", np.array([-1.0, 2.0], np.float32))
+    workspace.RunOperatorOnce(core.CreateOperator("Relu", ["x"], ["y"]))
+    code = 0 if workspace.FetchBlob("y").tolist() == [0.0, 2.0] else 1
 else:
     import numpy as np
     import rnn2jax
@@ -119,3 +127,11 @@ def test_a_cache_directory_that_cannot_be_made_is_a_clear_error(tmp_path):
     assert report["code"] == 2
     assert f"rnn2jax: error: compilation cache: cannot create {blocker / 'cache'}" in report["stderr"]
     assert "RNN2JAX_CACHE_DIR" in report["stderr"]
+
+
+def test_a_caffe2_script_after_install_compiles_nothing_the_second_time(tmp_path):
+    cache = str(tmp_path / "cache")
+    first = start("install", [], cache, tmp_path)
+    assert first["code"] == 0 and first["compiled"] >= 1 and first["dir"] == cache
+    second = start("install", [], cache, tmp_path)
+    assert second["code"] == 0 and second["compiled"] == 0 and second["loaded"] == first["compiled"]
