@@ -128,10 +128,9 @@ def caffe2_python() -> Path:
     return Path(os.environ.get("RNN2JAX_CAFFE2_PYTHON", ROOT / ".venv-caffe2" / "bin" / "python"))
 
 
-@pytest.fixture(scope="session")
-def caffe2():
-    """Real Caffe2 (torch 1.10.2 in its own Python 3.9 venv), one long-lived worker per pytest worker,
-    started on first use. Skips only where no Python 3.9 exists to build it from."""
+def real_caffe2_python() -> Path:
+    """`caffe2_python()` for a test that needs it: skips only where no Python 3.9 exists to build the venv
+    from, and fails where one does but the venv is missing."""
     python = caffe2_python()
     if not python.exists():
         try:
@@ -139,7 +138,14 @@ def caffe2():
         except Rnn2JaxError as error:
             pytest.skip(f"real Caffe2 unavailable: {error}")
         pytest.fail(f"Python 3.9 is here but {python} is missing: `make test` creates it")
-    oracle = Caffe2Oracle(python)
+    return python
+
+
+@pytest.fixture(scope="session")
+def caffe2():
+    """Real Caffe2 (torch 1.10.2 in its own Python 3.9 venv), one long-lived worker per pytest worker,
+    started on first use. Skips only where no Python 3.9 exists to build it from."""
+    oracle = Caffe2Oracle(real_caffe2_python())
     oracle.catalog()  # fails loudly when the venv is broken
     yield oracle
     oracle.close()

@@ -25,10 +25,9 @@ import pytest
 from processes import run_together
 
 from rnn2jax.caffe2.python import data_parallel_model, model_helper, workspace
-from rnn2jax.checking.oracle import find_python39
-from rnn2jax.errors import BadArgumentError, DistributedError, Rnn2JaxError
+from rnn2jax.errors import BadArgumentError, DistributedError
 from rnn2jax.proto import caffe2_pb2 as pb
-from tests.conftest import ROOT, caffe2_python
+from tests.conftest import ROOT, real_caffe2_python
 
 SCRIPT = Path(__file__).with_name("dpm_hosts_script.py")
 PARAMS = ("fc1_w", "fc1_b", "fc2_w", "fc2_b")
@@ -142,21 +141,10 @@ def test_two_shards_train_as_one_process_on_the_global_batch(tmp_path):
     assert shards[0]["net"] == shards[1]["net"]
 
 
-def _real_caffe2() -> Path:
-    python = caffe2_python()
-    if not python.exists():
-        try:
-            find_python39()
-        except Rnn2JaxError as error:
-            pytest.skip(f"real Caffe2 unavailable: {error}")
-        pytest.fail(f"Python 3.9 is here but {python} is missing: `make test` creates it")
-    return python
-
-
 def test_two_shards_of_real_caffe2_over_gloo_build_and_train_the_same(tmp_path):
     """Real Caffe2 runs the same script as two processes (its Gloo ops, its file store): its nets are rnn2jax's
     op for op (rnn2jax's built by each shard without meeting the other), and its parameters the NumPy SGD's."""
-    theirs = run_shards([str(_real_caffe2()), "-c", CAFFE2_RUNNER], tmp_path, "caffe2")
+    theirs = run_shards([str(real_caffe2_python()), "-c", CAFFE2_RUNNER], tmp_path, "caffe2")
     ours = run_shards([sys.executable, "-c", BUILD_ONLY_RUNNER], tmp_path, "rnn2jax", "--build_only")
     for rank in (0, 1):
         for kind in ("net", "init"):
