@@ -371,6 +371,23 @@ def cnn():
 
 
 @case
+def rnn_cell_apply():
+    # seq2seq's decoder step: a cell applied once inside a step model (RNNCell.apply), under a name scope
+    # read back with workspace.GetNameScope
+    from caffe2.python import model_helper, rnn_cell
+    model = model_helper.ModelHelper(name="decoder")
+    step = model_helper.ModelHelper(name="decoder_step", param_model=model)
+    with core.NameScope("decoder"):
+        scope = workspace.GetNameScope()
+        input_t, timestep, h_prev, c_prev = step.net.AddExternalInputs("input_t", "timestep", "h_prev", "c_prev")
+        cell = rnn_cell.LSTMCell(input_size=3, hidden_size=4, forget_bias=0.5, memory_optimization=False,
+                                 name="layer0", forward_only=True)
+        output, states = cell.apply(step, input_t, "seq_lengths", [h_prev, c_prev], timestep)
+    return {"scope": scope, "output": str(output), "states": [str(s) for s in states], "step": proto(step.net),
+            "params": proto(model.param_init_net)}
+
+
+@case
 def c_extension():
     # what Caffe2's Python modules call on `caffe2.python._import_c_extension`, with serialized protos
     import caffe2.python._import_c_extension as C
@@ -550,6 +567,7 @@ CASES = [
     "memonger",
     "checkpoint_job",
     "cnn",
+    "rnn_cell_apply",
     "c_extension",
 ]
 
