@@ -21,6 +21,7 @@ CAFFE2_UPSTREAM_SEQ2SEQ_TESTS := seq2seq_beam_search_test seq2seq_model_helper_t
 
 .PHONY: demo test test-explore test-caffe2-api lint fuzz clean bench
 BENCH_ARGS ?=
+SINGLE_THREAD_BENCH_ARGS ?=
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -95,9 +96,12 @@ fuzz: $(STAMP)
 # `make bench`: rnn2jax's compiled Caffe2 RNN nets against PyTorch, hand-written JAX and real Caffe2, checked
 # equal and then timed; writes benchmarks/results/latest.json and prints it as Markdown for the README. Then
 # Caffe2's seq2seq beam-search decoding (translate.py's code) on real Caffe2 and on rnn2jax, in sentences per
-# second (benchmarks/results/nmt_decode.json).
+# second (benchmarks/results/nmt_decode.json). The second compare.py run times the LSTM and the GRU on one thread as
+# CPU time (what a loaded machine does not change), against PyTorch on one thread; bench_table.py shows both.
 bench: $(STAMP) $(CAFFE2_STAMP)
 	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/compare.py --threads 1 --cpu-time --models lstm gru --no-caffe2 --no-memory \
+		--out benchmarks/results/single_thread.json $(SINGLE_THREAD_BENCH_ARGS)
 	$(BIN)/python scripts/bench_table.py
 	$(BIN)/python benchmarks/nmt_decode.py
 

@@ -2,6 +2,7 @@
 
     python benchmarks/compare.py [--sizes 50,32,256 ...] [--models lstm gru lstm2 attention]
         [--modes forward train_bsn train_jaxgrad] [--repeats 7] [--quick] [--no-caffe2] [--out FILE]
+        [--threads 2] [--cpu-time]
 
 What is compared, per model (benchmarks/models.py) and size T,N,H (input size D = H):
 
@@ -44,6 +45,16 @@ Truthfulness rules:
   passive (50,32,256: 0.1-4 s vs 25-50 ms). Passive waiting costs PyTorch little on a quiet machine and keeps
   the comparison from measuring the scheduler. The 1-minute load average is recorded per row.
 
+The GEMM limit: at the start the machine's float32 GEMM rate with `--threads` is measured (the best of XLA's
+and PyTorch's n = 1024 square matmul); each row of a model whose matmuls are counted (`matmul_flops`: the
+input and recurrent projections, and for training their two gradient GEMMs) gets `gemm_fraction`, the rate
+its matmuls reach in rnn2jax's time as a fraction of that peak: how near the row is to what GEMMs allow.
+
+`--cpu-time` times every run (and the peak) as this process's CPU time instead of the wall clock; with
+`--threads 1` that is the single-thread comparison other processes on a loaded machine do not change.
+`make bench` runs it for the LSTM and the GRU beside the two-thread wall-clock run
+(benchmarks/results/single_thread.json), and scripts/bench_table.py shows both.
+
 Peak training memory (LSTM at `--memory-size`, 100,64,512): two measures, printed side by side.
 1. XLA's accounting of each compiled training executable (`jit(f).lower(...).compile().memory_analysis()`):
    temp + argument + output bytes (minus aliased). PyTorch has no equivalent.
@@ -78,6 +89,12 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     parser.add_argument("--memory-size", default="100,64,512")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for XLA, PyTorch and Caffe2")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time each run as this process's CPU time (time.process_time) rather than wall clock: what other "
+        "processes on a loaded machine do not change; meant with --threads 1",
+    )
     parser.add_argument(
         "--omp-wait-policy",
         default="PASSIVE",
@@ -144,7 +161,9 @@ def check_result(what: str, got, want) -> float:
 
 
 def interleaved(runners: dict[str, harness.Runner], repeats: int, max_seconds: float) -> dict[str, list[float]]:
-    """Rounds of one run per form, the starting form rotated each round; at least 3 rounds."""
+    """Rounds of one run per form, the starting form rotated each round; at least 3 rounds. Each run is timed
+    by the wall clock, or with --cpu-time by this process's CPU time."""
+    clock = time.process_time if ARGS.cpu_time else time.perf_counter
     names = list(runners)
     for name in names:
         runners[name].run()  # warm: compiled already, first-call costs out of the way
@@ -154,9 +173,9 @@ def interleaved(runners: dict[str, harness.Runner], repeats: int, max_seconds: f
     while rounds < repeats and (rounds < 3 or time.perf_counter() - start < max_seconds):
         shift = rounds % len(names)
         for name in names[shift:] + names[:shift]:
-            begin = time.perf_counter()
+            begin = clock()
             runners[name].run()
-            times[name].append(time.perf_counter() - begin)
+            times[name].append(clock() - begin)
         rounds += 1
     return times
 
@@ -169,6 +188,48 @@ def _ratio(times: dict[str, list[float]], a: str, b: str) -> float | None:
     if a not in times or b not in times:
         return None
     return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
+
+# ------------------------------------------------------------------------------------------------
+# The GEMM limit
+
+GATES = {"lstm": 4, "lstm2": 4, "gru": 3, "gru_reset_first": 3}  # gate blocks of each model's cell
+LAYERS = {"lstm2": 2}
+
+
+def matmul_flops(model: str, size: tuple[int, int, int], mode: str) -> float | None:
+    """The floating-point operations of a row's matrix multiplies: per layer and step, the input projection
+    (D = H) and the recurrent one, 2 * N * H * G*H each; training adds the two GEMMs of their gradients
+    (inputs and weights), three times the forward's. None for the attention model, whose attention GEMMs
+    this does not count."""
+    if model not in GATES:
+        return None
+    steps, batch, hidden = size
+    forward = LAYERS.get(model, 1) * steps * 2 * (2 * batch * hidden * GATES[model] * hidden)
+    return float(forward if mode == "forward" else 3 * forward)
+
+
+def peak_gemm() -> dict:
+    """The machine's GEMM rate with these threads: the best of XLA's and PyTorch's float32 square matmul at
+    n = 1024 (GFLOP/s, the best of 7 runs, timed as the rows are)."""
+    import torch
+
+    n = 1024
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    xla = jax.jit(lambda x, y: x @ y)
+    xa = jax.device_put(a)
+    ta = torch.from_numpy(a)
+    clock = time.process_time if ARGS.cpu_time else time.perf_counter
+    rates = {}
+    for name, run in (("xla", lambda: xla(xa, xa).block_until_ready()), ("torch", lambda: torch.mm(ta, ta))):
+        run()
+        best = float("inf")
+        for _ in range(7):
+            begin = clock()
+            run()
+            best = min(best, clock() - begin)
+        rates[name] = round(2 * n**3 / best / 1e9, 1)
+    return {"n": n, "gflops": rates, "peak_gflops": max(rates.values())}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -374,7 +435,7 @@ def _fmt(value: float | None, spec: str, width: int) -> str:
 def print_table(rows: list[dict]) -> None:
     head = (
         f"{'model':>10} {'T,N,H':>12} {'mode':>14} {'rnn2jax ms':>10} {'torch ms':>9} {'hand ms':>9} "
-        f"{'caffe2 ms':>10} {'/torch':>7} {'/hand':>7} {'/caffe2':>8}"
+        f"{'caffe2 ms':>10} {'/torch':>7} {'/hand':>7} {'/caffe2':>8} {'GEMM%':>6}"
     )
     print(head)
     for r in rows:
@@ -383,7 +444,8 @@ def print_table(rows: list[dict]) -> None:
             f"{r['model']:>10} {','.join(map(str, r['size'])):>12} {r['mode']:>14} {ms['rnn2jax']:10.2f} "
             f"{_fmt(ms.get('torch'), '.2f', 9)} {_fmt(ms.get('hand_jax'), '.2f', 9)} "
             f"{_fmt(ms.get('caffe2'), '.2f', 10)} {_fmt(ratios['vs_torch'], '.2f', 7)} "
-            f"{_fmt(ratios['vs_hand_jax'], '.2f', 7)} {_fmt(ratios['vs_caffe2'], '.3f', 8)}"
+            f"{_fmt(ratios['vs_hand_jax'], '.2f', 7)} {_fmt(ratios['vs_caffe2'], '.3f', 8)} "
+            f"{_fmt(None if r.get('gemm_fraction') is None else 100 * r['gemm_fraction'], '.0f', 6)}"
         )
         if "caffe2_error" in r:
             print(f"{'':>12} caffe2: {r['caffe2_error']}")
@@ -413,7 +475,14 @@ def main() -> None:
             rows += run_case(model, size, ARGS.modes)
             print(f"# {model} {size}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     memory = None if ARGS.no_memory else measure_memory(tuple(int(v) for v in ARGS.memory_size.split(",")))
-    print(f"jax {jax.__version__} on {jax.devices()[0]}, torch {torch.__version__}, {ARGS.threads} threads")
+    gemm = peak_gemm()
+    for row in rows:
+        flops = matmul_flops(row["model"], tuple(row["size"]), row["mode"])
+        seconds = row["ms"]["rnn2jax"] / 1e3
+        row["gemm_fraction"] = None if flops is None else flops / seconds / (gemm["peak_gflops"] * 1e9)
+    clock = "CPU time" if ARGS.cpu_time else "wall clock"
+    print(f"jax {jax.__version__} on {jax.devices()[0]}, torch {torch.__version__}, {ARGS.threads} threads, {clock}")
+    print(f"peak GEMM: {gemm['peak_gflops']} GFLOP/s (XLA {gemm['gflops']['xla']}, PyTorch {gemm['gflops']['torch']})")
     print_table(rows)
     if memory is not None:
         print_memory(memory)
@@ -425,6 +494,8 @@ def main() -> None:
         "caffe2": "skipped" if ARGS.no_caffe2 else (CAFFE2_INFO or "unavailable"),
         "tolerance": {"rtol": RTOL, "atol": ATOL, "atol_scaled_by": "max(1, max|reference|)"},
         "reference": "hand-written JAX (every other form is checked against it before timing)",
+        "clock": "cpu" if ARGS.cpu_time else "wall",
+        "peak_gemm": gemm,
         "repeats": ARGS.repeats,
         "max_seconds": ARGS.max_seconds,
         "rows": rows,

@@ -31,6 +31,9 @@ def quick_run(tmp_path_factory) -> dict:
         "4,2,8",
         "--models",
         "lstm",
+        "--threads",
+        "1",
+        "--cpu-time",
         "--out",
         str(out),
     ]
@@ -51,6 +54,13 @@ def test_rows_are_checked_and_complete(quick_run):
         assert row["rounds"] >= 3
         assert row["ratios"]["vs_caffe2"] is None
     assert quick_run["caffe2"] == "skipped"
+    assert quick_run["clock"] == "cpu" and quick_run["machine"]["threads"] == 1
+    gemm = quick_run["peak_gemm"]
+    assert gemm["peak_gflops"] == max(gemm["gflops"].values()) > 0
+    for row in rows:  # 4,2,8 LSTM: 2 GEMMs of 2*N*H*4H per step, tripled for training
+        flops = 4 * 2 * (2 * 2 * 8 * 4 * 8) * (1 if row["mode"] == "forward" else 3)
+        expected = flops / (row["ms"]["rnn2jax"] / 1e3) / (gemm["peak_gflops"] * 1e9)
+        assert row["gemm_fraction"] == pytest.approx(expected)
     assert quick_run["machine"]["cpu_count"] >= 1 and quick_run["machine"]["jax_devices"]
     assert quick_run["tolerance"] == {"rtol": 1e-4, "atol": 1e-5, "atol_scaled_by": "max(1, max|reference|)"}
 
@@ -58,8 +68,9 @@ def test_rows_are_checked_and_complete(quick_run):
 def test_bench_table_renders_every_row(quick_run, tmp_path):
     path = tmp_path / "latest.json"
     path.write_text(json.dumps(quick_run))
+    alone = ["--single-thread", str(tmp_path / "none.json")]  # whatever a local make bench left
     text = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_table.py"), str(path)],
+        [sys.executable, str(ROOT / "scripts" / "bench_table.py"), str(path), *alone],
         capture_output=True,
         text=True,
         check=True,
@@ -68,6 +79,21 @@ def test_bench_table_renders_every_row(quick_run, tmp_path):
     assert len(body) == 3
     forward = quick_run["rows"][0]
     assert f"{forward['ms']['rnn2jax']:.2f}" in body[0] and "training, jax.grad" in body[2]
+    assert body[0].endswith(f"| {100 * forward['gemm_fraction']:.0f}% |")
+    assert f"Peak GEMM (float32, n = 1024, threads: 1): {quick_run['peak_gemm']['peak_gflops']}" in text
+    # with a single-thread run beside it, a second table gives its ratios next to the wall-clock ones
+    single = tmp_path / "single.json"
+    single.write_text(json.dumps(quick_run))
+    both = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_table.py"), str(path), "--single-thread", str(single)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [line for line in both.splitlines() if line.startswith("| lstm |")]
+    assert len(rows) == 6 and "Single thread, CPU time" in both
+    ratio = f"{forward['ratios']['vs_torch']:.2f}"
+    assert rows[3].startswith("| lstm | 4, 2, 8 | forward |") and f"| {ratio} | {ratio} |" in rows[3]
 
 
 def test_mismatch_is_an_error(monkeypatch):
