@@ -96,6 +96,30 @@ def test_first_steps_with_other_shapes_run_outside_the_loop(caffe2, steps, size,
     assert want is not None and want["s_all"].shape == (steps, 1, k)
 
 
+def test_shapes_computed_from_a_step_blob_beside_the_timestep_ones(caffe2):
+    """A Reshape whose shape is computed, per step, from x_t's Shape: a shape computation the loop runs at
+    every step as usual, beside the timestep's, which only the peeled steps run."""
+    k, size = 2, 5
+    beam = _beam_like_step(k)
+    for o in beam:
+        o.input[:] = ["x_t_same" if name == "x_t" else name for name in o.input]
+    step = [
+        create_operator("Shape", ["x_t"], "x_shape"),
+        create_operator("Mul", ["x_shape", "ONE64"], "x_shape_again", broadcast=1),
+        create_operator("Reshape", ["x_t", "x_shape_again"], ["x_t_same", "x_t_old_shape"]),
+        *beam,
+    ]
+    op = _recurrent(step, k=k)
+    rng = np.random.default_rng(4)
+    inputs = {
+        "x": rng.standard_normal((4, 1, size)).astype(F32),
+        "s0": np.zeros(k, F32),
+        "ONE64": np.array([1], np.int64),
+        **_constants(peel=1, end=3),
+    }
+    check_op(caffe2, op, inputs, outputs=["s_all"])
+
+
 def test_the_loop_runs_only_the_settled_steps(caffe2):
     """The peeled steps' values differ from the settled ones (the test would not see a loop that ran
     every step with the first step's values, or the other way round)."""

@@ -87,12 +87,17 @@ class TimestepShapes:
 
 
 def timestep_shapes(lowered_step: Any, per_step: Sequence[int], timestep: str, where: str) -> TimestepShapes | None:
-    """The step net's timestep-dependent shape computations, or None when its shapes never depend on it."""
+    """The step net's timestep-dependent shape computations, or None when its shapes never depend on it. Other
+    shape computations (from a per-step blob's Shape, say) run in every step, the loop's too, as usual."""
     if timestep not in lowered_step.static_inputs():
         return None
-    in_loop = set(per_step)
-    positions = tuple(p for p in lowered_step.static_ops() if p in in_loop)
-    return TimestepShapes(positions, timestep, where)
+    in_loop, ops = set(per_step), lowered_step.net.ops
+    positions, follows = [], {timestep}
+    for position in lowered_step.static_ops():  # in order: those that read the timestep, or what such ops wrote
+        if position in in_loop and follows & set(ops[position].inputs):
+            positions.append(position)
+            follows.update(ops[position].outputs)
+    return TimestepShapes(tuple(positions), timestep, where)
 
 
 def _key(values: Mapping[str, np.ndarray]) -> tuple:
