@@ -78,29 +78,19 @@ def _entries(directory: Path) -> set[str]:
 
 
 def test_a_second_rnn2jax_run_compiles_nothing(tmp_path):
-    argv, cache = _run_argv(tmp_path), tmp_path / "cache"
-    first = start("cli", argv, str(cache), tmp_path)
+    """In the default directory (under XDG_CACHE_HOME); then the same with --no-cache or an empty
+    RNN2JAX_CACHE_DIR compiles everything again and leaves the cache as it was."""
+    argv, cache = _run_argv(tmp_path), tmp_path / "xdg-cache" / "rnn2jax" / "jax"
+    first = start("cli", argv, None, tmp_path)
     assert first["code"] == 0 and first["compiled"] >= 2 and first["loaded"] == 0  # the init net's and the net's
-    assert any(name.startswith("jit_rnn2jax_net-") for name in _entries(cache))
-    second = start("cli", argv, str(cache), tmp_path)
-    assert second["code"] == 0 and second["compiled"] == 0 and second["loaded"] == first["compiled"]
-
-
-def test_the_default_directory_is_the_users_cache(tmp_path):
-    first = start("cli", _run_argv(tmp_path), None, tmp_path)
-    assert first["dir"] == str(tmp_path / "xdg-cache" / "rnn2jax" / "jax")
-    assert _entries(tmp_path / "xdg-cache" / "rnn2jax" / "jax")
-
-
-def test_no_cache_and_an_empty_directory_compile_everything(tmp_path):
-    argv, cache = _run_argv(tmp_path), tmp_path / "cache"
-    start("cli", argv, str(cache), tmp_path)
+    assert first["dir"] == str(cache) and any(name.startswith("jit_rnn2jax_net-") for name in _entries(cache))
     kept = _entries(cache)
-    for how in (["--no-cache", *argv], [*argv, "--no-cache"]):
-        again = start("cli", how, str(cache), tmp_path)
-        assert again["code"] == 0 and again["compiled"] >= 2 and again["loaded"] == 0 and again["dir"] is None
-    off = start("cli", argv, "", tmp_path)
-    assert off["compiled"] >= 2 and off["dir"] is None and not (tmp_path / "xdg-cache").exists()
+    second = start("cli", argv, None, tmp_path)
+    assert second["code"] == 0 and second["compiled"] == 0 and second["loaded"] == first["compiled"]
+    off = start("cli", [*argv, "--no-cache"], None, tmp_path)
+    assert off["code"] == 0 and off["compiled"] == first["compiled"] and off["loaded"] == 0 and off["dir"] is None
+    empty = start("cli", ["--no-cache", *argv], "", tmp_path)  # the flag before the command, and the empty variable
+    assert empty["compiled"] == first["compiled"] and empty["dir"] is None
     assert _entries(cache) == kept
 
 
@@ -111,13 +101,9 @@ def test_compile_with_cache_dir_compiles_nothing_the_second_time(tmp_path):
     assert first["compiled"] >= 2 and first["dir"] == str(cache)
     second = start("python", argv, None, tmp_path)
     assert second["compiled"] == 0 and second["loaded"] == first["compiled"]
-
-
-def test_a_directory_the_user_gave_jax_is_kept(tmp_path):
-    theirs = tmp_path / "theirs"
-    report = start("jax-dir", [PREDICT, str(tmp_path / "ours"), INIT], None, tmp_path)
-    assert report["dir"] == str(theirs)  # and with it the user's own settings (JAX's thresholds)
-    assert not (tmp_path / "ours").exists() and not (tmp_path / "xdg-cache").exists()
+    # a directory the user gave JAX is kept, and with it their own settings (JAX's thresholds)
+    theirs = start("jax-dir", [PREDICT, str(tmp_path / "ours"), INIT], None, tmp_path)
+    assert theirs["dir"] == str(tmp_path / "theirs") and not (tmp_path / "ours").exists()
 
 
 def test_a_cache_directory_that_cannot_be_made_is_a_clear_error(tmp_path):

@@ -10,6 +10,8 @@ script's arithmetic:
   random fills, and this gives both the same initial parameters;
 - every fetched `total_loss_scalar` (one per training or evaluation step) is recorded;
 - every `Seq2SeqModelCaffe2EnsembleDecoder.decode` result (tokens, score) is recorded.
+For translate, the driver's own `--beam-sizes B1,B2,... --sentences FILE` (first) run `main()` once per beam
+size (with `--beam-size B`, stdin read from FILE), in one process; `=== beam B` precedes each run's output.
 Python 3.9 compatible: real Caffe2 runs it too.
 """
 
@@ -22,7 +24,7 @@ from caffe2.python import workspace
 
 record_path, init_path, init_mode, which = sys.argv[1:5]
 script_args = sys.argv[5:]
-record = {"losses": [], "decoded": []}
+record = {"losses": [], "decoded": {}}
 
 run_net_once = workspace.RunNetOnce
 initialised = []
@@ -62,14 +64,25 @@ if which == "translate":
 
     def _decode(self, numberized_input, max_output_seq_len):
         output, attention, score = decode(self, numberized_input, max_output_seq_len)
-        record["decoded"].append([[int(t) for t in output], float(score)])
+        record["decoded"].setdefault(str(beam[0]), []).append([[int(t) for t in output], float(score)])
         return output, attention, score
 
     module.Seq2SeqModelCaffe2EnsembleDecoder.decode = _decode
 
-sys.argv = [module.__file__, *script_args]
+beam = [None]
 try:
-    module.main()
+    if which == "translate":
+        _, beams, _, sentences, *rest = script_args  # --beam-sizes B1,B2,... --sentences FILE, then translate.py's
+        for size in beams.split(","):
+            beam[0] = size
+            print("=== beam " + size, flush=True)
+            sys.argv = [module.__file__, *rest, "--beam-size", size]
+            with open(sentences) as sys.stdin:
+                module.main()
+            sys.stdout.flush()
+    else:
+        sys.argv = [module.__file__, *script_args]
+        module.main()
 finally:
     with open(record_path, "w") as out:
         json.dump(record, out)
