@@ -32,7 +32,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 REALNETS = ROOT.parent / "shared" / "realnets"
 BREAD = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"
-VOCAB, HIDDEN = 62, 100
 
 # a child process: count XLA compilations, run the case, print the count last
 CHILD = """
@@ -71,23 +70,19 @@ print("compilations", len(compiled) - len(loaded))
 
 
 def _bread_files(folder: Path) -> list[str]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from helpers import BREADBREAD_HIDDEN, BREADBREAD_VOCAB, BREADBREAD_WEIGHTS  # the net's names and shapes
+
     rng = np.random.default_rng(0)
-    shapes = {
-        "LSTM/i2h_w": (4 * HIDDEN, VOCAB),
-        "LSTM/i2h_b": (4 * HIDDEN,),
-        "LSTM/gates_t_w": (4 * HIDDEN, HIDDEN),
-        "LSTM/gates_t_b": (4 * HIDDEN,),
-        "char_rnn_blob_0_w": (VOCAB, HIDDEN),
-        "char_rnn_blob_0_b": (VOCAB,),
-    }
-    np.savez(folder / "params.npz", **{n: rng.standard_normal(s).astype(np.float32) * 0.1 for n, s in shapes.items()})
+    weights = {n: rng.standard_normal(s).astype(np.float32) * 0.1 for n, s in BREADBREAD_WEIGHTS.items()}
+    np.savez(folder / "params.npz", **weights)
     steps, batch = 25, 1
     np.savez(
         folder / "inputs.npz",
-        input_blob=np.eye(VOCAB, dtype=np.float32)[rng.integers(VOCAB, size=(steps, batch))],
+        input_blob=np.eye(BREADBREAD_VOCAB, dtype=np.float32)[rng.integers(BREADBREAD_VOCAB, size=(steps, batch))],
         seq_lengths=np.full(batch, steps, np.int32),
-        hidden_init=np.zeros((1, batch, HIDDEN), np.float32),
-        cell_init=np.zeros((1, batch, HIDDEN), np.float32),
+        hidden_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
+        cell_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
     )
     return ["run", str(BREAD), "--params", str(folder / "params.npz"), "--inputs", str(folder / "inputs.npz")]
 

@@ -355,6 +355,17 @@ def _plain(grad: Any) -> Any:
 # Net
 
 
+def _next_unused_name(basename: str, used: set[str]) -> str:
+    """`basename`, else `basename_1`, `basename_2`, ...: the first not in `used`, which it joins (Caffe2 named
+    nets and execution steps so)."""
+    name, next_idx = basename, 1
+    while name in used:
+        name = f"{basename}_{next_idx}"
+        next_idx += 1
+    used.add(name)
+    return name
+
+
 class Net:
     """A NetDef under construction, with Caffe2's bookkeeping of names and external inputs.
 
@@ -376,13 +387,7 @@ class Net:
 
     @staticmethod
     def _get_next_net_name(basename: str | None) -> str:
-        name = basename = "/".join(x for x in [Net.current_prefix(), basename] if x)
-        next_idx = 1
-        while name in Net._net_names_used:
-            name = f"{basename}_{next_idx}"
-            next_idx += 1
-        Net._net_names_used |= {name}
-        return name
+        return _next_unused_name("/".join(x for x in [Net.current_prefix(), basename] if x), Net._net_names_used)
 
     @staticmethod
     def _reset_used_names() -> None:
@@ -920,13 +925,7 @@ class ExecutionStep:
 
     @staticmethod
     def _get_next_step_name(basename: str) -> str:
-        name = basename
-        next_idx = 1
-        while name in ExecutionStep._step_names_used:
-            name = f"{basename}_{next_idx}"
-            next_idx += 1
-        ExecutionStep._step_names_used |= {name}
-        return name
+        return _next_unused_name(basename, ExecutionStep._step_names_used)
 
     def __init__(self, name: str | None, nets: Any = None, num_iter: int | None = None):
         self._step = caffe2_pb2.ExecutionStep()
