@@ -1,5 +1,6 @@
 # `make demo` and `make test` work on a fresh machine: each creates .venv when missing and installs
-# rnn2jax into it (editable, with the test, torch and database extras) before running. `make test` also creates
+# rnn2jax into it (editable, with the test, torch and database extras; the install compiles the native CPU
+# kernels with the machine's g++ against oneDNN's PyPI wheel) before running. `make test` also creates
 # .venv-caffe2, real Caffe2 (torch 1.10.2 on Python 3.9), the reference the differential tests ask;
 # where no Python 3.9 exists it says so and those tests skip with that reason. It installs Graphviz (`dot`,
 # for the `rnn2jax draw` tests) where it is missing and it can (root, apt-get); else those tests skip, saying so.
@@ -23,7 +24,8 @@ CAFFE2_UPSTREAM_SEQ2SEQ_TESTS := seq2seq_beam_search_test seq2seq_model_helper_t
 BENCH_ARGS ?=
 SINGLE_THREAD_BENCH_ARGS ?=
 
-$(STAMP): pyproject.toml
+# The install also builds the native CPU kernels (setup.py, rnn2jax/native/src): a change there reinstalls.
+$(STAMP): pyproject.toml setup.py $(wildcard rnn2jax/native/src/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,torch,fuzz,lmdb,leveldb,rocksdb,orbax,draw,tensorboard]'

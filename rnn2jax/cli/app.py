@@ -41,10 +41,34 @@ from .arguments import NO_CACHE_HELP, OPS_HELP, CommandParser
 COMMANDS = (inspect, verify, run, export, codegen, compare, setup_caffe2, convert_params, draw, run_plan, exec, demo)
 
 
+class VersionAction(argparse.Action):
+    """`--version`: what a bug report needs, the native kernels' state included (loading them to say so)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values, option_string=None):
+        import importlib.metadata
+
+        import jax
+        import jaxlib
+
+        from ..native import status
+
+        version = importlib.metadata.version("rnn2jax")
+        print(f"rnn2jax {version} (jax {jax.__version__}, jaxlib {jaxlib.__version__})")
+        print(status().describe())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="rnn2jax", description="Compile Caffe2 (recurrent) nets to JAX.")
     parser.add_argument("--ops", action="append", metavar="MODULE", help=OPS_HELP)
     parser.add_argument("--no-cache", action="store_true", help=NO_CACHE_HELP)
+    parser.add_argument(
+        "--version", action=VersionAction, help="print rnn2jax's, JAX's and jaxlib's versions and whether the native "
+        "CPU kernels are in use (and why not), then exit"
+    )  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         parser_of_command = arguments.command(commands, module.NAME, help=module.HELP, description=module.DESCRIPTION)

@@ -19,6 +19,7 @@ import numpy as np
 from ..compiler.compiled_net import CompiledNet
 from ..errors import Advice, BadArgumentError, Rnn2JaxError, ShapeError
 from ..ir.dtypes import in_caffe2_dtypes
+from ..native import disabled as native_kernels_disabled
 
 # What jax.export lowers for (its names; "gpu" is not one: CUDA and ROCm are lowered separately).
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
@@ -103,7 +104,9 @@ def export_net(
 
         args = (dict(specs),)
     try:
-        return jax.export.export(jax.jit(rnn2jax_net), platforms=tuple(platforms))(*args)
+        # the pure lowering only: a serialized model runs anywhere, without this package's kernel library
+        with native_kernels_disabled():
+            return jax.export.export(jax.jit(rnn2jax_net), platforms=tuple(platforms))(*args)
     except Rnn2JaxError:
         raise  # an op's error, with the op and blob named (lower.py)
     except jax.errors.InconclusiveDimensionOperation as error:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import jax
@@ -42,6 +43,8 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from ...native import available as native_available
+from ...native import lstm as native_lstm
 from ..common import matmul_precision
 from ..rnn_units import caffe2_sigmoid as _sigmoid
 from ..rnn_units import caffe2_tanh as _tanh
@@ -210,6 +213,7 @@ def lstm_cell_rows(
         tuple(lay.forget_bias for lay in layers),
         tuple(lay.drop_states for lay in layers),
         tuple(lay.gates is not None for lay in layers),
+        native=x.dtype == jnp.float32 and native_available(),
     )
     h_rows, c_rows, h_last, c_last, gates = cell(
         x, tuple(h[0] for h in h0s), tuple(c[0] for c in c0s), ws, bs, wis, bis, valid
@@ -257,11 +261,17 @@ def _shapes_fit(x, h0s, c0s, ws, bs, wis, bis, lengths, steps: int) -> bool:
 # -- the stack function and its VJP --------------------------------------------------------------
 
 
-def _lstm(forget_bias: tuple[float, ...], drop_states: tuple[bool, ...], with_gates: tuple[bool, ...]):
+def _lstm(
+    forget_bias: tuple[float, ...], drop_states: tuple[bool, ...], with_gates: tuple[bool, ...], native: bool = False
+):
     """`(x [T,N,4H_1], h0s, c0s ([N,H_l] per layer), Ws ([4H_l,H_l]), bs ([4H_l]), Wis ([4H_l,H_{l-1}],
     layers above the first), bis, valid [T,N,1] | None) -> (h rows, c rows, h_T, c_T, gates rows)`, each
     a tuple over layers, with its custom VJP, for one combination of LSTMUnit's arguments per layer.
-    `gates` are the Sums' pre-activations (the backward step net's scratches; None where not read)."""
+    `gates` are the Sums' pre-activations (the backward step net's scratches; None where not read).
+
+    With `native` (float32, the kernels loaded), the CPU lowering runs each layer's recurrence forward and
+    backward as one native call (rnn2jax/native), layer after layer; every other platform lowers the scan
+    below. Both give the same outputs and residuals, so one VJP serves both."""
     precision = matmul_precision()
     depth = len(forget_bias)
 
@@ -272,7 +282,7 @@ def _lstm(forget_bias: tuple[float, ...], drop_states: tuple[bool, ...], with_ga
         """Per layer the matrix its gates' matmul uses: W_1, then [Wi_l | W_l] (input rows [h_below, h])."""
         return [ws[0]] + [jnp.concatenate([wis[k - 1], ws[k]], axis=1) for k in range(1, depth)]
 
-    def forward(x, h0s, c0s, ws, bs, wis, bis, valid, save: bool):
+    def scan_forward(x, h0s, c0s, ws, bs, wis, bis, valid, save: bool):
         blocks = jnp.split(x + bs[0], 4, axis=-1)
         weights = [[block.T for block in jnp.split(w, 4, axis=0)] for w in stacked_weights(ws, wis)]
         biases = [None] + [jnp.split(bis[k - 1] + bs[k], 4) for k in range(1, depth)]
@@ -308,25 +318,63 @@ def _lstm(forget_bias: tuple[float, ...], drop_states: tuple[bool, ...], with_ga
         out = (ys["h"], ys["c"], h_last, c_last, ys["gates"])
         return out, ys.get("ifog")
 
+    def native_forward(x, h0s, c0s, ws, bs, wis, bis, valid, save: bool):
+        lengths = _native_lengths(valid, x.shape[0], x.shape[1])
+        hs, cs, gates, ifogs, below = [], [], [], [], None
+        for k in range(depth):
+            if k == 0:
+                layer_x = x + bs[0]
+            else:  # the layer's input projection: one GEMM over all steps, as the layer below is complete
+                layer_x = jnp.einsum("tnk,jk->tnj", below, wis[k - 1], precision=precision) + (bis[k - 1] + bs[k])
+            h, c, *ifog = native_lstm.lstm_forward(
+                layer_x,
+                h0s[k],
+                c0s[k],
+                ws[k],
+                lengths,
+                forget_bias=forget_bias[k],
+                drop_states=drop_states[k],
+                save=save,
+            )
+            hs.append(h)
+            cs.append(c)
+            ifogs.append(tuple(ifog))
+            if with_gates[k]:
+                h_prev = jnp.concatenate([h0s[k][None], h[:-1]])
+                gates.append(layer_x + jnp.einsum("tnk,jk->tnj", h_prev, ws[k], precision=precision))
+            else:
+                gates.append(None)
+            below = h
+        out = (tuple(hs), tuple(cs), tuple(h[-1] for h in hs), tuple(c[-1] for c in cs), tuple(gates))
+        return out, tuple(ifogs) if save else None
+
+    def forward(*primals, save: bool):
+        if not native:
+            return scan_forward(*primals, save=save)
+        return lax.platform_dependent(
+            *primals, cpu=partial(native_forward, save=save), default=partial(scan_forward, save=save)
+        )
+
     @jax.custom_vjp
     def lstm(x, h0s, c0s, ws, bs, wis, bis, valid):
         return forward(x, h0s, c0s, ws, bs, wis, bis, valid, save=False)[0]
 
     def lstm_fwd(*primals):
-        x, h0s, c0s, ws, bs, wis, bis, valid = jax.tree.map(lambda p: p.value, primals)
-        out, ifog = forward(x, h0s, c0s, ws, bs, wis, bis, valid, save=True)
+        primals = jax.tree.map(lambda p: p.value, primals)
+        out, ifog = forward(*primals, save=True)
+        _, h0s, c0s, ws, _, wis, _, valid = primals
         h_rows, c_rows = out[0], out[1]
         return out, (h0s, c0s, ws, wis, h_rows, c_rows, ifog, valid)
 
-    def lstm_bwd(residuals, cotangents):
+    def scan_backward(residuals, cts):
         h0s, c0s, ws, wis, h_rows, c_rows, ifog, valid = residuals
-        d_h_rows, d_c_rows, d_h_last, d_c_last, d_gates_out = cotangents
+        d_h_rows, d_c_rows, d_h_last, d_c_last, d_gates_out = cts
         h_prev = [jnp.concatenate([h0s[k][None], h_rows[k][:-1]]) for k in range(depth)]
         c_prev = [jnp.concatenate([c0s[k][None], c_rows[k][:-1]]) for k in range(depth)]
         weights = stacked_weights(ws, wis)
         xs = {"c": c_rows, "c_prev": tuple(c_prev), "ifog": ifog, "valid": valid}
-        for name, cts in (("dh", d_h_rows), ("dc", d_c_rows), ("dgates", d_gates_out)):
-            present = {str(k): ct for k, ct in enumerate(cts) if not _zero(ct)}
+        for name, given in (("dh", d_h_rows), ("dc", d_c_rows), ("dgates", d_gates_out)):
+            present = {str(k): ct for k, ct in enumerate(given) if ct is not None}
             if present:
                 xs[name] = present
 
@@ -370,21 +418,71 @@ def _lstm(forget_bias: tuple[float, ...], drop_states: tuple[bool, ...], with_ga
                 new[k], emitted[k] = (dh_prev, dc_prev), d_gates
             return tuple(new), tuple(emitted)
 
-        init = tuple((_value_or_zeros(d_h_last[k], h0s[k]), _value_or_zeros(d_c_last[k], c0s[k])) for k in range(depth))
+        init = tuple(
+            (
+                jnp.zeros_like(h0s[k]) if d_h_last[k] is None else d_h_last[k],
+                jnp.zeros_like(c0s[k]) if d_c_last[k] is None else d_c_last[k],
+            )
+            for k in range(depth)
+        )
         first, d_gates = lax.scan(body, init, xs, reverse=True)
         dws = tuple(jnp.einsum("tnj,tnk->jk", d_gates[k], h_prev[k], precision=precision) for k in range(depth))
         dbs = tuple(jnp.sum(d_gates[k], axis=(0, 1)) for k in range(depth))
         dwis = tuple(jnp.einsum("tnj,tnk->jk", d_gates[k], h_rows[k - 1], precision=precision) for k in range(1, depth))
         dh0s, dc0s = tuple(s[0] for s in first), tuple(s[1] for s in first)
-        return d_gates[0], dh0s, dc0s, dws, dbs, dwis, dbs[1:], None
+        return d_gates[0], dh0s, dc0s, dws, dbs, dwis, dbs[1:]
+
+    def native_backward(residuals, cts):
+        h0s, c0s, ws, wis, h_rows, c_rows, ifog, valid = residuals
+        d_h_rows, d_c_rows, d_h_last, d_c_last, d_gates_out = cts
+        lengths = _native_lengths(valid, *h_rows[0].shape[:2])
+        dxs, dh0s, dc0s, dws, dbs, dwis = [None] * depth, [None] * depth, [None] * depth, [None] * depth, [], []
+        d_below = None
+        for k in reversed(range(depth)):
+            dh = _plus(d_h_rows[k], d_below)
+            dh = _plus_last(dh, d_h_last[k], h_rows[k])
+            dc = _plus_last(d_c_rows[k], d_c_last[k], c_rows[k])
+            dxs[k], dh0s[k], dc0s[k] = native_lstm.lstm_backward(
+                ws[k], c0s[k], c_rows[k], ifog[k], lengths, dh, dc, d_gates_out[k], drop_states=drop_states[k]
+            )
+            h_prev = jnp.concatenate([h0s[k][None], h_rows[k][:-1]])
+            dws[k] = jnp.einsum("tnj,tnk->jk", dxs[k], h_prev, precision=precision)
+            if k:
+                dwis.insert(0, jnp.einsum("tnj,tnk->jk", dxs[k], h_rows[k - 1], precision=precision))
+                d_below = jnp.einsum("tnj,jk->tnk", dxs[k], wis[k - 1], precision=precision)
+        dbs = tuple(jnp.sum(dx, axis=(0, 1)) for dx in dxs)
+        return dxs[0], tuple(dh0s), tuple(dc0s), tuple(dws), dbs, tuple(dwis), dbs[1:]
+
+    def lstm_bwd(residuals, cotangents):
+        cts = jax.tree.map(lambda ct: None if _zero(ct) else ct, cotangents, is_leaf=_zero)
+        if native:
+            grads = lax.platform_dependent(residuals, cts, cpu=native_backward, default=scan_backward)
+        else:
+            grads = scan_backward(residuals, cts)
+        return (*grads, None)
 
     lstm.defvjp(lstm_fwd, lstm_bwd, symbolic_zeros=True)
     return lstm
 
 
+def _native_lengths(valid: jax.Array | None, steps: int, batch: int) -> jax.Array:
+    """LSTMUnit's `t < seq_lengths[n]` as the kernels take it: how many leading steps of each row are
+    inside the sequence (the count of `valid`, which is exact for any seq_lengths dtype and value)."""
+    if valid is None:
+        return jnp.full((batch,), steps, jnp.int32)
+    return jnp.sum(valid[:, :, 0], axis=0, dtype=jnp.int32)
+
+
+def _plus(a: jax.Array | None, b: jax.Array | None) -> jax.Array | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _plus_last(rows: jax.Array | None, last: jax.Array | None, like: jax.Array) -> jax.Array | None:
+    """The rows' cotangent with the final state's added at step T-1 (the final state is the last row)."""
+    if last is None:
+        return rows
+    return (jnp.zeros_like(like) if rows is None else rows).at[-1].add(last)
+
+
 def _zero(ct: Any) -> bool:
     return ct is None or isinstance(ct, SymbolicZero)
-
-
-def _value_or_zeros(ct: Any, like: jax.Array) -> jax.Array:
-    return jnp.zeros_like(like) if _zero(ct) else ct

@@ -1,0 +1,266 @@
+"""The native CPU kernels (rnn2jax/native) against the pure lowering and against real Caffe2.
+
+On CPU a recognised LSTM stack (cell_vjp.py) runs each layer's recurrence, forward and backward, as one
+native call; every other platform lowers the `lax.scan`. Checked here:
+- the kernels load in CI and are what the CPU lowering contains, while CUDA and TPU lowerings contain
+  the scan and no native call, and `rnn2jax export` never names a native handler;
+- outputs and gradients of the native stack equal the scan's, drawn by hypothesis over sizes, sequence
+  lengths (0 and T among them), forget_bias, drop_states, layers, pre-activation outputs and which
+  outputs get a gradient;
+- the builder's LSTM cells compiled by rnn2jax (the kernels underneath) give real Caffe2's outputs and
+  the gradients of Caffe2's training net (its backward step net), drawn by hypothesis;
+- where the kernels cannot be used, rnn2jax says why once and runs the scan.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from test_builder_cells import CELLS, random_params, run_caffe2, training_net
+
+import rnn2jax
+from differential import assert_blobs_equal
+from rnn2jax.caffe2.python.core import reset_net_names
+from rnn2jax.native import library
+from rnn2jax.ops.recurrent.cell_vjp import _lstm
+
+TARGET = re.compile(r"rnn2jax_lstm_\w+")
+
+
+def native_targets(text: str) -> set[str]:
+    """The native handlers a lowered module calls, without the library digest."""
+    return {name.rsplit("_", 1)[0] for name in TARGET.findall(text)}
+
+
+def test_kernels_are_in_use():
+    """CI builds the kernels (make test installs the package, whose build compiles them): they must load."""
+    if not library.expected():
+        pytest.skip(f"the native kernels are built for Linux on x86-64 only, not {library.platform.machine()}")
+    found = library.status()
+    assert found.in_use, found.reason
+    assert found.describe().startswith("native CPU kernels: in use")
+
+
+# -- the stack function, native against scan ---------------------------------------------------------
+
+
+@st.composite
+def stacks(draw):
+    depth = draw(st.sampled_from([1, 1, 2, 3]))
+    steps, batch = draw(st.integers(1, 7)), draw(st.integers(1, 5))
+    lengths = draw(st.none() | st.lists(st.integers(0, steps), min_size=batch, max_size=batch))
+    return {
+        "steps": steps,
+        "batch": batch,
+        # widths around the 8-float vector: remainders of the gate loops
+        "hidden": draw(st.lists(st.integers(1, 19), min_size=depth, max_size=depth)),
+        "lengths": lengths,
+        "forget_bias": draw(st.lists(st.sampled_from([0.0, 1.0, -0.5]), min_size=depth, max_size=depth)),
+        "drop_states": draw(st.lists(st.booleans(), min_size=depth, max_size=depth)),
+        "with_gates": draw(st.lists(st.booleans(), min_size=depth, max_size=depth)),
+        # which of (h rows, c rows, h_T, c_T, gates) get a cotangent; the others are symbolic zeros
+        "used": draw(st.lists(st.booleans(), min_size=5, max_size=5).filter(lambda used: any(used[:4]))),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+FULL_AND_EMPTY = {
+    "steps": 4, "batch": 3, "hidden": [9, 5], "lengths": [0, 4, 2], "forget_bias": [1.0, 0.0],
+    "drop_states": [False, True], "with_gates": [True, False], "used": [True, True, True, True, True], "seed": 3,
+}  # fmt: skip
+
+
+def stack_inputs(case, rng):
+    hidden, steps, batch = case["hidden"], case["steps"], case["batch"]
+
+    def randn(*shape, scale=0.5):
+        return jnp.asarray(rng.standard_normal(shape) * scale, jnp.float32)
+
+    x = randn(steps, batch, 4 * hidden[0], scale=1.0)
+    h0s = tuple(randn(batch, h) for h in hidden)
+    c0s = tuple(randn(batch, h) for h in hidden)
+    ws = tuple(randn(4 * h, h) for h in hidden)
+    bs = tuple(randn(4 * h) for h in hidden)
+    wis = tuple(randn(4 * hidden[k], hidden[k - 1]) for k in range(1, len(hidden)))
+    bis = tuple(randn(4 * hidden[k]) for k in range(1, len(hidden)))
+    valid = None
+    if case["lengths"] is not None:
+        lengths = jnp.asarray(case["lengths"], jnp.int32)
+        valid = (jnp.arange(steps)[:, None] < lengths[None, :])[..., None]
+    return (x, h0s, c0s, ws, bs, wis, bis, valid)
+
+
+def assert_close(actual, expected, what: str):
+    """Within 1e-5 of the value's scale (the harness's float32 tolerance): summation orders differ."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-3)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-5 * scale, err_msg=what)
+
+
+@settings(max_examples=10, deadline=None)
+@given(case=stacks())
+@example(case=FULL_AND_EMPTY)
+def test_native_stack_equals_scan(case):
+    args = stack_inputs(case, np.random.default_rng(case["seed"]))
+    flags = (tuple(case["forget_bias"]), tuple(case["drop_states"]), tuple(case["with_gates"]))
+    native, scan = _lstm(*flags, native=True), _lstm(*flags, native=False)
+    out = native(*args)
+    weights = jax.tree.map(lambda a: jnp.asarray(np.random.default_rng(1).standard_normal(a.shape), a.dtype), out)
+
+    def loss(cell):
+        def value(x, h0s, c0s, ws, bs, wis, bis):
+            outputs = cell(x, h0s, c0s, ws, bs, wis, bis, args[-1])
+            return sum(
+                jnp.sum(o * w)
+                for used, group, group_w in zip(case["used"], outputs, weights, strict=True)
+                if used
+                for o, w in zip(group, group_w, strict=True)
+                if o is not None
+            ) + jnp.zeros((), jnp.float32)
+
+        return jax.jit(jax.value_and_grad(value, argnums=tuple(range(7))))
+
+    native_lowered, scan_lowered = loss(native).lower(*args[:-1]), loss(scan).lower(*args[:-1])
+    assert native_targets(native_lowered.as_text()) == {"rnn2jax_lstm_forward_train", "rnn2jax_lstm_backward"}
+    assert not native_targets(scan_lowered.as_text())
+    for group, (got, want) in enumerate(zip(jax.jit(native)(*args), jax.jit(scan)(*args), strict=True)):
+        for layer, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert (g is None) == (w is None)
+            if w is not None:
+                assert_close(g, w, f"output {group}, layer {layer}")
+    (_, grads), (_, expected) = native_lowered.compile()(*args[:-1]), scan_lowered.compile()(*args[:-1])
+    want = dict(jax.tree_util.tree_leaves_with_path(expected))
+    for path, got in jax.tree_util.tree_leaves_with_path(grads):
+        assert_close(got, want[path], f"gradient {jax.tree_util.keystr(path)}")
+
+
+# -- against real Caffe2 -----------------------------------------------------------------------------
+
+NATIVE_CELLS = ("lstm", "lstm-forget_bias", "lstm-drop_states", "lstm-all_output_grads", "multi_rnn_cell")
+
+
+@st.composite
+def lstm_sizes(draw):
+    steps, batch = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    return {
+        "T": steps,
+        "N": batch,
+        "D": draw(st.integers(1, 4)),
+        "H": draw(st.integers(1, 9)),
+        "L": 1,
+        "E": 1,
+        "forms": ["3-D"] * 4,  # the initial states as the recognised stack takes them
+        "use_lengths": draw(st.booleans()),
+        "lengths": draw(st.lists(st.integers(0, steps), min_size=batch, max_size=batch)),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+@pytest.mark.parametrize("cell", NATIVE_CELLS)
+@settings(max_examples=2, deadline=None)
+@given(s=lstm_sizes())
+@example(s={"T": 3, "N": 3, "D": 2, "H": 9, "L": 1, "E": 1, "forms": ["3-D"] * 4, "use_lengths": True,
+            "lengths": [0, 3, 1], "seed": 5})  # fmt: skip
+def test_builder_lstm_through_kernels_equals_caffe2(caffe2, cell, s):
+    """Forward outputs, then jax.vjp of the compiled net against Caffe2's training net (the builder's
+    backward step net) with the same output gradients: every input and parameter gradient."""
+    reset_net_names()
+    rng = np.random.default_rng(s["seed"])
+    built = CELLS[cell](s, rng)
+    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
+    params = random_params(built.model, rng)
+    fn = rnn2jax.compile(net, init_net=init, params=params, outputs=built.outputs)
+    want = run_caffe2(caffe2, init, net, {**built.inputs, **params}, built.outputs)
+    assert_blobs_equal({k: np.asarray(v) for k, v in fn(built.inputs).items()}, want)
+
+    train, grad_map = training_net(net, built.grad_outputs)
+    output_grads = {y: (rng.standard_normal(want[y].shape)).astype(np.float32) for y in built.grad_outputs}
+    differentiable = {n: v for n, v in {**built.inputs, **params}.items() if v.dtype.kind == "f"}
+    feeds = {**built.inputs, **{f"{y}_grad": g for y, g in output_grads.items()}}
+    want = run_caffe2(caffe2, init, train, {**feeds, **params}, [grad_map[n] for n in differentiable])
+    fixed = {n: v for n, v in built.inputs.items() if n not in differentiable}
+
+    def selected(values):
+        outputs = fn.apply(
+            {n: values[n] for n in params}, {**fixed, **{n: values[n] for n in built.inputs if n in values}}
+        )
+        return {y: outputs[y] for y in built.grad_outputs}
+
+    vjp = jax.jit(lambda values, cts: jax.vjp(selected, values)[1](cts)[0])
+    lowered = vjp.lower(differentiable, output_grads).as_text()
+    assert native_targets(lowered) == {"rnn2jax_lstm_forward_train", "rnn2jax_lstm_backward"}
+    grads = vjp(differentiable, output_grads)
+    assert_blobs_equal({grad_map[n]: np.asarray(g) for n, g in grads.items()}, want)
+
+
+# -- platforms, export and fallback ------------------------------------------------------------------
+
+
+def _lstm_net(s=None):
+    reset_net_names()
+    s = s or {"T": 3, "N": 2, "D": 3, "H": 4, "L": 1, "E": 1, "forms": ["3-D"] * 4, "use_lengths": True,
+              "lengths": [3, 1], "seed": 0}  # fmt: skip
+    rng = np.random.default_rng(s["seed"])
+    built = CELLS["lstm"](s, rng)
+    params = random_params(built.model, rng)
+    fn = rnn2jax.compile(built.model.net.Proto(), init_net=built.model.param_init_net.Proto(), params=params)
+    return fn, built
+
+
+def _training_loss(fn, built):
+    def loss(params):
+        return jnp.sum(fn.apply(params, built.inputs)[built.grad_outputs[0]] ** 2)
+
+    return jax.jit(jax.grad(loss))
+
+
+def test_other_platforms_lower_to_the_scan():
+    if not library.status().in_use:
+        pytest.skip(f"the native kernels are not in use here: {library.status().reason}")
+    fn, built = _lstm_net()
+    grad = _training_loss(fn, built)
+    params = dict(fn.params)
+    assert native_targets(grad.lower(params).as_text()) == {"rnn2jax_lstm_forward_train", "rnn2jax_lstm_backward"}
+    for platform in ("cuda", "tpu"):
+        module = jax.export.export(grad, platforms=(platform,))(params).mlir_module()
+        assert not native_targets(module), platform
+        assert module.count("stablehlo.while") == 2, platform  # the forward scan and the reverse one
+    both = jax.export.export(grad, platforms=("cuda", "tpu"))(params).mlir_module()
+    assert not native_targets(both)
+
+
+def test_export_names_no_native_handler():
+    """`rnn2jax export` serializes the pure lowering, even for CPU: the file runs without this library."""
+    from rnn2jax.serving.exporter import export_net
+
+    fn, built = _lstm_net()
+    specs = {n: jax.ShapeDtypeStruct(v.shape, v.dtype) for n, v in built.inputs.items()}
+    exported = export_net(fn, specs, platforms=("cpu",))
+    assert not native_targets(exported.mlir_module())
+    assert "stablehlo.while" in exported.mlir_module()
+    ran = exported.call({n: jnp.asarray(v) for n, v in built.inputs.items()})
+    expected = fn(built.inputs)
+    for name in built.outputs:
+        assert_close(ran[name], expected[name], name)
+
+
+def test_unusable_kernels_fall_back_and_say_why_once(monkeypatch):
+    """A library that cannot be used: the scan runs, with the reason given once per process."""
+    monkeypatch.setattr(library, "_status", library.NativeStatus(False, "libdnnl.so.3: cannot open (a test)"))
+    monkeypatch.setattr(library, "_warned", False)
+    monkeypatch.setattr(library, "expected", lambda: True)
+    fn, built = _lstm_net()
+    with pytest.warns(RuntimeWarning, match=r"pure lax\.scan lowering on CPU: libdnnl\.so\.3: cannot open"):
+        text = _training_loss(fn, built).lower(dict(fn.params)).as_text()
+    assert not native_targets(text) and "stablehlo.while" in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _training_loss(*_lstm_net()).lower(dict(fn.params))
