@@ -66,7 +66,7 @@ def extensions() -> list[Extension]:
     return [
         Extension(
             "rnn2jax.native._kernels",
-            sources=[str(NATIVE / "src" / "lstm.cc")],
+            sources=[str(NATIVE / "src" / name) for name in ("lstm.cc", "gru.cc", "gemm.cc")],
             include_dirs=[include],
             # -isystem: the vendored XLA headers' own warnings are not ours
             extra_compile_args=[

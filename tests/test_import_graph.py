@@ -20,6 +20,7 @@ LAYERS = (
     "rnn2jax.proto",
     "rnn2jax.ir",
     "rnn2jax.storage",
+    "rnn2jax.native",
     "rnn2jax.ops",
     "rnn2jax.lowering",
     "rnn2jax.runtime",
@@ -40,8 +41,8 @@ MIRRORED_CIRCLES = (
     frozenset({"rnn2jax.caffe2.python.core", "rnn2jax.caffe2.python.workspace"}),
 )
 # What op families may build on: the IR, the errors, the wire schema, and each other; the database host ops
-# (Load, Save, ...) also read and write Caffe2's databases.
-OPS_MAY_IMPORT = ("rnn2jax.ops", "rnn2jax.errors", "rnn2jax.ir", "rnn2jax.proto")
+# (Load, Save, ...) also read and write Caffe2's databases; the recognised recurrent cells call the native kernels.
+OPS_MAY_IMPORT = ("rnn2jax.ops", "rnn2jax.errors", "rnn2jax.ir", "rnn2jax.proto", "rnn2jax.native")
 OPS_ALSO_MAY_IMPORT = {"rnn2jax.ops.storage": ("rnn2jax.storage",)}
 
 

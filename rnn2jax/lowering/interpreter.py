@@ -8,6 +8,7 @@ like an input) are plain rebinding here: the environment is a fresh dict, never 
 
 from __future__ import annotations
 
+import contextlib
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from ..errors import MissingBlobError, Rnn2JaxError, ShapeError
 from ..ir.budget import check_value
 from ..ir.dtypes import in_caffe2_dtypes
 from ..ir.netdef import Net, Op
+from ..native import disabled as native_disabled
 from ..ops.common import Dims, as_array
 from ..ops.registry import OpDef, check_supported, lookup
 
@@ -69,10 +71,12 @@ class LoweredNet:
         `ChainMap` whose later maps are enclosing scopes: reads fall through, writes stay local.
         `after_op(op, env)` runs after each op has bound its outputs (recurrent links use it)."""
         steps = self._steps if ops is None else [self._steps[i] for i in ops]
-        for step in steps:
-            _run(step, env, key, self.inputs)
-            if after_op is not None:
-                after_op(step.op, env)
+        # a plain net is verify's reference: JAX's own differentiation of jax.numpy, no native kernel
+        with native_disabled() if self.plain else contextlib.nullcontext():
+            for step in steps:
+                _run(step, env, key, self.inputs)
+                if after_op is not None:
+                    after_op(step.op, env)
         for step in steps:  # symbolic dims kept as dims (ops/common.py Dims) leave the net as arrays
             for name in step.op.outputs:
                 if isinstance(env.get(name), Dims):

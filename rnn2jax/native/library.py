@@ -34,7 +34,16 @@ import numpy as np
 ENV = "RNN2JAX_NATIVE"  # "0": never use the native kernels (the pure lowering everywhere)
 LIBRARY_STEM = "_kernels"  # rnn2jax/native/_kernels<EXT_SUFFIX>, built by setup.py
 ONEDNN_DISTRIBUTION = "onednn-cpu-gomp"
-HANDLERS = ("rnn2jax_lstm_forward", "rnn2jax_lstm_forward_train", "rnn2jax_lstm_backward")
+HANDLERS = (
+    "rnn2jax_lstm_forward",
+    "rnn2jax_lstm_forward_gates",
+    "rnn2jax_lstm_forward_train",
+    "rnn2jax_lstm_backward",
+    "rnn2jax_gemm",
+    "rnn2jax_gru_forward",
+    "rnn2jax_gru_forward_train",
+    "rnn2jax_gru_backward",
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ class NativeStatus:
         return f"native CPU kernels: not in use ({self.reason})"
 
 
-_lock = threading.RLock()  # the smoke test calls the kernels, which ask status() again
+_lock = threading.Lock()
 _status: NativeStatus | None = None
 _warned = False
 _disabled: contextvars.ContextVar[bool] = contextvars.ContextVar("rnn2jax_native_disabled", default=False)
@@ -175,22 +184,21 @@ def _preload_onednn() -> None:
 def _smoke_test(found: NativeStatus) -> str:
     """One step of a 1-unit LSTM through the forward kernel, against NumPy: catches a library built for
     another XLA FFI version before any user's net depends on it. Returns the problem, or ""."""
-    from .lstm import lstm_forward  # the call wrappers read `found`'s targets through target()
-
-    global _status
-    _status = found
     x = np.array([[[0.5, -0.25, 1.0, 0.75]]], np.float32)
     h0, c0 = np.array([[0.1]], np.float32), np.array([[-0.2]], np.float32)
     w = np.array([[0.3], [-0.6], [0.9], [0.2]], np.float32)
+    row = jax.ShapeDtypeStruct((1, 1, 1), np.float32)
+    call = jax.ffi.ffi_call(found.targets["rnn2jax_lstm_forward"], (row, row))
+    b = np.array([0.25, 0.0, -0.5, 0.125], np.float32)
     try:
         with jax.ensure_compile_time_eval():
-            h, c = jax.jit(lambda *a: lstm_forward(*a, forget_bias=1.0, drop_states=False, save=False))(
-                x, h0, c0, w, np.array([1], np.int32)
+            h, c = jax.jit(lambda *a: call(*a, forget_bias=np.float32(1.0), drop_states=np.int32(0)))(
+                x, h0, c0, w, b, np.array([1], np.int32)
             )
         h, c = np.asarray(h), np.asarray(c)
     except Exception as error:  # any failure of the call means: do not use the kernels
         return f"the kernels fail a one-step test ({type(error).__name__}: {str(error).splitlines()[0]})"
-    pre = x[0, 0] + (h0 @ w.T)[0] + np.array([0, 1, 0, 0], np.float32)
+    pre = x[0, 0] + (h0 @ w.T)[0] + b + np.array([0, 1, 0, 0], np.float32)
     sig = 1 / (1 + np.exp(-pre))
     expect_c = sig[1] * c0[0, 0] + sig[0] * np.tanh(pre[3])
     expect_h = sig[2] * np.tanh(expect_c)

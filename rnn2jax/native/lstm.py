@@ -1,7 +1,8 @@
 """Calls of the native LSTM layer kernels (src/lstm.cc), for the CPU branch of a recognised LSTM stack.
 
-One call runs one layer's whole recurrence: `x` is the layer's input projection with both FC biases added
-([T, N, 4H]), `w` the recurrent FC's weights ([4H, H], gates = h w^T + x), `lengths` how many leading steps
+One call runs one layer's whole recurrence: `x` is the layer's input projection ([T, N, 4H]), `w` the
+recurrent FC's weights ([4H, H]) and `b` the biases added to every step's gates ([4H]: gates = h w^T + x + b;
+the kernel adds them, which saves XLA a pass over x), `lengths` how many leading steps
 of each batch row are inside its sequence ([N] int32 in [0, T]; LSTMUnit's `t < seq_lengths[n]`). Float32
 only: the caller keeps other dtypes on the pure lowering.
 """
@@ -20,23 +21,32 @@ def lstm_forward(
     h0: jax.Array,
     c0: jax.Array,
     w: jax.Array,
+    b: jax.Array,
     lengths: jax.Array,
     *,
     forget_bias: float,
     drop_states: bool,
     save: bool,
+    pre_activations: bool = False,
 ) -> tuple[jax.Array, ...]:
-    """(h, c), each [T, N, H]; with `save` also the activated gates (i, f, o, g) the backward reads."""
+    """(h, c), each [T, N, H]; with `save` also the activated gates (i, f, o, g) the backward reads; with
+    `pre_activations` (not with `save`) also the gates before their nonlinearities, [T, N, 4H]."""
     steps, batch, width = x.shape
     row = jax.ShapeDtypeStruct((steps, batch, width // 4), jnp.float32)
-    handler = "rnn2jax_lstm_forward_train" if save else "rnn2jax_lstm_forward"
-    call = jax.ffi.ffi_call(target(handler), (row,) * (6 if save else 2), vmap_method="sequential")
+    if save:
+        handler, outputs = "rnn2jax_lstm_forward_train", (row,) * 6
+    elif pre_activations:
+        handler, outputs = "rnn2jax_lstm_forward_gates", (row, row, jax.ShapeDtypeStruct(x.shape, jnp.float32))
+    else:
+        handler, outputs = "rnn2jax_lstm_forward", (row, row)
+    call = jax.ffi.ffi_call(target(handler), outputs, vmap_method="sequential")
     return tuple(
         call(
             x,
             jnp.reshape(h0, (batch, -1)),
             jnp.reshape(c0, (batch, -1)),
             w,
+            b,
             lengths,
             forget_bias=np.float32(forget_bias),
             drop_states=np.int32(drop_states),

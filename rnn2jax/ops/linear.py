@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ir.netdef import Op
+from ..native import gemm as native_gemm
 from ..proto import caffe2_pb2 as pb
 from .common import broadcast_shapes, canonical_axis, is_symbolic, matmul_precision, size_from_dim, size_to_dim
 from .emit import Call, EmitWriter, call, codegen_helper
@@ -94,9 +95,13 @@ def _fc(op: Op, weight_n_by_k: bool) -> Kernel:
 
     def kernel(x, w, b):
         _check_float_inputs(op, (x, w, b))
-        x_axis, _, _, n, _, _ = _fc_dims(op, x, w, axis, axis_w, weight_n_by_k)
+        x_axis, m, k, n, _, _ = _fc_dims(op, x, w, axis, axis_w, weight_n_by_k)
         if b.ndim != 1 or b.shape[0] != n:
             raise ShapeError(f"{op.where}: bias '{op.inputs[2]}' must be 1-D [{n}], got {list(b.shape)}")
+        if native_gemm.eligible(m, k, n, x, w, b):  # a large float32 FC: one oneDNN GEMM on CPU
+            w2 = jnp.reshape(w, (size_to_dim(w.shape, axis_w % w.ndim), -1))
+            y = native_gemm.fully_connected(jnp.reshape(x, (m, k)), w2, b, weight_n_by_k, matmul_precision())
+            return jnp.reshape(y, (*x.shape[:x_axis], n))
         return fully_connected(x, w, b, x_axis, axis_w, weight_n_by_k, matmul_precision())
 
     return kernel

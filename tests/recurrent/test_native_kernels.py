@@ -7,6 +7,7 @@ native call; every other platform lowers the `lax.scan`. Checked here:
 - outputs and gradients of the native stack equal the scan's, drawn by hypothesis over sizes, sequence
   lengths (0 and T among them), forget_bias, drop_states, layers, pre-activation outputs and which
   outputs get a gradient;
+- FC and FCTransposed as the native GEMM, forward and jax.vjp, equal real Caffe2's FC and FC gradient op;
 - the builder's LSTM cells compiled by rnn2jax (the kernels underneath) give real Caffe2's outputs and
   the gradients of Caffe2's training net (its backward step net), drawn by hypothesis;
 - where the kernels cannot be used, rnn2jax says why once and runs the scan.
@@ -23,15 +24,19 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from test_builder_cells import CELLS, random_params, run_caffe2, training_net
+from test_builder_cells import CELLS, random_params, run_caffe2, run_compiled, training_net
 
 import rnn2jax
-from differential import assert_blobs_equal
+from differential import assert_blobs_equal, check_op, make_op
 from rnn2jax.caffe2.python.core import reset_net_names
+from rnn2jax.ir.loader import load
+from rnn2jax.lowering.interpreter import lower
+from rnn2jax.native import gemm as native_gemm
 from rnn2jax.native import library
 from rnn2jax.ops.recurrent.cell_vjp import _lstm
+from rnn2jax.proto import caffe2_pb2 as pb
 
-TARGET = re.compile(r"rnn2jax_lstm_\w+")
+TARGET = re.compile(r"rnn2jax_(?:lstm|gru|gemm)\w*")
 
 
 def native_targets(text: str) -> set[str]:
@@ -105,7 +110,7 @@ def assert_close(actual, expected, what: str):
     np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-5 * scale, err_msg=what)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(case=stacks())
 @example(case=FULL_AND_EMPTY)
 def test_native_stack_equals_scan(case):
@@ -144,7 +149,19 @@ def test_native_stack_equals_scan(case):
 
 # -- against real Caffe2 -----------------------------------------------------------------------------
 
-NATIVE_CELLS = ("lstm", "lstm-forget_bias", "lstm-drop_states", "lstm-all_output_grads", "multi_rnn_cell")
+# each builder cell the kernels cover, with the handlers its training lowering must call
+LSTM_TRAINING = {"rnn2jax_lstm_forward_train", "rnn2jax_lstm_backward"}
+GRU_TRAINING = {"rnn2jax_gru_forward_train", "rnn2jax_gru_backward"}
+NATIVE_CELLS = {
+    "lstm": LSTM_TRAINING,
+    "lstm-forget_bias": LSTM_TRAINING,
+    "lstm-drop_states": LSTM_TRAINING,
+    "lstm-all_output_grads": LSTM_TRAINING,
+    "multi_rnn_cell": LSTM_TRAINING,
+    "gru": GRU_TRAINING,
+    "gru-linear_before_reset": GRU_TRAINING,
+    "gru-drop_states": GRU_TRAINING,
+}
 
 
 @st.composite
@@ -157,7 +174,7 @@ def lstm_sizes(draw):
         "H": draw(st.integers(1, 9)),
         "L": 1,
         "E": 1,
-        "forms": ["3-D"] * 4,  # the initial states as the recognised stack takes them
+        "forms": ["3-D"] * 4,  # the initial states as the recognised cells take them
         "use_lengths": draw(st.booleans()),
         "lengths": draw(st.lists(st.integers(0, steps), min_size=batch, max_size=batch)),
         "seed": draw(st.integers(0, 2**16)),
@@ -165,13 +182,14 @@ def lstm_sizes(draw):
 
 
 @pytest.mark.parametrize("cell", NATIVE_CELLS)
-@settings(max_examples=2, deadline=None)
+@settings(max_examples=1, deadline=None)
 @given(s=lstm_sizes())
 @example(s={"T": 3, "N": 3, "D": 2, "H": 9, "L": 1, "E": 1, "forms": ["3-D"] * 4, "use_lengths": True,
             "lengths": [0, 3, 1], "seed": 5})  # fmt: skip
-def test_builder_lstm_through_kernels_equals_caffe2(caffe2, cell, s):
-    """Forward outputs, then jax.vjp of the compiled net against Caffe2's training net (the builder's
-    backward step net) with the same output gradients: every input and parameter gradient."""
+def test_builder_cells_through_kernels_equal_caffe2(caffe2, cell, s):
+    """Forward outputs; then jax.vjp of the compiled net, and the compiled training net (its forward writes
+    the step blobs the backward step net reads), against Caffe2's training net (the builder's backward
+    step net) with the same output gradients: every input and parameter gradient."""
     reset_net_names()
     rng = np.random.default_rng(s["seed"])
     built = CELLS[cell](s, rng)
@@ -185,7 +203,8 @@ def test_builder_lstm_through_kernels_equals_caffe2(caffe2, cell, s):
     output_grads = {y: (rng.standard_normal(want[y].shape)).astype(np.float32) for y in built.grad_outputs}
     differentiable = {n: v for n, v in {**built.inputs, **params}.items() if v.dtype.kind == "f"}
     feeds = {**built.inputs, **{f"{y}_grad": g for y, g in output_grads.items()}}
-    want = run_caffe2(caffe2, init, train, {**feeds, **params}, [grad_map[n] for n in differentiable])
+    fetch = [grad_map[n] for n in differentiable]
+    want = run_caffe2(caffe2, init, train, {**feeds, **params}, fetch)
     fixed = {n: v for n, v in built.inputs.items() if n not in differentiable}
 
     def selected(values):
@@ -195,10 +214,64 @@ def test_builder_lstm_through_kernels_equals_caffe2(caffe2, cell, s):
         return {y: outputs[y] for y in built.grad_outputs}
 
     vjp = jax.jit(lambda values, cts: jax.vjp(selected, values)[1](cts)[0])
-    lowered = vjp.lower(differentiable, output_grads).as_text()
-    assert native_targets(lowered) == {"rnn2jax_lstm_forward_train", "rnn2jax_lstm_backward"}
+    if library.status().in_use:
+        assert native_targets(vjp.lower(differentiable, output_grads).as_text()) == NATIVE_CELLS[cell]
     grads = vjp(differentiable, output_grads)
     assert_blobs_equal({grad_map[n]: np.asarray(g) for n, g in grads.items()}, want)
+    assert_blobs_equal(run_compiled(None, train, params, feeds, fetch), want)
+
+
+# -- FC as one native GEMM ---------------------------------------------------------------------------
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_fc_as_native_gemm_equals_caffe2(caffe2, data):
+    """Every FC size runs natively here (MIN_MACS 0): the output against Caffe2's FC, and jax.vjp of it
+    against Caffe2's FCGradient (FCTransposedGradient) with the same output gradient."""
+    transposed = data.draw(st.booleans(), label="transposed")
+    lead = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), label="lead")
+    k, n = data.draw(st.integers(1, 9), label="K"), data.draw(st.integers(1, 9), label="N")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    inputs = {
+        "x": rng.standard_normal((*lead, k)).astype(np.float32),
+        "w": rng.standard_normal((k, n) if transposed else (n, k)).astype(np.float32),
+        "b": rng.standard_normal(n).astype(np.float32),
+    }
+    op_type = "FCTransposed" if transposed else "FC"
+    op = make_op(op_type, ["x", "w", "b"], ["y"], axis=len(lead))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native_gemm, "MIN_MACS", 0)
+        check_op(caffe2, op, inputs)
+        net = pb.NetDef(name="fc", op=[op], external_input=["x", "w", "b"], external_output=["y"])
+        lowered = lower(load(net))
+        dy = rng.standard_normal((*lead, n)).astype(np.float32)
+
+        def vjp(values, cotangent):
+            _, pullback = jax.vjp(lambda v: lowered(v)["y"], values)
+            return pullback(cotangent)[0]
+
+        text = jax.jit(vjp).lower(inputs, dy).as_text()
+        grads = jax.jit(vjp)(inputs, dy)
+    assert native_targets(text) == {"rnn2jax_gemm"}
+    gradient = make_op(f"{op_type}Gradient", ["x", "w", "dy"], ["dw", "db", "dx"], axis=len(lead))
+    want = caffe2.run([("ops", [gradient])], {**inputs, "dy": dy}, fetch=["dw", "db", "dx"])
+    got = {"dw": np.asarray(grads["w"]), "db": np.asarray(grads["b"]), "dx": np.asarray(grads["x"])}
+    assert_blobs_equal(got, want)
+
+
+def test_small_fcs_and_plain_lowerings_keep_xla_dots():
+    """Below MIN_MACS, and in a plain lowering (verify's reference) at any size, FC is XLA's dot."""
+    x = np.ones((64, 128), np.float32)
+    w, b = np.ones((256, 128), np.float32), np.zeros(256, np.float32)
+    net = pb.NetDef(name="fc", op=[make_op("FC", ["x", "w", "b"], ["y"])], external_input=["x", "w", "b"])
+    assert native_gemm.MIN_MACS <= 64 * 128 * 256
+    values = {"x": x, "w": w, "b": b}
+    if library.status().in_use:
+        assert native_targets(jax.jit(lower(load(net))).lower(values).as_text()) == {"rnn2jax_gemm"}
+    assert not native_targets(jax.jit(lower(load(net), plain=True)).lower(values).as_text())
+    small = {"x": x[:4, :8], "w": w[:8, :8], "b": b[:8]}
+    assert not native_targets(jax.jit(lower(load(net))).lower(small).as_text())
 
 
 # -- platforms, export and fallback ------------------------------------------------------------------

@@ -2,11 +2,13 @@
 // the whole recurrence, forward and backward, with one oneDNN GEMM and one fused gate pass per step.
 //
 // Forward (rnn2jax_lstm_forward / rnn2jax_lstm_forward_train):
-//   in:  x [T, N, 4H] (the input projection with both FC biases added), h0, c0 [N, H], w [4H, H] (the
-//        recurrent FC's weights: gates = h w^T + x), lengths [N] int32 in [0, T].
+//   in:  x [T, N, 4H] (the input projection), h0, c0 [N, H], w [4H, H] and b [4H] (the recurrent FC's
+//        weights and the biases: gates = h w^T + x + b), lengths [N] int32 in [0, T].
 //   attrs: forget_bias (f32), drop_states (i32 0/1).
 //   out: h, c [T, N, H]; the training form also writes the activated gates i, f, o, g [T, N, H] (zero on
-//        rows past their length), what the backward needs (oneDNN keeps the same as its RNN workspace).
+//        rows past their length), what the backward needs (oneDNN keeps the same as its RNN workspace);
+//        the gates form (rnn2jax_lstm_forward_gates) writes the pre-activations [T, N, 4H] instead, the
+//        Sum's output that Caffe2's backward step net reads.
 //   Per step: gemm = h_{t-1} w^T; per row inside its sequence (t < lengths[n]) LSTMUnit's maths (gate
 //   order i, f, o, g; forget_bias added to f before its sigmoid); other rows keep h, c (drop_states: zero).
 //
@@ -37,14 +39,14 @@ using ffi::S32;
 
 // One row inside its sequence: pre-activations -> (h, c), and the activated gates when `ifog` is set.
 __attribute__((noinline)) void forward_row(int64_t H, const float* __restrict gemm, const float* __restrict x,
-                                           const float* __restrict c_prev, float forget_bias, float* __restrict h_out,
+                                           const float* __restrict b, const float* __restrict c_prev, float forget_bias, float* __restrict h_out,
                                            float* __restrict c_out, float* __restrict i_out, float* __restrict f_out,
                                            float* __restrict o_out, float* __restrict g_out) {
   for (int64_t d = 0; d < H; ++d) {
-    const float i = sigmoid(gemm[d] + x[d]);
-    const float f = sigmoid(gemm[H + d] + x[H + d] + forget_bias);
-    const float o = sigmoid(gemm[2 * H + d] + x[2 * H + d]);
-    const float g = host_tanh(gemm[3 * H + d] + x[3 * H + d]);
+    const float i = sigmoid(gemm[d] + x[d] + b[d]);
+    const float f = sigmoid(gemm[H + d] + x[H + d] + b[H + d] + forget_bias);
+    const float o = sigmoid(gemm[2 * H + d] + x[2 * H + d] + b[2 * H + d]);
+    const float g = host_tanh(gemm[3 * H + d] + x[3 * H + d] + b[3 * H + d]);
     const float c = f * c_prev[d] + i * g;
     c_out[d] = c;
     h_out[d] = o * host_tanh(c);
@@ -81,17 +83,17 @@ struct Gates {
 };
 
 ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> c0, Buffer<F32> w,
-                   Buffer<S32> lengths, float forget_bias, int32_t drop_states, float* h_all, float* c_all,
-                   Gates gates) {
+                   Buffer<F32> b, Buffer<S32> lengths, float forget_bias, int32_t drop_states, float* h_all, float* c_all,
+                   Gates gates, float* pre = nullptr) {
   const auto dims = x.dimensions();
   if (dims.size() != 3 || dims[2] % 4) return ffi::Error::InvalidArgument("rnn2jax_lstm_forward: x must be [T, N, 4H]");
   const int64_t T = dims[0], N = dims[1], G = dims[2], H = G / 4;
-  if (count(h0) != N * H || count(c0) != N * H || count(w) != G * H ||
-      count(lengths) != N)
+  if (count(h0) != N * H || count(c0) != N * H || count(w) != G * H || count(b) != G || count(lengths) != N)
     return ffi::Error::InvalidArgument("rnn2jax_lstm_forward: inconsistent shapes");
-  use_xla_threads(pool);
+  use_xla_threads(pool, N * G * H);
   const float* X = x.typed_data();
   const float* W = w.typed_data();
+  const float* B = b.typed_data();
   const int32_t* L = lengths.typed_data();
   std::vector<float> gemm(static_cast<size_t>(N * G));
   for (int64_t t = 0; t < T; ++t) {
@@ -104,9 +106,15 @@ ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F
       const int64_t row = at + n * H;
       float* h = h_all + row;
       float* c = c_all + row;
+      if (pre) {  // the Sum's output, on every row (a backward step net reads it)
+        const float* g = gemm.data() + n * G;
+        const float* xr = X + (t * N + n) * G;
+        float* p = pre + (t * N + n) * G;
+        for (int64_t j = 0; j < G; ++j) p[j] = g[j] + xr[j] + B[j];
+      }
       if (t < L[n]) {
         Gates out = gates.i ? Gates{gates.i + row, gates.f + row, gates.o + row, gates.g + row} : Gates{};
-        forward_row(H, gemm.data() + n * G, X + (t * N + n) * G, cp + n * H, forget_bias, h, c, out.i, out.f, out.o,
+        forward_row(H, gemm.data() + n * G, X + (t * N + n) * G, B, cp + n * H, forget_bias, h, c, out.i, out.f, out.o,
                     out.g);
         continue;
       }
@@ -125,20 +133,29 @@ ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F
 }
 
 ffi::Error Forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> c0, Buffer<F32> w,
-                   Buffer<S32> lengths, float forget_bias, int32_t drop_states, ResultBuffer<F32> h,
+                   Buffer<F32> b, Buffer<S32> lengths, float forget_bias, int32_t drop_states, ResultBuffer<F32> h,
                    ResultBuffer<F32> c) {
   return guarded("rnn2jax_lstm_forward", [&] {
-    return forward(pool, x, h0, c0, w, lengths, forget_bias, drop_states, h->typed_data(), c->typed_data(), Gates{});
+    return forward(pool, x, h0, c0, w, b, lengths, forget_bias, drop_states, h->typed_data(), c->typed_data(), Gates{});
+  });
+}
+
+ffi::Error ForwardGates(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> c0, Buffer<F32> w,
+                        Buffer<F32> b, Buffer<S32> lengths, float forget_bias, int32_t drop_states, ResultBuffer<F32> h,
+                        ResultBuffer<F32> c, ResultBuffer<F32> pre) {
+  return guarded("rnn2jax_lstm_forward_gates", [&] {
+    return forward(pool, x, h0, c0, w, b, lengths, forget_bias, drop_states, h->typed_data(), c->typed_data(), Gates{},
+                   pre->typed_data());
   });
 }
 
 ffi::Error ForwardTrain(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> c0, Buffer<F32> w,
-                        Buffer<S32> lengths, float forget_bias, int32_t drop_states, ResultBuffer<F32> h,
+                        Buffer<F32> b, Buffer<S32> lengths, float forget_bias, int32_t drop_states, ResultBuffer<F32> h,
                         ResultBuffer<F32> c, ResultBuffer<F32> i, ResultBuffer<F32> f, ResultBuffer<F32> o,
                         ResultBuffer<F32> g) {
   return guarded("rnn2jax_lstm_forward_train", [&] {
     Gates gates{i->typed_data(), f->typed_data(), o->typed_data(), g->typed_data()};
-    return forward(pool, x, h0, c0, w, lengths, forget_bias, drop_states, h->typed_data(), c->typed_data(), gates);
+    return forward(pool, x, h0, c0, w, b, lengths, forget_bias, drop_states, h->typed_data(), c->typed_data(), gates);
   });
 }
 
@@ -156,7 +173,7 @@ ffi::Error backward(ffi::ThreadPool pool, Buffer<F32> w, Buffer<F32> c0, Buffer<
       count(g_all) != size || (with_dh && count(dh_all) != size) ||
       (with_dc && count(dc_all) != size) || (with_dgates && count(dgates_out) != 4 * size))
     return ffi::Error::InvalidArgument("rnn2jax_lstm_backward: inconsistent shapes");
-  use_xla_threads(pool);
+  use_xla_threads(pool, N * G * H);
   const float* C = c_all.typed_data();
   const int32_t* L = lengths.typed_data();
   float* DG = dgates_all->typed_data();
@@ -231,14 +248,30 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_lstm_forward, rnn2jax::Forward,
                                   .Arg<F32Buffer>()  // h0
                                   .Arg<F32Buffer>()  // c0
                                   .Arg<F32Buffer>()  // w
+                                  .Arg<F32Buffer>()  // b
                                   .Arg<ffi::Buffer<ffi::S32>>()  // lengths
                                   .Attr<float>("forget_bias")
                                   .Attr<int32_t>("drop_states")
                                   .Ret<F32Buffer>()  // h
                                   .Ret<F32Buffer>());  // c
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_lstm_forward_gates, rnn2jax::ForwardGates,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<float>("forget_bias")
+                                  .Attr<int32_t>("drop_states")
+                                  .Ret<F32Buffer>()  // h
+                                  .Ret<F32Buffer>()  // c
+                                  .Ret<F32Buffer>());  // the pre-activations [T, N, 4H]
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_lstm_forward_train, rnn2jax::ForwardTrain,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
+                                  .Arg<F32Buffer>()
                                   .Arg<F32Buffer>()
                                   .Arg<F32Buffer>()
                                   .Arg<F32Buffer>()

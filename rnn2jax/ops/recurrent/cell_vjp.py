@@ -323,25 +323,31 @@ def _lstm(
         hs, cs, gates, ifogs, below = [], [], [], [], None
         for k in range(depth):
             if k == 0:
-                layer_x = x + bs[0]
+                layer_x, bias = x, bs[0]
             else:  # the layer's input projection: one GEMM over all steps, as the layer below is complete
-                layer_x = jnp.einsum("tnk,jk->tnj", below, wis[k - 1], precision=precision) + (bis[k - 1] + bs[k])
-            h, c, *ifog = native_lstm.lstm_forward(
+                layer_x = jnp.einsum("tnk,jk->tnj", below, wis[k - 1], precision=precision)
+                bias = bis[k - 1] + bs[k]
+            pre_activations = with_gates[k] and not save  # a backward step net's forward: the kernel writes them
+            h, c, *more = native_lstm.lstm_forward(
                 layer_x,
                 h0s[k],
                 c0s[k],
                 ws[k],
+                bias,
                 lengths,
                 forget_bias=forget_bias[k],
                 drop_states=drop_states[k],
                 save=save,
+                pre_activations=pre_activations,
             )
             hs.append(h)
             cs.append(c)
-            ifogs.append(tuple(ifog))
-            if with_gates[k]:
+            ifogs.append(tuple(more) if save else ())
+            if pre_activations:
+                gates.append(more[0])
+            elif with_gates[k]:  # differentiated and read by a step net: one contraction over all steps
                 h_prev = jnp.concatenate([h0s[k][None], h[:-1]])
-                gates.append(layer_x + jnp.einsum("tnk,jk->tnj", h_prev, ws[k], precision=precision))
+                gates.append(layer_x + bias + jnp.einsum("tnk,jk->tnj", h_prev, ws[k], precision=precision))
             else:
                 gates.append(None)
             below = h

@@ -44,6 +44,7 @@ from ..shape_facts import INT32, Context, Guesses, Solver, Spec, latest
 from .cell_vjp import lstm_cell_rows
 from .coverage import check_forward_rows, unwritten_fill
 from .fusion import FusedLSTM, find_fused_lstms
+from .gru_vjp import gru_cell_rows
 from .peeling import timestep_shapes
 from .spec import Alias, Link, check_link_rows, decode_spec, initial_rows, state_rows
 
@@ -379,6 +380,8 @@ class RecurrentLowering:
         # a recognised LSTM stack runs with its own VJP (cell_vjp.py), unless the lowering is plain
         plain = self.plain or self.timestep_shapes is not None  # the cell VJP knows no settled values
         cell = None if plain else lstm_cell_rows(self, initial, outer, steps)
+        if cell is None and not plain:  # a recognised GRU likewise (gru_vjp.py)
+            cell = gru_cell_rows(self, initial, outer, steps, constants)
         if cell is not None:
             written, final, scratches = cell
             return {s: _CompactBuffer(initial[s], written[s], final[s]) for s in spec.states}, scratches

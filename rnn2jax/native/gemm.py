@@ -1,0 +1,77 @@
+"""Caffe2's FC on CPU as one oneDNN GEMM (src/gemm.cc), forward and backward, for the large float32 ones.
+
+The recurrent nets' input projections (`[T·N, D] x [D, 4H]`) and their gradients are the largest matmuls
+of a Caffe2 RNN; oneDNN's sgemm runs them up to 1.5x faster than XLA's CPU dot. `fully_connected` puts
+the GEMM under `lax.platform_dependent`'s CPU branch only, with a custom VJP whose backward is two more
+GEMMs (dX = dY·W, dW = dYᵀ·X) and a sum: other platforms, and every FC below `MIN_MACS` multiply-adds
+(where a call costs more than XLA's fused dot), keep `jnp.matmul`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .library import available, target
+
+MIN_MACS = 1 << 20  # below about a million multiply-adds XLA's dot, fused with its neighbours, is as fast
+
+
+def eligible(m: int, k: int, n: int, *arrays: jax.Array) -> bool:
+    """Whether an FC of these sizes and arrays runs as the native GEMM on CPU."""
+    sizes = (m, k, n)
+    if not all(isinstance(d, int) for d in sizes) or m * k * n < MIN_MACS:
+        return False  # a symbolic dim (jax.export) or a small FC
+    return all(a.dtype == jnp.float32 for a in arrays) and available()
+
+
+def gemm(a: jax.Array, b: jax.Array, bias: jax.Array | None = None, *, trans_a: bool, trans_b: bool) -> jax.Array:
+    """op(a) @ op(b) (+ bias) as one native call (CPU only: call it under a platform_dependent CPU branch)."""
+    m = a.shape[1] if trans_a else a.shape[0]
+    n = b.shape[0] if trans_b else b.shape[1]
+    call = jax.ffi.ffi_call(target("rnn2jax_gemm"), jax.ShapeDtypeStruct((m, n), jnp.float32))
+    no_bias = jnp.zeros((0,), jnp.float32)
+    return call(a, b, no_bias if bias is None else bias, trans_a=np.int32(trans_a), trans_b=np.int32(trans_b))
+
+
+def fully_connected(
+    x: jax.Array, w: jax.Array, b: jax.Array, w_is_n_by_k: bool, precision: lax.Precision | None
+) -> jax.Array:
+    """`x [M, K] @ w.T + b` (w [N, K]; `w @` for [K, N] when not `w_is_n_by_k`): the native GEMM on CPU,
+    `jnp.matmul` at `precision` elsewhere, with one VJP for both."""
+    return _fc(w_is_n_by_k, precision)(x, w, b)
+
+
+def _fc(w_is_n_by_k: bool, precision: lax.Precision | None):
+    def xla_forward(x, w, b):
+        return jnp.matmul(x, w.T if w_is_n_by_k else w, precision=precision) + b
+
+    def native_forward(x, w, b):
+        return gemm(x, w, b, trans_a=False, trans_b=w_is_n_by_k)
+
+    def xla_backward(x, w, dy):
+        dx = jnp.matmul(dy, w if w_is_n_by_k else w.T, precision=precision)
+        dw = jnp.matmul(dy.T, x, precision=precision) if w_is_n_by_k else jnp.matmul(x.T, dy, precision=precision)
+        return dx, dw
+
+    def native_backward(x, w, dy):
+        dx = gemm(dy, w, trans_a=False, trans_b=not w_is_n_by_k)
+        dw = gemm(dy, x, trans_a=True, trans_b=False) if w_is_n_by_k else gemm(x, dy, trans_a=True, trans_b=False)
+        return dx, dw
+
+    @jax.custom_vjp
+    def fc(x, w, b):
+        return lax.platform_dependent(x, w, b, cpu=native_forward, default=xla_forward)
+
+    def fc_fwd(x, w, b):
+        return fc(x, w, b), (x, w)
+
+    def fc_bwd(residuals, dy):
+        x, w = residuals
+        dx, dw = lax.platform_dependent(x, w, dy, cpu=native_backward, default=xla_backward)
+        return dx, dw, jnp.sum(dy, axis=0)
+
+    fc.defvjp(fc_fwd, fc_bwd)
+    return fc
