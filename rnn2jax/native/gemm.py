@@ -3,8 +3,8 @@
 The recurrent nets' input projections (`[T·N, D] x [D, 4H]`) and their gradients are the largest matmuls
 of a Caffe2 RNN; oneDNN's sgemm runs them up to 1.5x faster than XLA's CPU dot. `fully_connected` puts
 the GEMM under `lax.platform_dependent`'s CPU branch only, with a custom VJP whose backward is two more
-GEMMs (dX = dY·W, dW = dYᵀ·X) and a sum: other platforms, and every FC below `MIN_MACS` multiply-adds
-(where a call costs more than XLA's fused dot), keep `jnp.matmul`.
+GEMMs (dX = dY·W, dW = dYᵀ·X, also what the FCGradient op computes) and a sum: other platforms, and every
+FC below `MIN_MACS` multiply-adds (where a call costs more than XLA's fused dot), keep `jnp.matmul`.
 """
 
 from __future__ import annotations
@@ -44,22 +44,20 @@ def fully_connected(
     return _fc(w_is_n_by_k, precision)(x, w, b)
 
 
+def fully_connected_gradients(
+    x: jax.Array, w: jax.Array, dy: jax.Array, w_is_n_by_k: bool, precision: lax.Precision | None
+) -> tuple[jax.Array, jax.Array]:
+    """(dX, dW) of `fully_connected` for the output gradient `dy [M, N]` (what FCGradient computes), as
+    two native GEMMs on CPU; differentiable (through the `jnp` formulas) for higher orders."""
+    return _fc_gradients(w_is_n_by_k, precision)(x, w, dy)
+
+
 def _fc(w_is_n_by_k: bool, precision: lax.Precision | None):
     def xla_forward(x, w, b):
         return jnp.matmul(x, w.T if w_is_n_by_k else w, precision=precision) + b
 
     def native_forward(x, w, b):
         return gemm(x, w, b, trans_a=False, trans_b=w_is_n_by_k)
-
-    def xla_backward(x, w, dy):
-        dx = jnp.matmul(dy, w if w_is_n_by_k else w.T, precision=precision)
-        dw = jnp.matmul(dy.T, x, precision=precision) if w_is_n_by_k else jnp.matmul(x.T, dy, precision=precision)
-        return dx, dw
-
-    def native_backward(x, w, dy):
-        dx = gemm(dy, w, trans_a=False, trans_b=not w_is_n_by_k)
-        dw = gemm(dy, x, trans_a=True, trans_b=False) if w_is_n_by_k else gemm(x, dy, trans_a=True, trans_b=False)
-        return dx, dw
 
     @jax.custom_vjp
     def fc(x, w, b):
@@ -70,8 +68,33 @@ def _fc(w_is_n_by_k: bool, precision: lax.Precision | None):
 
     def fc_bwd(residuals, dy):
         x, w = residuals
-        dx, dw = lax.platform_dependent(x, w, dy, cpu=native_backward, default=xla_backward)
+        dx, dw = _fc_gradients(w_is_n_by_k, precision)(x, w, dy)
         return dx, dw, jnp.sum(dy, axis=0)
 
     fc.defvjp(fc_fwd, fc_bwd)
     return fc
+
+
+def _fc_gradients(w_is_n_by_k: bool, precision: lax.Precision | None):
+    def xla_gradients(x, w, dy):
+        dx = jnp.matmul(dy, w if w_is_n_by_k else w.T, precision=precision)
+        dw = jnp.matmul(dy.T, x, precision=precision) if w_is_n_by_k else jnp.matmul(x.T, dy, precision=precision)
+        return dx, dw
+
+    def native_gradients(x, w, dy):
+        dx = gemm(dy, w, trans_a=False, trans_b=not w_is_n_by_k)
+        dw = gemm(dy, x, trans_a=True, trans_b=False) if w_is_n_by_k else gemm(x, dy, trans_a=True, trans_b=False)
+        return dx, dw
+
+    @jax.custom_vjp
+    def gradients(x, w, dy):
+        return lax.platform_dependent(x, w, dy, cpu=native_gradients, default=xla_gradients)
+
+    def gradients_fwd(x, w, dy):
+        return gradients(x, w, dy), (x, w, dy)
+
+    def gradients_bwd(residuals, cotangents):  # bilinear: the jnp formulas' own VJP
+        return jax.vjp(xla_gradients, *residuals)[1](cotangents)
+
+    gradients.defvjp(gradients_fwd, gradients_bwd)
+    return gradients

@@ -166,8 +166,11 @@ def _fc_gradient(op: Op, weight_n_by_k: bool) -> Kernel:
                 f"{m} x {n} values (M from '{op.inputs[0]}', N from '{op.inputs[1]}')"
             )
         x2, dy2, w2 = jnp.reshape(x, (m, k)), jnp.reshape(dy, (m, n)), jnp.reshape(w, (rows, cols))
-        dw = _matmul(dy2.T, x2) if weight_n_by_k else _matmul(x2.T, dy2)
         db = jnp.sum(dy2, axis=0) if x.size else jnp.zeros((n,), dy.dtype)
+        if native_gemm.eligible(m, k, n, x, w, dy):  # a large float32 FC: two oneDNN GEMMs on CPU
+            dx, dw = native_gemm.fully_connected_gradients(x2, w2, dy2, weight_n_by_k, matmul_precision())
+            return jnp.reshape(dw, w.shape), db, jnp.reshape(dx, x.shape)
+        dw = _matmul(dy2.T, x2) if weight_n_by_k else _matmul(x2.T, dy2)
         dx = _matmul(dy2, w2 if weight_n_by_k else w2.T)
         return jnp.reshape(dw, w.shape), db, jnp.reshape(dx, x.shape)
 

@@ -227,8 +227,8 @@ def test_builder_cells_through_kernels_equal_caffe2(caffe2, cell, s):
 @settings(max_examples=6, deadline=None)
 @given(data=st.data())
 def test_fc_as_native_gemm_equals_caffe2(caffe2, data):
-    """Every FC size runs natively here (MIN_MACS 0): the output against Caffe2's FC, and jax.vjp of it
-    against Caffe2's FCGradient (FCTransposedGradient) with the same output gradient."""
+    """Every FC size runs natively here (MIN_MACS 0): the output against Caffe2's FC, and jax.vjp of it and
+    rnn2jax's FCGradient (FCTransposedGradient) against Caffe2's gradient op with the same output gradient."""
     transposed = data.draw(st.booleans(), label="transposed")
     lead = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), label="lead")
     k, n = data.draw(st.integers(1, 9), label="K"), data.draw(st.integers(1, 9), label="N")
@@ -253,9 +253,11 @@ def test_fc_as_native_gemm_equals_caffe2(caffe2, data):
 
         text = jax.jit(vjp).lower(inputs, dy).as_text()
         grads = jax.jit(vjp)(inputs, dy)
-    assert native_targets(text) == {"rnn2jax_gemm"}
-    gradient = make_op(f"{op_type}Gradient", ["x", "w", "dy"], ["dw", "db", "dx"], axis=len(lead))
-    want = caffe2.run([("ops", [gradient])], {**inputs, "dy": dy}, fetch=["dw", "db", "dx"])
+        gradient = make_op(f"{op_type}Gradient", ["x", "w", "dy"], ["dw", "db", "dx"], axis=len(lead))
+        want = check_op(caffe2, gradient, {**inputs, "dy": dy})  # the gradient op runs natively too
+        grad_net = pb.NetDef(name="fc_grad", op=[gradient], external_input=["x", "w", "dy"])
+        grad_text = jax.jit(lower(load(grad_net))).lower({**inputs, "dy": dy}).as_text()
+    assert native_targets(text) == native_targets(grad_text) == {"rnn2jax_gemm"}
     got = {"dw": np.asarray(grads["w"]), "db": np.asarray(grads["b"]), "dx": np.asarray(grads["x"])}
     assert_blobs_equal(got, want)
 
