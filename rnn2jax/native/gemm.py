@@ -9,6 +9,8 @@ FC below `MIN_MACS` multiply-adds (where a call costs more than XLA's fused dot)
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,8 +85,8 @@ def _fc_gradients(w_is_n_by_k: bool, precision: lax.Precision | None):
 
     def native_gradients(x, w, dy):
         dx = gemm(dy, w, trans_a=False, trans_b=not w_is_n_by_k)
-        dw = gemm(dy, x, trans_a=True, trans_b=False) if w_is_n_by_k else gemm(x, dy, trans_a=True, trans_b=False)
-        return dx, dw
+        dw_t = gemm(x, dy, trans_a=True, trans_b=False)  # xᵀ dy: oneDNN's faster orientation (rows_contraction)
+        return dx, dw_t.T if w_is_n_by_k else dw_t
 
     @jax.custom_vjp
     def gradients(x, w, dy):
@@ -98,3 +100,32 @@ def _fc_gradients(w_is_n_by_k: bool, precision: lax.Precision | None):
 
     gradients.defvjp(gradients_fwd, gradients_bwd)
     return gradients
+
+
+# -- the recurrent kernels' GEMMs around the loop (CPU branches only) ---------------------------------
+
+
+def rows_times(rows: jax.Array, w: jax.Array, *, w_is_n_by_k: bool = True) -> jax.Array:
+    """`rows [..., K] @ w.T` (w [N, K]; `@ w` for [K, N]) as one native GEMM over all leading dims."""
+    flat = jnp.reshape(rows, (-1, rows.shape[-1]))
+    product = gemm(flat, w, trans_a=False, trans_b=w_is_n_by_k)
+    return jnp.reshape(product, (*rows.shape[:-1], product.shape[-1]))
+
+
+def rows_contraction(d: jax.Array, rows: jax.Array) -> jax.Array:
+    """`sum over leading dims of d[..., J]ᵀ rows[..., K]` -> [J, K], a weight gradient over all steps: one
+    native GEMM, computed as (rowsᵀ d)ᵀ, the orientation oneDNN's sgemm runs fastest (measured: 10.9
+    against 21.7 ms for dᵀ rows at [1600, 1024] x [1600, 256])."""
+    m = math.prod(d.shape[:-1])
+    return gemm(jnp.reshape(rows, (m, -1)), jnp.reshape(d, (m, -1)), trans_a=True, trans_b=False).T
+
+
+def contraction(d: jax.Array, rows: jax.Array, precision: lax.Precision | None, native: bool) -> jax.Array:
+    """`rows_contraction` on CPU where `native`, XLA's einsum elsewhere (for code both branches share)."""
+
+    def xla(d, rows):
+        return jnp.einsum("...j,...k->jk", d, rows, precision=precision)
+
+    if not native:
+        return xla(d, rows)
+    return lax.platform_dependent(d, rows, cpu=rows_contraction, default=xla)

@@ -16,10 +16,15 @@ from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+from helpers import BREADBREAD_HIDDEN, BREADBREAD_VOCAB, BREADBREAD_WEIGHTS, REALNETS
+from rnn2jax.native import library as native_library
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = files("rnn2jax.examples")
 PREDICT, INIT = str(EXAMPLES / "mlp_predict_net.pbtxt"), str(EXAMPLES / "mlp_init_net.pbtxt")
+BREAD = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"
 
 CHILD = """
 import json, sys
@@ -49,8 +54,9 @@ else:
     fn = rnn2jax.compile(argv[0], init_net=argv[2], cache_dir=argv[1])
     jax.block_until_ready(fn(data=np.ones((2, 8), np.float32))["prob"])
     code = 0
+from rnn2jax.native import status
 print(json.dumps({"code": code, "compiled": len(compiled) - len(loaded), "loaded": len(loaded),
-                  "dir": jax.config.jax_compilation_cache_dir}))
+                  "dir": jax.config.jax_compilation_cache_dir, "native": status().in_use}))
 """
 
 
@@ -92,6 +98,33 @@ def test_a_second_rnn2jax_run_compiles_nothing(tmp_path):
     empty = start("cli", ["--no-cache", *argv], "", tmp_path)  # the flag before the command, and the empty variable
     assert empty["compiled"] == first["compiled"] and empty["dir"] is None
     assert _entries(cache) == kept
+
+
+def test_a_second_run_of_the_breadbread_lstm_compiles_nothing(tmp_path):
+    """A real LSTM predict net, whose executable calls the native kernels on CPU: the second process loads
+    it from the cache (the kernels' handlers are registered before XLA deserializes it) and runs it."""
+    if not BREAD.exists():
+        pytest.skip(f"the real nets are not here ({REALNETS})")
+    rng = np.random.default_rng(0)
+    weights = {n: rng.standard_normal(s).astype(np.float32) * 0.1 for n, s in BREADBREAD_WEIGHTS.items()}
+    np.savez(tmp_path / "params.npz", **weights)
+    steps, batch = 7, 3
+    np.savez(
+        tmp_path / "inputs.npz",
+        input_blob=np.eye(BREADBREAD_VOCAB, dtype=np.float32)[rng.integers(BREADBREAD_VOCAB, size=(steps, batch))],
+        seq_lengths=np.full(batch, steps, np.int32),
+        hidden_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
+        cell_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
+    )
+    outputs = [tmp_path / "first.npz", tmp_path / "second.npz"]
+    argv = ["run", str(BREAD), "--params", str(tmp_path / "params.npz"), "--inputs", str(tmp_path / "inputs.npz")]
+    first = start("cli", [*argv, "--output", str(outputs[0])], str(tmp_path / "cache"), tmp_path)
+    second = start("cli", [*argv, "--output", str(outputs[1])], str(tmp_path / "cache"), tmp_path)
+    assert first["code"] == 0 and first["compiled"] >= 1 and first["loaded"] == 0
+    assert second["code"] == 0 and second["compiled"] == 0 and second["loaded"] == first["compiled"]
+    assert first["native"] == second["native"] == native_library.expected()
+    with np.load(outputs[0]) as a, np.load(outputs[1]) as b:
+        assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_compile_with_cache_dir_compiles_nothing_the_second_time(tmp_path):

@@ -44,6 +44,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from ...native import available as native_available
+from ...native import gemm as native_gemm
 from ...native import lstm as native_lstm
 from ..common import matmul_precision
 from ..rnn_units import caffe2_sigmoid as _sigmoid
@@ -325,7 +326,7 @@ def _lstm(
             if k == 0:
                 layer_x, bias = x, bs[0]
             else:  # the layer's input projection: one GEMM over all steps, as the layer below is complete
-                layer_x = jnp.einsum("tnk,jk->tnj", below, wis[k - 1], precision=precision)
+                layer_x = native_gemm.rows_times(below, wis[k - 1])
                 bias = bis[k - 1] + bs[k]
             pre_activations = with_gates[k] and not save  # a backward step net's forward: the kernel writes them
             h, c, *more = native_lstm.lstm_forward(
@@ -347,7 +348,7 @@ def _lstm(
                 gates.append(more[0])
             elif with_gates[k]:  # differentiated and read by a step net: one contraction over all steps
                 h_prev = jnp.concatenate([h0s[k][None], h[:-1]])
-                gates.append(layer_x + bias + jnp.einsum("tnk,jk->tnj", h_prev, ws[k], precision=precision))
+                gates.append(layer_x + bias + native_gemm.rows_times(h_prev, ws[k]))
             else:
                 gates.append(None)
             below = h
@@ -452,10 +453,10 @@ def _lstm(
                 ws[k], c0s[k], c_rows[k], ifog[k], lengths, dh, dc, d_gates_out[k], drop_states=drop_states[k]
             )
             h_prev = jnp.concatenate([h0s[k][None], h_rows[k][:-1]])
-            dws[k] = jnp.einsum("tnj,tnk->jk", dxs[k], h_prev, precision=precision)
+            dws[k] = native_gemm.rows_contraction(dxs[k], h_prev)
             if k:
-                dwis.insert(0, jnp.einsum("tnj,tnk->jk", dxs[k], h_rows[k - 1], precision=precision))
-                d_below = jnp.einsum("tnj,jk->tnk", dxs[k], wis[k - 1], precision=precision)
+                dwis.insert(0, native_gemm.rows_contraction(dxs[k], h_rows[k - 1]))
+                d_below = native_gemm.rows_times(dxs[k], wis[k - 1], w_is_n_by_k=False)
         dbs = tuple(jnp.sum(dx, axis=(0, 1)) for dx in dxs)
         return dxs[0], tuple(dh0s), tuple(dc0s), tuple(dws), dbs, tuple(dwis), dbs[1:]
 

@@ -33,6 +33,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from ...errors import BadArgumentError
 from ...native import available as native_available
+from ...native import gemm as native_gemm
 from ...native import gru as native_gru
 from ..common import matmul_precision
 from ..rnn_units import caffe2_sigmoid, gru_tanh
@@ -244,6 +245,9 @@ def _step_values(x, h0, h_rows, ws, bs, lbr: bool, kinds: set[str]) -> dict[str,
     x_r, x_u, x_o = jnp.split(x, 3, axis=-1)
 
     def fc(rows, w, b):
+        if rows.dtype == jnp.float32 and native_available():  # as Caffe2's FC op would run here (linear.py)
+            flat = native_gemm.fully_connected(jnp.reshape(rows, (-1, rows.shape[-1])), w, b, True, precision)
+            return jnp.reshape(flat, (*rows.shape[:-1], -1))
         return jnp.einsum("tnk,jk->tnj", rows, w, precision=precision) + b
 
     r_fc, u_fc = fc(h_prev, wr, br), fc(h_prev, wu, bu)
@@ -399,7 +403,7 @@ def _gru(linear_before_reset: bool, drop_states: bool, native: bool = False):
         # the output FC's input and output gradient: r * h_prev and do, or h_prev and do * r (lbr)
         o_rows, d_o_fc = (h_prev, do * r) if lbr else (r * h_prev, do)
         dws = tuple(
-            jnp.einsum("tnj,tnk->jk", d, rows, precision=precision)
+            native_gemm.contraction(d, rows, precision, native)
             for d, rows in ((dr, h_prev), (du, h_prev), (d_o_fc, o_rows))
         )
         dbs = tuple(jnp.sum(d, axis=(0, 1)) for d in (dr, du, d_o_fc))
