@@ -31,7 +31,8 @@ with atheris.instrument_imports(include=["rnn2jax"]):
     import rnn2jax
 
     for module in pkgutil.walk_packages(rnn2jax.__path__, "rnn2jax."):
-        if module.name not in ("rnn2jax.__main__", "rnn2jax.checking.oracle.worker"):
+        # the worker runs under Caffe2's interpreter; _kernels is the native library (ctypes loads it)
+        if module.name not in ("rnn2jax.__main__", "rnn2jax.checking.oracle.worker", "rnn2jax.native._kernels"):
             __import__(module.name)
 
 from google.protobuf.message import DecodeError

@@ -264,7 +264,18 @@ class Caffe2Oracle:
             "steps": encoded,
             "fetch": None if fetch is None else list(fetch),
         }
-        answer, arrays = self.request("run", header, request)
+        try:
+            answer, arrays = self.request("run", header, request)
+        except OracleCrashedError as crash:
+            # Some Caffe2 ops write out of bounds on inputs they should refuse, and the heap damage can kill
+            # the worker during a later request. A self-contained request (a fresh workspace) is asked once
+            # more, of a fresh worker: it fails only if it kills that one too. A timeout is not retried.
+            if not reset or "worker died" not in str(crash):
+                raise
+            try:
+                answer, arrays = self.request("run", header, request)
+            except OracleCrashedError as again:
+                raise again from crash
         return {name: arrays[i] for name, i in answer["blobs"].items()}
 
     def run_op(
