@@ -1009,7 +1009,11 @@ def draw_batch_gather_gradient(data):
         args["match_outer"] = 1
         index_shape = (*shape[:axis], *index_shape)
     index_type = data.draw(st.sampled_from([np.int32, np.int64]))
-    indices = data.draw(arrays(index_shape, index_type, 0, shape[axis] - (data.draw(st.integers(0, 8)) > 0)))
+    # An index past the end is drawn now and then (Caffe2 refuses it, and so must rnn2jax), but not with
+    # match_outer: there Caffe2 writes past its output instead (seen in a fresh-clone run: it answered for
+    # indices [0, 1] into a dim of 1, and earlier such writes killed its worker with heap corruption).
+    past_end = not args.get("match_outer") and data.draw(st.integers(0, 8)) == 0
+    indices = data.draw(arrays(index_shape, index_type, 0, shape[axis] - (not past_end)))
     inputs = {"data": values(data, shape), "indices": indices, "grad": values(data, grad_shape)}
     return make_op("BatchGatherGradient", list(inputs), ["dx"], **args), inputs
 
@@ -1559,6 +1563,14 @@ def test_batch_gather_gradient_is_gather_gradient_for_axis_above_0(jit, axis, da
     np.testing.assert_allclose(dx, scatter_add_reference(x, indices, grad, axis), rtol=1e-5, atol=1e-5)
     gather = forward("Gather", 2, axis=axis)
     check_vjp(jit, [dx], lambda d: gather(d, indices), [x], [grad], 1e-5)
+
+
+def test_batch_gather_gradient_refuses_an_index_past_the_end_with_match_outer():
+    """The input the differential case no longer sends to Caffe2 (which writes out of bounds on it)."""
+    op = make_op("BatchGatherGradient", ["data", "indices", "grad"], ["dx"], axis=1, match_outer=1)
+    inputs = {"data": np.zeros((2, 1), np.float32), "indices": np.array([0, 1], np.int32), "grad": np.zeros(2)}
+    with pytest.raises(ShapeError, match=r"INDICES 'indices' has 1, out of the range \[0, 1\)"):
+        run_rnn2jax([op], {**inputs, "grad": inputs["grad"].astype(np.float32)}, ["dx"])
 
 
 def test_batch_gather_gradient_default_axis_and_errors(jit):
