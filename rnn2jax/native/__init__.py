@@ -4,6 +4,6 @@ Built by the package's own build (setup.py) from `src/` against oneDNN's PyPI wh
 registered for the CPU platform only; see library.py for when they run and how to turn them off.
 """
 
-from .library import NativeStatus, available, disabled, status
+from .library import NativeStatus, available, disabled, recurrence_eligible, status
 
-__all__ = ["NativeStatus", "available", "disabled", "status"]
+__all__ = ["NativeStatus", "available", "disabled", "recurrence_eligible", "status"]

@@ -32,6 +32,16 @@ from rnn2jax.native import library
 from rnn2jax.ops.recurrent import forward as forward_module
 from rnn2jax.ops.recurrent.gru_vjp import _gru
 
+
+@pytest.fixture(autouse=True, scope="module")
+def recurrences_of_every_size_native():
+    """rnn2jax runs a recurrence with under library.MIN_STEP_MACS multiply-adds a step on XLA's scan (as
+    fast there); these tests' small shapes are to run the kernels all the same."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(library, "MIN_STEP_MACS", 0)
+        yield
+
+
 TARGET = re.compile(r"rnn2jax_gru_\w+")
 TRAINING = {"rnn2jax_gru_forward_train", "rnn2jax_gru_backward"}
 OUTPUTS = ("gru/hidden_t_all", "gru/hidden_t_last")

@@ -36,6 +36,16 @@ from rnn2jax.native import library
 from rnn2jax.ops.recurrent.cell_vjp import _lstm
 from rnn2jax.proto import caffe2_pb2 as pb
 
+
+@pytest.fixture(autouse=True, scope="module")
+def recurrences_of_every_size_native():
+    """rnn2jax runs a recurrence with under library.MIN_STEP_MACS multiply-adds a step on XLA's scan (as
+    fast there); these tests' small shapes are to run the kernels all the same."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(library, "MIN_STEP_MACS", 0)
+        yield
+
+
 TARGET = re.compile(r"rnn2jax_(?:lstm|gru|gemm)\w*")
 
 

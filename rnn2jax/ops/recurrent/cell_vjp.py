@@ -43,9 +43,9 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from ...native import available as native_available
 from ...native import gemm as native_gemm
 from ...native import lstm as native_lstm
+from ...native import recurrence_eligible
 from ..common import matmul_precision
 from ..rnn_units import caffe2_sigmoid as _sigmoid
 from ..rnn_units import caffe2_tanh as _tanh
@@ -214,7 +214,7 @@ def lstm_cell_rows(
         tuple(lay.forget_bias for lay in layers),
         tuple(lay.drop_states for lay in layers),
         tuple(lay.gates is not None for lay in layers),
-        native=x.dtype == jnp.float32 and native_available(),
+        native=recurrence_eligible(sum(x.shape[1] * w.shape[0] * w.shape[1] for w in (*ws, *wis)), x.dtype),
     )
     h_rows, c_rows, h_last, c_last, gates = cell(
         x, tuple(h[0] for h in h0s), tuple(c[0] for c in c0s), ws, bs, wis, bis, valid

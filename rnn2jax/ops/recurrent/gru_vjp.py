@@ -20,6 +20,7 @@ reference tests/recurrent/test_native_gru.py checks this VJP against.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from functools import partial
@@ -32,9 +33,9 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from ...errors import BadArgumentError
-from ...native import available as native_available
 from ...native import gemm as native_gemm
 from ...native import gru as native_gru
+from ...native import recurrence_eligible
 from ..common import matmul_precision
 from ..rnn_units import caffe2_sigmoid, gru_tanh
 from .cell_vjp import _native_lengths
@@ -202,7 +203,8 @@ def gru_cell_rows(
     valid = None
     if lengths is not None:
         valid = (jnp.arange(steps, dtype=jnp.int32)[:, None] < jnp.reshape(lengths, (1, -1)))[..., None]
-    gru = _gru(cell.linear_before_reset, cell.drop_states, native=x.dtype == jnp.float32 and native_available())
+    native = recurrence_eligible(x.shape[1] * x.shape[2] * h0.shape[-1], x.dtype)  # N · 3H · H
+    gru = _gru(cell.linear_before_reset, cell.drop_states, native=native)
     h_rows = gru(x, h0[0], ws, bs, valid)
     scratches = {}
     if wanted:
@@ -245,7 +247,7 @@ def _step_values(x, h0, h_rows, ws, bs, lbr: bool, kinds: set[str]) -> dict[str,
     x_r, x_u, x_o = jnp.split(x, 3, axis=-1)
 
     def fc(rows, w, b):
-        if rows.dtype == jnp.float32 and native_available():  # as Caffe2's FC op would run here (linear.py)
+        if native_gemm.eligible(math.prod(rows.shape[:-1]), w.shape[1], w.shape[0], rows, w, b):  # as linear.py
             flat = native_gemm.fully_connected(jnp.reshape(rows, (-1, rows.shape[-1])), w, b, True, precision)
             return jnp.reshape(flat, (*rows.shape[:-1], -1))
         return jnp.einsum("tnk,jk->tnj", rows, w, precision=precision) + b
