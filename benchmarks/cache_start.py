@@ -27,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 REALNETS = ROOT.parent / "shared" / "realnets"
 BREAD = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"
@@ -71,20 +69,9 @@ print("compilations", len(compiled) - len(loaded))
 
 def _bread_files(folder: Path) -> list[str]:
     sys.path.insert(0, str(ROOT / "tests"))
-    from helpers import BREADBREAD_HIDDEN, BREADBREAD_VOCAB, BREADBREAD_WEIGHTS  # the net's names and shapes
+    from helpers import write_breadbread_run  # the net's names and shapes, random parameters and inputs
 
-    rng = np.random.default_rng(0)
-    weights = {n: rng.standard_normal(s).astype(np.float32) * 0.1 for n, s in BREADBREAD_WEIGHTS.items()}
-    np.savez(folder / "params.npz", **weights)
-    steps, batch = 25, 1
-    np.savez(
-        folder / "inputs.npz",
-        input_blob=np.eye(BREADBREAD_VOCAB, dtype=np.float32)[rng.integers(BREADBREAD_VOCAB, size=(steps, batch))],
-        seq_lengths=np.full(batch, steps, np.int32),
-        hidden_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
-        cell_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
-    )
-    return ["run", str(BREAD), "--params", str(folder / "params.npz"), "--inputs", str(folder / "inputs.npz")]
+    return write_breadbread_run(folder, steps=25, batch=1)
 
 
 def _start(case: str, argv: list[str], cache: str, folder: Path) -> tuple[float, int]:

@@ -87,3 +87,29 @@ def run_op(
     with caffe2_dtypes():
         outs = fn(*inputs, key=key if key is not None else jax.random.key(0))
     return tuple(np.asarray(o) for o in outs)
+
+
+BREADBREAD_PREDICT_NET = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"
+
+
+def write_breadbread_run(folder: Path, steps: int, batch: int) -> list[str]:
+    """Random parameters (seed 0, scale 0.1) and one-hot inputs of the breadbread predict net written to
+    `folder`; returns the `rnn2jax run` arguments that read them."""
+    rng = np.random.default_rng(0)
+    weights = {n: rng.standard_normal(s).astype(np.float32) * 0.1 for n, s in BREADBREAD_WEIGHTS.items()}
+    np.savez(folder / "params.npz", **weights)
+    np.savez(
+        folder / "inputs.npz",
+        input_blob=np.eye(BREADBREAD_VOCAB, dtype=np.float32)[rng.integers(BREADBREAD_VOCAB, size=(steps, batch))],
+        seq_lengths=np.full(batch, steps, np.int32),
+        hidden_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
+        cell_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
+    )
+    return [
+        "run",
+        str(BREADBREAD_PREDICT_NET),
+        "--params",
+        str(folder / "params.npz"),
+        "--inputs",
+        str(folder / "inputs.npz"),
+    ]

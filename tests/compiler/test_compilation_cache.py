@@ -18,13 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import BREADBREAD_HIDDEN, BREADBREAD_VOCAB, BREADBREAD_WEIGHTS, REALNETS
+from helpers import BREADBREAD_PREDICT_NET, REALNETS, write_breadbread_run
 from rnn2jax.native import library as native_library
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = files("rnn2jax.examples")
 PREDICT, INIT = str(EXAMPLES / "mlp_predict_net.pbtxt"), str(EXAMPLES / "mlp_init_net.pbtxt")
-BREAD = REALNETS / "breadbread_lstmdemo_lstm_predict_net.pbtxt"
 
 CHILD = """
 import json, sys
@@ -103,21 +102,10 @@ def test_a_second_rnn2jax_run_compiles_nothing(tmp_path):
 def test_a_second_run_of_the_breadbread_lstm_compiles_nothing(tmp_path):
     """A real LSTM predict net, whose executable calls the native kernels on CPU: the second process loads
     it from the cache (the kernels' handlers are registered before XLA deserializes it) and runs it."""
-    if not BREAD.exists():
+    if not BREADBREAD_PREDICT_NET.exists():
         pytest.skip(f"the real nets are not here ({REALNETS})")
-    rng = np.random.default_rng(0)
-    weights = {n: rng.standard_normal(s).astype(np.float32) * 0.1 for n, s in BREADBREAD_WEIGHTS.items()}
-    np.savez(tmp_path / "params.npz", **weights)
-    steps, batch = 7, 3
-    np.savez(
-        tmp_path / "inputs.npz",
-        input_blob=np.eye(BREADBREAD_VOCAB, dtype=np.float32)[rng.integers(BREADBREAD_VOCAB, size=(steps, batch))],
-        seq_lengths=np.full(batch, steps, np.int32),
-        hidden_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
-        cell_init=np.zeros((1, batch, BREADBREAD_HIDDEN), np.float32),
-    )
+    argv = write_breadbread_run(tmp_path, steps=7, batch=3)
     outputs = [tmp_path / "first.npz", tmp_path / "second.npz"]
-    argv = ["run", str(BREAD), "--params", str(tmp_path / "params.npz"), "--inputs", str(tmp_path / "inputs.npz")]
     first = start("cli", [*argv, "--output", str(outputs[0])], str(tmp_path / "cache"), tmp_path)
     second = start("cli", [*argv, "--output", str(outputs[1])], str(tmp_path / "cache"), tmp_path)
     assert first["code"] == 0 and first["compiled"] >= 1 and first["loaded"] == 0
