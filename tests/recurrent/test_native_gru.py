@@ -22,6 +22,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+# the kernels at these tests' small shapes too (an autouse fixture), and the float32 comparison
+from test_native_kernels import assert_close, recurrences_of_every_size_native  # noqa: F401
+
 import rnn2jax
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.gru_cell import GRU
@@ -31,16 +34,6 @@ from rnn2jax.lowering.interpreter import lower
 from rnn2jax.native import library
 from rnn2jax.ops.recurrent import forward as forward_module
 from rnn2jax.ops.recurrent.gru_vjp import _gru
-
-
-@pytest.fixture(autouse=True, scope="module")
-def recurrences_of_every_size_native():
-    """rnn2jax runs a recurrence with under library.MIN_STEP_MACS multiply-adds a step on XLA's scan (as
-    fast there); these tests' small shapes are to run the kernels all the same."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(library, "MIN_STEP_MACS", 0)
-        yield
-
 
 TARGET = re.compile(r"rnn2jax_gru_\w+")
 TRAINING = {"rnn2jax_gru_forward_train", "rnn2jax_gru_backward"}
@@ -54,14 +47,6 @@ def native_targets(text: str) -> set[str]:
 
 def native_in_use() -> bool:
     return library.status().in_use
-
-
-def assert_close(actual, expected, what: str):
-    """Within 1e-5 of the value's scale (the harness's float32 tolerance): summation orders differ."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-3)
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-5 * scale, err_msg=what)
 
 
 # -- the compiled net against the plain lowering ---------------------------------------------------------
