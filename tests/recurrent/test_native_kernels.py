@@ -308,6 +308,28 @@ def _training_loss(fn, built):
     return jax.jit(jax.grad(loss))
 
 
+def test_kernels_leave_the_callers_openmp_thread_count_as_it_was():
+    """OpenMP's thread count is a setting of the calling thread that PyTorch's and NumPy's OpenMP builds in the
+    same process read too: a kernel that set it for its call and left it (found when PyTorch, timed after
+    rnn2jax in one process, ran on one thread) would change how fast the user's other code runs."""
+    if not library.status().in_use:
+        pytest.skip(f"the native kernels are not in use here: {library.status().reason}")
+    import ctypes
+
+    openmp = ctypes.CDLL("libgomp.so.1")  # the runtime the kernels were linked with, already loaded
+    before = openmp.omp_get_max_threads()
+    try:
+        openmp.omp_set_num_threads(3)  # neither the one nor the XLA pool's count a kernel would choose
+        x, w, b = (np.ones(shape, np.float32) for shape in ((64, 128), (256, 128), (256,)))
+        net = pb.NetDef(name="fc", op=[make_op("FC", ["x", "w", "b"], ["y"])], external_input=["x", "w", "b"])
+        jax.block_until_ready(jax.jit(lower(load(net)))({"x": x, "w": w, "b": b}))
+        fn, built = _lstm_net()
+        jax.block_until_ready(_training_loss(fn, built)(dict(fn.params)))
+        assert openmp.omp_get_max_threads() == 3
+    finally:
+        openmp.omp_set_num_threads(before)
+
+
 def test_other_platforms_lower_to_the_scan():
     if not library.status().in_use:
         pytest.skip(f"the native kernels are not in use here: {library.status().reason}")

@@ -25,7 +25,7 @@ ffi::Error gemm(ffi::ThreadPool pool, Buffer<F32> a, Buffer<F32> b, Buffer<F32> 
   const int64_t N = trans_b ? bd[0] : bd[1];
   if ((trans_b ? bd[1] : bd[0]) != K || cd[0] != M || cd[1] != N || (count(bias) != 0 && count(bias) != N))
     return ffi::Error::InvalidArgument("rnn2jax_gemm: inconsistent shapes");
-  use_xla_threads(pool, M * N * K);
+  const XlaThreads threads(pool, M * N * K);
   float* C = c->typed_data();
   float beta = 0.0f;
   if (count(bias) != 0) {

@@ -142,7 +142,7 @@ ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F
   const int64_t T = dims[0], N = dims[1], G = dims[2], H = G / 3;
   if (count(h0) != N * H || count(w) != G * H || count(lengths) != N || count(bo) != (lbr ? H : 0))
     return ffi::Error::InvalidArgument("rnn2jax_gru_forward: inconsistent shapes");
-  use_xla_threads(pool, N * G * H);  // a step's GEMMs: 3 N H^2 multiply-adds
+  const XlaThreads threads(pool, N * G * H);  // a step's GEMMs: 3 N H^2 multiply-adds
   const float* X = x.typed_data();
   const float* W = w.typed_data();
   const float* BO = bo.typed_data();
@@ -218,7 +218,7 @@ ffi::Error backward(ffi::ThreadPool pool, Buffer<F32> w, Buffer<F32> h0, Buffer<
   if (count(w) != G * H || count(h0) != N * H || count(lengths) != N || count(r_all) != size ||
       count(u_all) != size || count(o_all) != size || count(o_fc_all) != (lbr ? size : 0) || count(dh_all) != size)
     return ffi::Error::InvalidArgument("rnn2jax_gru_backward: inconsistent shapes");
-  use_xla_threads(pool, N * G * H);  // a step's GEMMs: 3 N H^2 multiply-adds
+  const XlaThreads threads(pool, N * G * H);  // a step's GEMMs: 3 N H^2 multiply-adds
   const float* Hs = h_all.typed_data();
   const float* R = r_all.typed_data();
   const float* U = u_all.typed_data();

@@ -90,7 +90,7 @@ ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F
   const int64_t T = dims[0], N = dims[1], G = dims[2], H = G / 4;
   if (count(h0) != N * H || count(c0) != N * H || count(w) != G * H || count(b) != G || count(lengths) != N)
     return ffi::Error::InvalidArgument("rnn2jax_lstm_forward: inconsistent shapes");
-  use_xla_threads(pool, N * G * H);
+  const XlaThreads threads(pool, N * G * H);
   const float* X = x.typed_data();
   const float* W = w.typed_data();
   const float* B = b.typed_data();
@@ -173,7 +173,7 @@ ffi::Error backward(ffi::ThreadPool pool, Buffer<F32> w, Buffer<F32> c0, Buffer<
       count(g_all) != size || (with_dh && count(dh_all) != size) ||
       (with_dc && count(dc_all) != size) || (with_dgates && count(dgates_out) != 4 * size))
     return ffi::Error::InvalidArgument("rnn2jax_lstm_backward: inconsistent shapes");
-  use_xla_threads(pool, N * G * H);
+  const XlaThreads threads(pool, N * G * H);
   const float* C = c_all.typed_data();
   const int32_t* L = lengths.typed_data();
   float* DG = dgates_all->typed_data();
