@@ -12,9 +12,10 @@ What is compared, per model (benchmarks/models.py) and size T,N,H (input size D 
   `SumElements(Mul(output, cotangent))` and `get_backward_pass`'s ops, i.e. RecurrentNetworkGradient running
   the backward step net, compiled with the parameter and input gradients as outputs); `train_jaxgrad`
   (`jax.grad` of the compiled training model's forward net, to the parameters and inputs).
-- torch: `torch.nn.LSTM` / `nn.GRU` on the CPU with the same weights (gate blocks permuted), `no_grad` for
-  forward, and for training autograd to the weights and the input with the same upstream gradient
-  (`out.backward(cotangent)`: the same fixed random cotangent every framework uses).
+- torch: `torch.nn.LSTM` / `nn.GRU` with the same weights (gate blocks permuted), `no_grad` for forward, and
+  for training autograd to the weights and the input with the same upstream gradient (`out.backward(cotangent)`:
+  the same fixed random cotangent every framework uses). On the CPU, or with `--torch-device cuda` (the default
+  when JAX runs on a GPU) on the GPU, where PyTorch runs cuDNN's RNN kernels.
 - hand JAX: the best hand-written JAX for the same maths (hoisted input projection, folded biases,
   pre-transposed weights, `lax.scan` over the projected inputs), and `jax.grad` of it for training.
 - caffe2: real Caffe2 (torch 1.10.2's build, the .venv-caffe2 interpreter) running the *same* NetDefs (the
@@ -37,6 +38,8 @@ Truthfulness rules:
 - In-process forms are timed interleaved: each round runs every form once (starting position rotated), for
   `--repeats` rounds (at least 3, then until `--max-seconds` per case). Reported times are medians; ratios are
   medians of per-round ratios. Real Caffe2 runs in another process, so its ratio is the ratio of medians.
+- Float32 matmuls in every form (`jax_default_matmul_precision=float32`, PyTorch's TF32 off): Caffe2 computes
+  in float32, and on GPUs both frameworks would otherwise use TF32, whose outputs the check refuses.
 - Threads: XLA (`intra_op_parallelism_threads`), PyTorch (`torch.set_num_threads`) and Caffe2 (OMP/MKL and
   torch threads) all get `--threads` (2). Timed code runs on `jax.devices()[0]` whatever it is.
 - OMP_WAIT_POLICY=PASSIVE (unless set, or `--omp-wait-policy`): PyTorch's OpenMP threads otherwise spin at
@@ -100,6 +103,11 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="PASSIVE",
         help="OMP_WAIT_POLICY for PyTorch and Caffe2 (default PASSIVE; see the docstring), '' to leave it unset",
     )
+    parser.add_argument(
+        "--torch-device",
+        default=None,
+        help="where PyTorch runs: cpu, or cuda (the default when JAX's default device is a GPU and PyTorch sees one)",
+    )
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/latest.json)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -114,6 +122,7 @@ if ARGS is not None:
     os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={ARGS.threads}")
 
 import datetime  # noqa: E402
+import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -218,10 +227,15 @@ def peak_gemm() -> dict:
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     xla = jax.jit(lambda x, y: x @ y)
     xa = jax.device_put(a)
-    ta = torch.from_numpy(a)
+    ta = torch.from_numpy(a).to(harness.TORCH_DEVICE)
     clock = time.process_time if ARGS.cpu_time else time.perf_counter
     rates = {}
-    for name, run in (("xla", lambda: xla(xa, xa).block_until_ready()), ("torch", lambda: torch.mm(ta, ta))):
+
+    def torch_mm():
+        torch.mm(ta, ta)
+        harness._finished(torch)
+
+    for name, run in (("xla", lambda: xla(xa, xa).block_until_ready()), ("torch", torch_mm)):
         run()
         best = float("inf")
         for _ in range(7):
@@ -412,6 +426,7 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "jax_devices": [str(d) for d in jax.devices()],
+        "device_kind": jax.devices()[0].device_kind,
         "jax_backend": jax.default_backend(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "threads": ARGS.threads,
@@ -459,10 +474,21 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def _default_torch_device(torch) -> str:
+    """PyTorch runs where JAX does: on the GPU when JAX's default device is one (and PyTorch sees one)."""
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
 def main() -> None:
     import torch
 
     torch.set_num_threads(ARGS.threads)
+    # Float32 matmuls everywhere, as Caffe2 computes: on GPUs JAX's default precision and PyTorch's cuDNN and
+    # cuBLAS paths use TF32 (a 10-bit mantissa), which the outputs check would rightly refuse.
+    jax.config.update("jax_default_matmul_precision", "float32")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    harness.TORCH_DEVICE = ARGS.torch_device or _default_torch_device(torch)
     unknown = [m for m in ARGS.modes if m not in MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {unknown}; choose from {MODES}")
@@ -472,8 +498,12 @@ def main() -> None:
     for size in sizes:
         for model in ARGS.models:
             t0 = time.perf_counter()
-            rows += run_case(model, size, ARGS.modes)
+            case_rows = run_case(model, size, ARGS.modes)
+            rows += case_rows
             print(f"# {model} {size}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            for r in case_rows:  # as each case ends: a run stopped part-way still leaves its figures
+                times = ", ".join(f"{k} {v:.2f}" for k, v in r["ms"].items() if v is not None)
+                print(f"#   {r['mode']}: {times} ms", file=sys.stderr, flush=True)
     memory = None if ARGS.no_memory else measure_memory(tuple(int(v) for v in ARGS.memory_size.split(",")))
     gemm = peak_gemm()
     for row in rows:
@@ -481,7 +511,10 @@ def main() -> None:
         seconds = row["ms"]["rnn2jax"] / 1e3
         row["gemm_fraction"] = None if flops is None else flops / seconds / (gemm["peak_gflops"] * 1e9)
     clock = "CPU time" if ARGS.cpu_time else "wall clock"
-    print(f"jax {jax.__version__} on {jax.devices()[0]}, torch {torch.__version__}, {ARGS.threads} threads, {clock}")
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0]}, torch {torch.__version__} on {harness.TORCH_DEVICE}, "
+        f"{ARGS.threads} threads, {clock}"
+    )
     print(f"peak GEMM: {gemm['peak_gflops']} GFLOP/s (XLA {gemm['gflops']['xla']}, PyTorch {gemm['gflops']['torch']})")
     print_table(rows)
     if memory is not None:
@@ -490,7 +523,12 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/compare.py", *sys.argv[1:]]),
         "machine": machine_info(),
-        "versions": {"jax": jax.__version__, "jaxlib": jax.lib.__version__, "torch": torch.__version__},
+        "versions": {
+            "jax": jax.__version__,
+            "jaxlib": importlib.metadata.version("jaxlib"),
+            "torch": torch.__version__,
+        },
+        "torch_device": harness.TORCH_DEVICE,
         "caffe2": "skipped" if ARGS.no_caffe2 else (CAFFE2_INFO or "unavailable"),
         "tolerance": {"rtol": RTOL, "atol": ATOL, "atol_scaled_by": "max(1, max|reference|)"},
         "reference": "hand-written JAX (every other form is checked against it before timing)",

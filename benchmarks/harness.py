@@ -151,6 +151,9 @@ def hand_training(case: Case) -> Runner:
 # PyTorch
 
 
+TORCH_DEVICE = "cpu"  # where PyTorch runs: compare.py's --torch-device ("cuda" beside a JAX GPU)
+
+
 def _torch_setup(case: Case):
     import torch
 
@@ -160,8 +163,19 @@ def _torch_setup(case: Case):
     with torch.no_grad():
         for name, value in torch_values.items():
             getattr(module, name).copy_(torch.from_numpy(np.array(value)))
-    tensors = {k: torch.from_numpy(np.array(v)) for k, v in case.inputs.items()}
+    module.to(TORCH_DEVICE)
+    tensors = {k: torch.from_numpy(np.array(v)).to(TORCH_DEVICE) for k, v in case.inputs.items()}
     return torch, module, tensors
+
+
+def _finished(torch) -> None:
+    """A CUDA call returns before the GPU is done: time it to the end of its work, as block_until_ready does."""
+    if TORCH_DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
+def _host(tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy()
 
 
 def torch_forward(case: Case) -> Runner | None:
@@ -171,9 +185,11 @@ def torch_forward(case: Case) -> Runner | None:
 
     def run():
         with torch.no_grad():
-            return case.model.torch_forward(module, tensors)
+            out = case.model.torch_forward(module, tensors)
+        _finished(torch)
+        return out
 
-    return Runner(run=run, result=lambda: run().numpy())
+    return Runner(run=run, result=lambda: _host(run()))
 
 
 def torch_training(case: Case) -> Runner | None:
@@ -183,7 +199,7 @@ def torch_training(case: Case) -> Runner | None:
     torch, module, tensors = _torch_setup(case)
     for name in case.model.grad_inputs:
         tensors[name].requires_grad_(True)
-    cotangent = torch.from_numpy(case.cotangent)
+    cotangent = torch.from_numpy(case.cotangent).to(TORCH_DEVICE)
     names = [name for name, _ in module.named_parameters()]
 
     def run():
@@ -191,15 +207,16 @@ def torch_training(case: Case) -> Runner | None:
         for name in case.model.grad_inputs:
             tensors[name].grad = None
         case.model.torch_forward(module, tensors).backward(cotangent)
+        _finished(torch)
 
     params_jnp = {k: jnp.asarray(v) for k, v in case.params.items()}
     _, to_caffe2 = jax.vjp(case.model.torch_params, params_jnp)
 
     def result():
         run()
-        torch_grads = {n: jnp.asarray(getattr(module, n).grad.numpy()) for n in names}
+        torch_grads = {n: jnp.asarray(_host(getattr(module, n).grad)) for n in names}
         (by_name,) = to_caffe2(torch_grads)
-        by_name = {**by_name, **{n: tensors[n].grad.numpy() for n in case.model.grad_inputs}}
+        by_name = {**by_name, **{n: _host(tensors[n].grad) for n in case.model.grad_inputs}}
         return {b: by_name[b] for b in case.grad_blobs}
 
     return Runner(run=run, result=result)
