@@ -40,8 +40,9 @@ Truthfulness rules:
   medians of per-round ratios. Real Caffe2 runs in another process, so its ratio is the ratio of medians.
 - Float32 matmuls in every form (`jax_default_matmul_precision=float32`, PyTorch's TF32 off): Caffe2 computes
   in float32, and on GPUs both frameworks would otherwise use TF32, whose outputs the check refuses.
-- Threads: XLA (`intra_op_parallelism_threads`), PyTorch (`torch.set_num_threads`) and Caffe2 (OMP/MKL and
-  torch threads) all get `--threads` (2). Timed code runs on `jax.devices()[0]` whatever it is.
+- Threads: XLA (`intra_op_parallelism_threads`), rnn2jax's native kernels (`OMP_NUM_THREADS`), PyTorch
+  (`torch.set_num_threads`) and Caffe2 (OMP/MKL and torch threads) all get `--threads` (2). Timed code runs
+  on `jax.devices()[0]` whatever it is.
 - OMP_WAIT_POLICY=PASSIVE (unless set, or `--omp-wait-policy`): PyTorch's OpenMP threads otherwise spin at
   every barrier, and on a shared machine a descheduled spinner stalls each parallel region; measured here at a
   load average of 13 on 2 cores, `nn.LSTM` at T,N,H = 5,3,8 took 150-300 ms per call spinning and 0.5 ms
@@ -120,6 +121,8 @@ if ARGS is not None:
     if ARGS.omp_wait_policy:
         os.environ.setdefault("OMP_WAIT_POLICY", ARGS.omp_wait_policy)
     os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={ARGS.threads}")
+    # OpenMP's limit, which rnn2jax's native kernels (and PyTorch's OpenMP) keep to: --threads 1 is one thread
+    os.environ.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
 
 import datetime  # noqa: E402
 import importlib.metadata  # noqa: E402

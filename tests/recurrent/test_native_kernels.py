@@ -15,6 +15,7 @@ native call; every other platform lowers the `lax.scan`. Checked here:
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 
@@ -328,6 +329,38 @@ def test_kernels_leave_the_callers_openmp_thread_count_as_it_was():
         assert openmp.omp_get_max_threads() == 3
     finally:
         openmp.omp_set_num_threads(before)
+
+
+THREADS_STARTED = """
+import os
+import jax, jax.numpy as jnp, numpy as np
+from rnn2jax.native import gemm, library
+assert library.status().in_use, library.status().reason
+a, b = jnp.ones((512, 512), np.float32), jnp.ones((512, 512), np.float32)
+jax.jit(lambda a, b: a @ b)(a, b).block_until_ready()  # XLA's own threads exist now
+before = len(os.listdir("/proc/self/task"))
+jax.jit(lambda a, b: gemm.gemm(a, b, trans_a=False, trans_b=True))(a, b).block_until_ready()
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_kernels_keep_to_openmps_thread_limit(limit):
+    """OMP_NUM_THREADS=1 keeps the kernels on one thread (a single-thread benchmark or a user sharing the cores
+    with PyTorch); with two allowed, a GEMM of 2^27 multiply-adds starts OpenMP's second thread. Counted as
+    the process's threads before and after the first kernel call, in a fresh process."""
+    if not library.status().in_use:
+        pytest.skip(f"the native kernels are not in use here: {library.status().reason}")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: XLA's pool has one thread, so no kernel ever starts a second")
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(limit), "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=true"}
+    ran = subprocess.run([sys.executable, "-c", THREADS_STARTED], env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    started = int(ran.stdout.split()[-1])
+    assert started == (0 if limit == 1 else 1), (limit, started)
 
 
 def test_other_platforms_lower_to_the_scan():

@@ -3,6 +3,7 @@
 #pragma once
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -22,19 +23,19 @@ inline void sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, flo
   dnnl_sgemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// The kernel uses the threads of XLA's intra-op pool for this executable (one when XLA runs single-threaded),
-// through oneDNN's OpenMP team, when a step has the work to pay for waking them: below about four million
-// multiply-adds a step (measured: (T, N, H) = (200, 16, 128) ran 1.2x slower on two threads than on one),
-// one thread. OpenMP's thread count is a setting of the calling thread, which other libraries in the process
-// share (PyTorch's and NumPy's OpenMP builds read the same libgomp setting): a kernel sets it for its own call
-// only and puts the caller's back when it returns.
+// The kernel uses the threads of XLA's intra-op pool for this executable, through oneDNN's OpenMP team, but
+// never more than OpenMP allows the calling thread (OMP_NUM_THREADS=1 runs them on one thread), and only when
+// a step has the work to pay for waking them: below about four million multiply-adds a step (measured: (T, N, H) = (200, 16, 128)
+// ran 1.2x slower on two threads than on one), one thread. OpenMP's thread count is a setting of the calling
+// thread that other libraries in the process share (PyTorch's and NumPy's OpenMP builds read the same libgomp
+// setting): a kernel sets it for its own call only and puts the caller's back when it returns.
 inline constexpr int64_t kParallelStepMacs = int64_t{1} << 22;
 
 class XlaThreads {
  public:
   explicit XlaThreads(ffi::ThreadPool& pool, int64_t macs_per_step = kParallelStepMacs)
       : callers_(omp_get_max_threads()) {
-    const int64_t threads = macs_per_step >= kParallelStepMacs ? pool.num_threads() : 1;
+    const int64_t threads = macs_per_step >= kParallelStepMacs ? std::min<int64_t>(pool.num_threads(), callers_) : 1;
     omp_set_num_threads(static_cast<int>(threads > 0 ? threads : 1));
   }
   ~XlaThreads() { omp_set_num_threads(callers_); }
