@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ...ops.backward_pass import get_backward_pass, get_ssa, get_undefined_blobs
+from ...ops.recurrent.backward_step import State, backward_step
 from ...proto import caffe2_pb2 as pb
 from .core import BlobReference, CreateOperator, Net
+from .scope import CurrentDeviceScope
 
 
 def recurrent_net(
@@ -53,25 +54,10 @@ def recurrent_net(
         known.append(str(timestep))
     references = [BlobReference(b) for b in cell.external_input if b not in known]
 
-    backward = None
-    if not forward_only:
-        ys = {o: o + "_grad" for o in cell.external_output}
-        backward_ops, backward_mapping = get_backward_pass(cell.op, ys)
-        recompute = list(dict.fromkeys(str(b) for b in recompute_blobs_on_backward or ()))
-        backward = Net("RecurrentBackwardStep")
-        backward.Proto().op.extend(_recompute_ops(cell.op, recompute))
-        backward.Proto().op.extend(backward_ops)
-        backward_ssa, backward_versions = get_ssa(backward.Proto())
-        undefined = get_undefined_blobs(backward_ssa)
-        _, versions = get_ssa(cell)
-        scratches = [b for b, v in versions.items() if v > 0 and b in undefined and b not in cell.external_output]
-        backward.Proto().external_input.extend(scratches)
-        backward.Proto().type = "simple"
-
     all_inputs = [i[1] for i in inputs] + [x[1] for x in initial_cell_inputs] + references
     all_outputs: list[str] = []
     cell.type = "simple"
-    forward_links, backward_links, aliases, states = [], [], [], []
+    forward_links, aliases, states = [], [], []
     for cell_input, _ in initial_cell_inputs:
         cell_input = str(cell_input)
         state = s(cell_input + "_states")
@@ -79,35 +65,30 @@ def recurrent_net(
         forward_links += [(cell_input, state, 0), (cell_output, state, 1)]
         aliases += [(state, cell_output + "_all", 1), (state, cell_output + "_last", -1)]
         all_outputs += [cell_output + "_all", cell_output + "_last"]
-        states.append(state)
-        if backward is not None:
-            backward_links.append((cell_output + "_grad", state + "_grad", 1))
-            backward.Proto().external_input.append(str(cell_output) + "_grad")
-            # nobody writes the prev-state gradient (e.g. it only feeds a Sum): link its pass-through
-            prev_grad = cell_input + "_grad"
-            source = prev_grad if backward_versions.get(prev_grad, 0) else backward_mapping[cell_input]
-            backward_links.append((source, state + "_grad", 0))
+        states.append(State(cell_input, str(cell_output), state))
     for input_t, input_blob in inputs:
         forward_links.append((str(input_t), str(input_blob), 0))
 
     backward_args: dict[str, Any] = {}
-    if backward is not None:
-        for input_t, input_blob in inputs:
-            backward_links.append((backward_mapping[str(input_t)], str(input_blob) + "_grad", 0))
-        backward.Proto().external_input.extend(cell.external_input)
-        backward.Proto().external_input.extend(cell.external_output)
-        _accumulate_external_gradients(backward.Proto())
-        params = [p for p in references if p in backward_mapping]
+    if not forward_only:
+        recompute = list(dict.fromkeys(str(b) for b in recompute_blobs_on_backward or ()))
+        ((input_t, input_blob),) = inputs
+        made = backward_step(
+            cell, str(input_t), str(input_blob), states, [str(r) for r in references], recompute,
+            CurrentDeviceScope(),
+        )  # fmt: skip
+        backward = Net("RecurrentBackwardStep")
         backward_args = {
-            "param": [all_inputs.index(p) for p in params],
-            "backward_link_internal": [str(link[0]) for link in backward_links],
-            "backward_link_external": [str(link[1]) for link in backward_links],
-            "backward_link_offset": [link[2] for link in backward_links],
+            "param": [all_inputs.index(p) for p in made.params],
+            "backward_link_internal": [link[0] for link in made.links],
+            "backward_link_external": [link[1] for link in made.links],
+            "backward_link_offset": [link[2] for link in made.links],
             "outputs_with_grads": list(outputs_with_grads),
             "recompute_blobs_on_backward": recompute,
-            "param_grads": [str(backward_mapping[p]) for p in params],
+            "param_grads": list(made.param_grads),
         }
-        if backward.Proto().op:
+        if made.net.op:
+            backward.Proto().MergeFrom(made.net)
             backward_args["backward_step_net"] = backward.Proto()
 
     results = net._CreateAndAddToSelf(
@@ -117,7 +98,7 @@ def recurrent_net(
         alias_src=[a[0] for a in aliases],
         alias_dst=[str(a[1]) for a in aliases],
         alias_offset=[a[2] for a in aliases],
-        recurrent_states=states,
+        recurrent_states=[state.name for state in states],
         initial_recurrent_state_ids=[all_inputs.index(str(x[1])) for x in initial_cell_inputs],
         link_internal=[str(link[0]) for link in forward_links],
         link_external=[str(link[1]) for link in forward_links],
@@ -128,50 +109,6 @@ def recurrent_net(
         **backward_args,
     )
     return list(results[:-1])
-
-
-def _recompute_ops(ops: Iterable[pb.OperatorDef], recompute: list[str]) -> list[pb.OperatorDef]:
-    """Forward ops writing a recomputed blob, in forward order; they may write nothing else."""
-    selected = []
-    for op in ops:
-        if set(recompute).isdisjoint(op.output):
-            continue
-        if not set(op.output) <= set(recompute):
-            raise ValueError(f"op {op.type} writes blobs besides recompute_blobs_on_backward: {list(op.output)}")
-        selected.append(op)
-    return selected
-
-
-def _accumulate_external_gradients(proto: pb.NetDef) -> None:
-    """The `_accum` rewrite: an op output (not also an input) that is an external input of B is renamed
-    `<x>_accum` and `Sum([x, x_accum]) -> x` follows, so B adds to an externally provided gradient.
-
-    Caffe2 built these Sums with `Net.Sum`, whose table of defined blobs was filled once, at the first
-    such Sum; ops re-added to the proto afterwards were not in it, so a later `<x>_accum` input counted
-    as undefined and was appended to B's external inputs. That quirk is reproduced.
-    """
-    ops = list(proto.op)
-    del proto.op[:]
-    defined: set[str] | None = None
-    for op in ops:
-        proto.op.append(op)
-        added = proto.op[-1]
-        for j, output in enumerate(list(added.output)):
-            if output not in proto.external_input or output in added.input:
-                continue
-            accum = output + "_accum"
-            added.output[j] = accum
-            if defined is None:
-                defined = {o for o2 in proto.op for o in o2.output} | set(proto.external_input)
-            for blob in (output, accum):
-                if blob not in defined:
-                    proto.external_input.append(blob)
-                    defined.add(blob)
-            # BlobReferences: plain strings would get the current name scope prepended a second time
-            proto.op.append(
-                CreateOperator("Sum", [BlobReference(output), BlobReference(accum)], [BlobReference(output)])
-            )
-            defined.add(output)
 
 
 def retrieve_step_blobs(net: Net, prefix: str = "rnn") -> list[bytes]:

@@ -439,30 +439,10 @@ def _lstm(
         dh0s, dc0s = tuple(s[0] for s in first), tuple(s[1] for s in first)
         return d_gates[0], dh0s, dc0s, dws, dbs, dwis, dbs[1:]
 
-    def native_backward(residuals, cts):
-        h0s, c0s, ws, wis, h_rows, c_rows, ifog, valid = residuals
-        d_h_rows, d_c_rows, d_h_last, d_c_last, d_gates_out = cts
-        lengths = _native_lengths(valid, *h_rows[0].shape[:2])
-        dxs, dh0s, dc0s, dws, dbs, dwis = [None] * depth, [None] * depth, [None] * depth, [None] * depth, [], []
-        d_below = None
-        for k in reversed(range(depth)):
-            dh = _plus(d_h_rows[k], d_below)
-            dh = _plus_last(dh, d_h_last[k], h_rows[k])
-            dc = _plus_last(d_c_rows[k], d_c_last[k], c_rows[k])
-            dxs[k], dh0s[k], dc0s[k] = native_lstm.lstm_backward(
-                ws[k], c0s[k], c_rows[k], ifog[k], lengths, dh, dc, d_gates_out[k], drop_states=drop_states[k]
-            )
-            h_prev = jnp.concatenate([h0s[k][None], h_rows[k][:-1]])
-            dws[k] = native_gemm.rows_contraction(dxs[k], h_prev)
-            if k:
-                dwis.insert(0, native_gemm.rows_contraction(dxs[k], h_rows[k - 1]))
-                d_below = native_gemm.rows_times(dxs[k], wis[k - 1], w_is_n_by_k=False)
-        dbs = tuple(jnp.sum(dx, axis=(0, 1)) for dx in dxs)
-        return dxs[0], tuple(dh0s), tuple(dc0s), tuple(dws), dbs, tuple(dwis), dbs[1:]
-
     def lstm_bwd(residuals, cotangents):
         cts = jax.tree.map(lambda ct: None if _zero(ct) else ct, cotangents, is_leaf=_zero)
         if native:
+            native_backward = partial(_native_backward, drop_states)
             grads = lax.platform_dependent(residuals, cts, cpu=native_backward, default=scan_backward)
         else:
             grads = scan_backward(residuals, cts)
@@ -470,6 +450,59 @@ def _lstm(
 
     lstm.defvjp(lstm_fwd, lstm_bwd, symbolic_zeros=True)
     return lstm
+
+
+def _native_backward(drop_states: tuple[bool, ...], residuals, cts):
+    """The stack's VJP on the native kernels: per layer, from the top down, one `rnn2jax_lstm_backward`
+    call for the recurrence, then the weight gradients as one GEMM each over all steps."""
+    h0s, c0s, ws, wis, h_rows, c_rows, ifog, valid = residuals
+    d_h_rows, d_c_rows, d_h_last, d_c_last, d_gates_out = cts
+    depth = len(drop_states)
+    lengths = _native_lengths(valid, *h_rows[0].shape[:2])
+    dxs, dh0s, dc0s, dws, dbs, dwis = [None] * depth, [None] * depth, [None] * depth, [None] * depth, [], []
+    d_below = None
+    for k in reversed(range(depth)):
+        dh = _plus(d_h_rows[k], d_below)
+        dh = _plus_last(dh, d_h_last[k], h_rows[k])
+        dc = _plus_last(d_c_rows[k], d_c_last[k], c_rows[k])
+        dxs[k], dh0s[k], dc0s[k] = native_lstm.lstm_backward(
+            ws[k], c0s[k], c_rows[k], ifog[k], lengths, dh, dc, d_gates_out[k], drop_states=drop_states[k]
+        )
+        h_prev = jnp.concatenate([h0s[k][None], h_rows[k][:-1]])
+        dws[k] = native_gemm.rows_contraction(dxs[k], h_prev)
+        if k:
+            dwis.insert(0, native_gemm.rows_contraction(dxs[k], h_rows[k - 1]))
+            d_below = native_gemm.rows_times(dxs[k], wis[k - 1], w_is_n_by_k=False)
+    dbs = tuple(jnp.sum(dx, axis=(0, 1)) for dx in dxs)
+    return dxs[0], tuple(dh0s), tuple(dc0s), tuple(dws), dbs, tuple(dwis), dbs[1:]
+
+
+def native_stack_backward(
+    stack: LSTMStack,
+    h0s: tuple[jax.Array, ...],
+    c0s: tuple[jax.Array, ...],
+    ws: tuple[jax.Array, ...],
+    wis: tuple[jax.Array, ...],
+    h_rows: tuple[jax.Array, ...],
+    c_rows: tuple[jax.Array, ...],
+    gates: tuple[jax.Array, ...],
+    valid: jax.Array | None,
+    cts: tuple,
+) -> tuple:
+    """The custom VJP's native backward for a RecurrentNetworkGradient whose backward step net is
+    Caffe2's own for this stack (gradient.py decides that): `(d x, d h0s, d c0s, d Ws, d bs, d Wis, d bis)`
+    from the forward's rows ([N, H] initial rows, [T, N, H] rows per layer), the Sums' pre-activations
+    the forward saved for the backward step net ([T, N, 4H] per layer) and the cotangents
+    `(d h rows, d c rows, d h_T, d c_T, d gates)` per layer (None for zero). The kernel takes the
+    activated gates: they are evaluated here from the pre-activations, elementwise, as LSTMUnitGradient
+    does per step (no matmul)."""
+    ifog = []
+    for layer, pre in zip(stack.layers, gates, strict=True):
+        x_i, x_f, x_o, x_g = jnp.split(pre, 4, axis=-1)
+        ifog.append((_sigmoid(x_i), _sigmoid(x_f + layer.forget_bias), _sigmoid(x_o), _tanh(x_g)))
+    drop_states = tuple(layer.drop_states for layer in stack.layers)
+    residuals = (h0s, c0s, ws, wis, h_rows, c_rows, tuple(ifog), valid)
+    return _native_backward(drop_states, residuals, cts)
 
 
 def _native_lengths(valid: jax.Array | None, steps: int, batch: int) -> jax.Array:

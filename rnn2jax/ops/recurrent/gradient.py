@@ -10,8 +10,21 @@ gradients (`param_grads`) are summed over steps. The gradient of the `_last` out
 row of `S_grad` before the loop; initial-state gradients are its first rows afterwards (summed over the
 batch for a 1-D initial state).
 
-This runs the backward net exactly as written, so a wrong backward net gives wrong gradients here, just
-as it did in Caffe2: that is what `rnn2jax.verify` compares against `jax.vjp` of the forward scan.
+This runs the backward net as written, so a wrong backward net gives wrong gradients here, just as it
+did in Caffe2: that is what `rnn2jax.verify` compares against `jax.vjp` of the forward scan.
+
+One exception, on CPU: when the step net is a recognised LSTM stack (cell_vjp.recognise: Caffe2's
+`FC -> Sum -> LSTMUnit` cells) and the op's backward step net, backward links, `param` and `param_grads`
+are exactly what Caffe2's `recurrent_net` generates from that step net (regenerated here from the op's
+own step net by backward_step.py and compared op by op: type, inputs, outputs, arguments), the reverse
+loop runs on the native LSTM backward kernel, as the custom VJP's does, and the weight gradients are one
+GEMM each after it (`native_plan`, `_native_backward`). That is safe because such a backward net is then
+known to compute the stack's VJP (Caffe2's own gradient of that step net, which the tests check against
+real Caffe2 and JAX for every LSTMUnit option), with the op's `_all` and `_last` output gradients as the
+cotangents; it reads the same forward blobs (the states and the Sums' pre-activations the forward kept).
+Any other backward net, a hand-edited one above all, is not the recognised case and runs op by op: a
+wrong one keeps giving its wrong gradients. Other platforms (`lax.platform_dependent`), other dtypes,
+small steps (`rnn2jax.native.recurrence_eligible`), `lower(net, plain=True)` and T = 0 run the scan too.
 """
 
 from __future__ import annotations
@@ -28,9 +41,12 @@ import numpy as np
 from jax import lax
 
 from ...errors import BadArgumentError, MissingBlobError, ShapeError
-from ...ir.netdef import Op
+from ...ir.netdef import Op, decode_net
+from ...native import recurrence_eligible
 from ..facets import GRADIENT_OP, NO_ROLES, NO_SHAPE_RULE, Absent
 from ..registry import LowerNet, declare_family, register
+from .backward_step import State, backward_step, expected_links, net_proto, references_of, same_net
+from .cell_vjp import LSTMStack, _shapes_fit, native_stack_backward, recognise
 from .coverage import check_backward_reads, check_gradient_rows, unwritten_fill
 from .deferred import NOTHING_DEFERRED, find_deferred
 from .forward import StateViews, rows_at
@@ -58,6 +74,15 @@ class CompactLinks:
     reads: dict[str, str]  # row t + 1, read
     writes: dict[str, str]  # row t, written
     input: str | None  # the input sequence's gradient, row t
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    """A backward step net found to be Caffe2's own for a recognised LSTM stack (`_native_plan`)."""
+
+    stack: LSTMStack
+    states: dict[str, tuple[int, str]]  # recurrent state -> (layer, "h" or "c")
+    params: tuple[tuple[tuple[str, int], ...], ...]  # per ParamGrad: its (slot, layer) uses in the stack
 
 
 class RecurrentGradientLowering:
@@ -127,6 +152,78 @@ class RecurrentGradientLowering:
                 f"{op.where}: expected {expected_outputs} outputs (input gradient, {len(self.params)} "
                 f"parameter gradients, {len(spec.states)} initial-state gradients), got {len(op.outputs)}"
             )
+        self.native_plan = None if getattr(self.backward, "plain", False) else self._native_plan()
+
+    def _native_plan(self) -> NativePlan | None:
+        try:
+            return self._find_native_plan()
+        except Exception:  # a net the recogniser or Caffe2's gradient makers refuse: the scan says what is wrong
+            return None
+
+    def _find_native_plan(self) -> NativePlan | None:
+        """The stack, when the step net is a recognised LSTM stack (cell_vjp.recognise) and everything that
+        decides this op's gradient is what Caffe2's `recurrent_net` makes from that step net: the forward
+        links and inputs in its order, no recomputed blob, no memonger renames, and the backward step net,
+        backward links, `param` and `param_grads` equal to what `backward_step` regenerates from the op's
+        own step net. Then the backward step net is Caffe2's gradient of the stack, whose VJP the native
+        kernels compute (outputs_with_grads and `_last` gradients are the cotangents), so it runs there;
+        anything else (a hand-edited backward step net above all) keeps the scan of the net as written."""
+        op, spec = self.op, self.spec
+        if spec.recompute or self.compact is None or any(name.endswith(".rename") for name in op.args):
+            return None
+        if any(link.window != 1 for link in spec.links):
+            return None
+        positions = tuple(range(len(spec.step_net.ops)))
+        written = {name for o in spec.step_net.ops for name in o.outputs}
+        backward = spec.backward_step_net
+        reads = set(backward.external_inputs) | {n for o in backward.ops for n in o.inputs}
+        skip = {link.internal for link in spec.links} | {spec.timestep}
+        view = _StepView(spec, positions, tuple(sorted((reads & written) - skip)))
+        stack = recognise(view)
+        if stack is None or any(layer.gates is None for layer in stack.layers):
+            return None
+        states, by_state = [], {}
+        for state in spec.states:
+            rows = {link.offset: link.internal for link in spec.links if link.external == state}
+            if set(rows) != {0, 1}:
+                return None
+            states.append(State(rows[0], rows[1], state))
+        for k, layer in enumerate(stack.layers):
+            by_state |= {layer.hidden: (k, "h"), layer.cell: (k, "c")}
+        input_blob = self.forward_inputs[0]
+        inputs = [link for link in spec.links if link.external not in spec.states]
+        if len(inputs) != 1 or stack.sequence != input_blob:
+            return None
+        input_t = inputs[0].internal
+        if tuple((lk.internal, lk.external, lk.offset) for lk in spec.links) != expected_links(
+            states, input_t, input_blob
+        ):
+            return None
+        initials = [self.forward_inputs[i] for i in spec.initial_ids]
+        cell = net_proto(spec.step_net)
+        known = [input_t, *initials, *(s.cell_input for s in states), spec.timestep]
+        references = references_of(cell, known)
+        if list(self.forward_inputs) != [input_blob, *initials, *references]:
+            return None
+        made = backward_step(cell, input_t, input_blob, states, references)
+        regenerated = decode_net(made.net, "a regenerated backward step net")
+        if (
+            tuple((lk.internal, lk.external, lk.offset) for lk in self.backward_links) != made.links
+            or op.ints("param", ()) != tuple(self.forward_inputs.index(p) for p in made.params)
+            or op.strings("param_grads", ()) != made.param_grads
+            or not same_net(regenerated, backward)
+        ):
+            return None
+        slots = {}
+        for k, layer in enumerate(stack.layers):
+            for slot in ("weight", "bias", "input_weight", "input_bias"):
+                name = getattr(layer, slot)
+                if name is not None:
+                    slots.setdefault(name, []).append((slot, k))
+        params = tuple(tuple(slots.get(self.forward_inputs[p.input_index], ())) for p in self.params)
+        if not all(params):
+            return None
+        return NativePlan(stack, by_state, params)
 
     def _compact_links(self) -> CompactLinks | None:
         """The backward links of the compact form, if they have it: each state's gradient viewed at
@@ -249,18 +346,99 @@ class RecurrentGradientLowering:
         }
         compact = self.compact is not None and all(states[s].shape[0] == steps + 1 for s in spec.states)
         scan = self._scan_rows if compact else self._scan_buffers
-        state_grads, input_grad, looped, operands = scan(
-            states, outer, sequence, last, params, per_step, scratch, steps
-        )
-        results = [input_grad]
-        for i, param in enumerate(params):
-            if i in self.deferred.terms:
-                results.append(self._deferred_total(i, param, operands, steps))
-            else:
-                results.append(looped[i])
-        for s, index in zip(spec.states, spec.initial_ids, strict=True):
-            results.append(_initial_gradient(state_grads[self.state_grads[s]], forward[self.forward_inputs[index]]))
-        return tuple(results)
+
+        def scanned() -> tuple:
+            state_grads, input_grad, looped, operands = scan(
+                states, outer, sequence, last, params, per_step, scratch, steps
+            )
+            results = [input_grad]
+            for i, param in enumerate(params):
+                if i in self.deferred.terms:
+                    results.append(self._deferred_total(i, param, operands, steps))
+                else:
+                    results.append(looped[i])
+            for s, index in zip(spec.states, spec.initial_ids, strict=True):
+                initial = forward[self.forward_inputs[index]]
+                results.append(_initial_gradient(state_grads[self.state_grads[s]], initial))
+            return tuple(results)
+
+        native = None
+        if compact:
+            native = self._native_backward(states, outer, forward, sequence, last, params, per_step, scratch, steps)
+        if native is None:
+            return scanned()
+        # the CPU lowering runs the kernels; every other platform the scan of the backward step net
+        return lax.platform_dependent(cpu=native, default=scanned)
+
+    def _native_backward(self, states, outer, forward, sequence, last, params, per_step, scratch, steps):
+        """The native form of this op's results (a function of nothing, for lax.platform_dependent), when
+        the backward step net is Caffe2's own for a recognised stack (`native_plan`) and the arrays are the
+        kernels' case (float32, the shapes the stack's FCs and LSTMUnits take, enough work a step); else None."""
+        plan = self.native_plan
+        if plan is None or not steps or unwritten_fill() is not None:
+            return None
+        layers = plan.stack.layers
+        try:
+            ws = tuple(outer[layer.weight] for layer in layers)
+            bs = tuple(outer[layer.bias] for layer in layers)
+            wis = tuple(outer[layer.input_weight] for layer in layers[1:])
+            bis = tuple(outer[layer.input_bias] for layer in layers[1:])
+            lengths = outer[plan.stack.lengths] if plan.stack.lengths is not None else None
+            pre = tuple(scratch[layer.gates] for layer in layers)
+        except KeyError:
+            return None
+        h0s = tuple(states[layer.hidden][:1] for layer in layers)
+        c0s = tuple(states[layer.cell][:1] for layer in layers)
+        if not _shapes_fit(sequence, h0s, c0s, ws, bs, wis, bis, lengths, steps):
+            return None
+        batch = sequence.shape[1]
+        if not recurrence_eligible(sum(batch * w.shape[0] * w.shape[1] for w in (*ws, *wis)), sequence.dtype):
+            return None
+        gate_shapes = tuple((steps, batch, w.shape[0]) for w in ws)
+        if any(
+            p.dtype != sequence.dtype or p.size != math.prod(shape) for p, shape in zip(pre, gate_shapes, strict=True)
+        ):
+            return None
+        all_rows = {s: per_step["all_grads"][self.state_grads[s]] for s in self.all_grads}
+        if any(go.shape != (steps, *states[s].shape[1:]) for s, go in all_rows.items()):
+            return None  # a gradient the scan broadcasts into the rows: left to it
+        depth = len(layers)
+
+        def run() -> tuple:
+            cts = [[None] * depth for _ in range(5)]
+            for s, (k, kind) in plan.states.items():
+                at = 0 if kind == "h" else 1
+                if s in all_rows:
+                    cts[at][k] = all_rows[s].astype(sequence.dtype)
+                if self.state_grads[s] in last:
+                    cts[2 + at][k] = last[self.state_grads[s]].astype(sequence.dtype)
+            valid = None
+            if lengths is not None:
+                valid = (jnp.arange(steps, dtype=jnp.int32)[:, None] < jnp.reshape(lengths, (1, -1)))[..., None]
+            dx, dh0s, dc0s, dws, dbs, dwis, dbis = native_stack_backward(
+                plan.stack,
+                tuple(h[0] for h in h0s),
+                tuple(c[0] for c in c0s),
+                ws,
+                wis,
+                tuple(states[layer.hidden][1:] for layer in layers),
+                tuple(states[layer.cell][1:] for layer in layers),
+                tuple(jnp.reshape(p, shape) for p, shape in zip(pre, gate_shapes, strict=True)),
+                valid,
+                tuple(tuple(c) for c in cts),
+            )
+            by_slot = {"weight": dws, "bias": dbs, "input_weight": (None, *dwis), "input_bias": (None, *dbis)}
+            results = [jnp.reshape(dx, sequence.shape).astype(sequence.dtype)]
+            for uses, param in zip(plan.params, params, strict=True):
+                total = sum(by_slot[slot][k] for slot, k in uses)
+                results.append(jnp.reshape(total, param.shape).astype(param.dtype))
+            for s, index in zip(self.spec.states, self.spec.initial_ids, strict=True):
+                k, kind = plan.states[s]
+                row = (dh0s if kind == "h" else dc0s)[k][None]
+                results.append(_initial_gradient(row, forward[self.forward_inputs[index]]))
+            return tuple(results)
+
+        return run
 
     # -- the two forms of the reverse scan -----------------------------------------------------
 
@@ -461,6 +639,16 @@ class RecurrentGradientLowering:
 
     def _forward_source(self, link, states, outer) -> jax.Array:
         return states[link.external] if link.external in states else outer[link.external]
+
+
+@dataclass(frozen=True)
+class _StepView:
+    """What cell_vjp.recognise reads of a forward lowering: the spec, the per-step op positions, the
+    forward blobs the backward step net reads (step_workspaces scratches)."""
+
+    spec: Any
+    per_step: tuple[int, ...]
+    scratch_names: tuple[str, ...]
 
 
 def _initial_rows(state: Any, steps: Any) -> int | None:
