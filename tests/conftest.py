@@ -9,16 +9,27 @@ from pinned_examples import ExploredExamples, PinnedExamples, pin, read_index, s
 from rnn2jax.checking.oracle import Caffe2Oracle, find_python39
 from rnn2jax.errors import Rnn2JaxError
 
+CAFFE2_PLUGIN = "rnn2jax.caffe2.pytest_plugin"
 
-def _compile_at_llvm_o0() -> None:
+
+def _compile_at_llvm_o0(config: pytest.Config) -> None:
     """The test processes compile with XLA's LLVM backend at -O0, as C++ projects run their tests on debug
     builds: most of the suite's time is XLA compiling thousands of small, distinct programs, and -O0 takes
     about 40% less time on each. The HLO is the same; a float result may differ from -O2's in its last bit
     (where -O2 contracts a multiply and an add), far inside every tolerance. XLA reads XLA_FLAGS once, when
     JAX starts its backend here, and the variable is put back at once, so the programs the tests start as
     subprocesses (the README's and docs' commands, the examples, `rnn2jax exec`) compile as users' do.
-    RNN2JAX_TEST_XLA_O2=1 keeps -O2 in the test processes too."""
-    if os.environ.get("RNN2JAX_TEST_XLA_O2") or jax._src.xla_bridge.backends_are_initialized():
+    RNN2JAX_TEST_XLA_O2=1 keeps -O2 in the test processes too.
+
+    Not in the Caffe2-style process (CAFFE2_PLUGIN): Caffe2's own test files run there, and some compare two
+    nets at 1e-7 (rnn_cell_test's test_unroll_lstm), which the last bit decides. This conftest is loaded
+    there only when a path under tests/ is collected too, so -O0 would give Caffe2's files other numbers
+    beside tests/caffe2_style than alone: they compile as users' programs do, whatever runs with them."""
+    if (
+        os.environ.get("RNN2JAX_TEST_XLA_O2")
+        or config.pluginmanager.has_plugin(CAFFE2_PLUGIN)
+        or jax._src.xla_bridge.backends_are_initialized()
+    ):
         return
     before = os.environ.get("XLA_FLAGS")
     os.environ["XLA_FLAGS"] = f"{before or ''} --xla_backend_optimization_level=0".strip()
@@ -31,7 +42,9 @@ def _compile_at_llvm_o0() -> None:
             os.environ["XLA_FLAGS"] = before
 
 
-_compile_at_llvm_o0()
+def pytest_configure(config: pytest.Config) -> None:
+    _compile_at_llvm_o0(config)
+
 
 # The tests and the programs they start compile without JAX's persistent cache (rnn2jax/compiler/cache.py),
 # which the command line turns on by default: nothing is written into the user's cache, and every run
@@ -109,7 +122,7 @@ def pytest_ignore_collect(collection_path, config):
     """tests/caffe2_style holds Caffe2-style tests: they import `caffe2` (rnn2jax.caffe2.install) and Caffe2's
     hypothesis_test_util, which loads its own hypothesis profile, so they run in their own pytest process
     under rnn2jax.caffe2.pytest_plugin (`make test` does both)."""
-    if collection_path.name == "caffe2_style" and not config.pluginmanager.has_plugin("rnn2jax.caffe2.pytest_plugin"):
+    if collection_path.name == "caffe2_style" and not config.pluginmanager.has_plugin(CAFFE2_PLUGIN):
         return True
     return None
 
