@@ -41,6 +41,7 @@ HANDLERS = (
     "rnn2jax_lstm_backward",
     "rnn2jax_gemm",
     "rnn2jax_gru_forward",
+    "rnn2jax_gru_forward_fc",
     "rnn2jax_gru_forward_train",
     "rnn2jax_gru_backward",
 )

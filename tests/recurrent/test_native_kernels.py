@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -193,6 +194,38 @@ def lstm_sizes(draw):
     }
 
 
+@dataclass(frozen=True)
+class Caffe2Training:
+    """A builder cell's training net (`get_backward_pass`: the backward step net) and what Caffe2 gave."""
+
+    net: pb.NetDef
+    grad_map: dict[str, str]  # blob -> its gradient blob
+    output_grads: dict[str, np.ndarray]  # the random gradients of the cell's outputs
+    differentiable: dict[str, np.ndarray]  # the float inputs and parameters, whose gradients are fetched
+    feeds: dict[str, np.ndarray]  # the inputs and output gradients (the parameters aside)
+    fetch: list[str]
+    grads: dict[str, np.ndarray]  # Caffe2's values of `fetch`
+
+
+def caffe2_training(caffe2, cell: str, s: dict):
+    """(the built cell, its random parameters, Caffe2Training): Caffe2 runs the forward net, its outputs
+    checked against rnn2jax's, then the training net with random output gradients."""
+    reset_net_names()
+    rng = np.random.default_rng(s["seed"])
+    built = CELLS[cell](s, rng)
+    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
+    params = random_params(built.model, rng)
+    outputs = run_caffe2(caffe2, init, net, {**built.inputs, **params}, built.outputs)
+    assert_blobs_equal(run_compiled(init, net, params, built.inputs, built.outputs), outputs)
+    train, grad_map = training_net(net, built.grad_outputs)
+    output_grads = {y: (rng.standard_normal(outputs[y].shape)).astype(np.float32) for y in built.grad_outputs}
+    differentiable = {n: v for n, v in {**built.inputs, **params}.items() if v.dtype.kind == "f"}
+    feeds = {**built.inputs, **{f"{y}_grad": g for y, g in output_grads.items()}}
+    fetch = [grad_map[n] for n in differentiable]
+    grads = run_caffe2(caffe2, init, train, {**feeds, **params}, fetch)
+    return built, params, Caffe2Training(train, grad_map, output_grads, differentiable, feeds, fetch, grads)
+
+
 @pytest.mark.parametrize("cell", NATIVE_CELLS)
 @settings(max_examples=1, deadline=None)
 @given(s=lstm_sizes())
@@ -202,22 +235,10 @@ def test_builder_cells_through_kernels_equal_caffe2(caffe2, cell, s):
     """Forward outputs; then jax.vjp of the compiled net, and the compiled training net (its forward writes
     the step blobs the backward step net reads), against Caffe2's training net (the builder's backward
     step net) with the same output gradients: every input and parameter gradient."""
-    reset_net_names()
-    rng = np.random.default_rng(s["seed"])
-    built = CELLS[cell](s, rng)
+    built, params, training = caffe2_training(caffe2, cell, s)
     init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
-    params = random_params(built.model, rng)
     fn = rnn2jax.compile(net, init_net=init, params=params, outputs=built.outputs)
-    want = run_caffe2(caffe2, init, net, {**built.inputs, **params}, built.outputs)
-    assert_blobs_equal({k: np.asarray(v) for k, v in fn(built.inputs).items()}, want)
-
-    train, grad_map = training_net(net, built.grad_outputs)
-    output_grads = {y: (rng.standard_normal(want[y].shape)).astype(np.float32) for y in built.grad_outputs}
-    differentiable = {n: v for n, v in {**built.inputs, **params}.items() if v.dtype.kind == "f"}
-    feeds = {**built.inputs, **{f"{y}_grad": g for y, g in output_grads.items()}}
-    fetch = [grad_map[n] for n in differentiable]
-    want = run_caffe2(caffe2, init, train, {**feeds, **params}, fetch)
-    fixed = {n: v for n, v in built.inputs.items() if n not in differentiable}
+    fixed = {n: v for n, v in built.inputs.items() if n not in training.differentiable}
 
     def selected(values):
         outputs = fn.apply(
@@ -227,10 +248,10 @@ def test_builder_cells_through_kernels_equal_caffe2(caffe2, cell, s):
 
     vjp = jax.jit(lambda values, cts: jax.vjp(selected, values)[1](cts)[0])
     if library.status().in_use:
-        assert native_targets(vjp.lower(differentiable, output_grads).as_text()) == NATIVE_CELLS[cell]
-    grads = vjp(differentiable, output_grads)
-    assert_blobs_equal({grad_map[n]: np.asarray(g) for n, g in grads.items()}, want)
-    assert_blobs_equal(run_compiled(None, train, params, feeds, fetch), want)
+        assert native_targets(vjp.lower(training.differentiable, training.output_grads).as_text()) == NATIVE_CELLS[cell]
+    grads = vjp(training.differentiable, training.output_grads)
+    assert_blobs_equal({training.grad_map[n]: np.asarray(g) for n, g in grads.items()}, training.grads)
+    assert_blobs_equal(run_compiled(None, training.net, params, training.feeds, training.fetch), training.grads)
 
 
 # -- FC as one native GEMM ---------------------------------------------------------------------------

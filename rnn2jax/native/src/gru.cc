@@ -2,17 +2,18 @@
 // as one XLA FFI call on CPU: the whole recurrence, forward and backward, with oneDNN GEMMs and fused gate
 // passes per step.
 //
-// Forward (rnn2jax_gru_forward / rnn2jax_gru_forward_train):
-//   in:  x [T, N, 3H] (the input projection, blocks r, u, o, with the recurrent FCs' biases added where they
-//        enter additively), h0 [N, H], w [3H, H] (Wr, Wu, Wo stacked: each FC is rows w^T + b), bo [H] (the
-//        output FC's bias with linear_before_reset, which the reset gate multiplies; empty otherwise),
-//        lengths [N] int32 in [0, T].
+// Forward (rnn2jax_gru_forward / rnn2jax_gru_forward_train / rnn2jax_gru_forward_fc):
+//   in:  x [T, N, 3H] (the input projection, blocks r, u, o), h0 [N, H], w [3H, H] (Wr, Wu, Wo stacked: each
+//        FC is rows w^T + b), b [3H] (br, bu, bo), lengths [N] int32 in [0, T].
 //   attrs: linear_before_reset (i32 0/1), drop_states (i32 0/1).
 //   out: h [T, N, H]; the training form also writes the activated gates r, u, o [T, N, H] and, with
-//        linear_before_reset, o_fc = h_{t-1} Wo^T + bo [T, N, H] (else an empty buffer; all zero on rows past their length).
-//   Per step, on rows inside their sequence (t < lengths[n]):
-//     r = sigmoid(h Wr^T + x_r), u = sigmoid(h Wu^T + x_u),
-//     o = tanh((r * h) Wo^T + x_o)              (linear_before_reset = 0: a second GEMM, on r * h)
+//        linear_before_reset, o_fc = h_{t-1} Wo^T + bo [T, N, H] (else an empty buffer; all zero on rows past
+//        their length); the fc form writes instead the step's three FC outputs [T, N, 3H] on every row (the
+//        step net computes them on rows past their length too), from which the blobs a backward step net
+//        reads follow elementwise (gru_vjp._step_values), with no GEMM after the loop.
+//   Per step, on rows inside their sequence (t < lengths[n]), in the step net's order (FC, then Sum):
+//     fc_r = h Wr^T + br, fc_u = h Wu^T + bu, r = sigmoid(fc_r + x_r), u = sigmoid(fc_u + x_u),
+//     o = tanh(((r * h) Wo^T + bo) + x_o)       (linear_before_reset = 0: a second GEMM, on r * h)
 //     o = tanh(r * (h Wo^T + bo) + x_o)         (linear_before_reset = 1: one GEMM for all three blocks)
 //     h_t = u * h + (1 - u) * o                 (GRUUnit; its tanh is accurate, not 2 sigmoid(2x) - 1)
 //   other rows keep h (drop_states: zero).
@@ -59,22 +60,24 @@ static inline float accurate_tanh(float x) {
 
 // linear_before_reset = 0, first pass (every row): r, u from the r/u GEMM, and r * h for the second GEMM.
 __attribute__((noinline)) void reset_update_row(int64_t H, const float* __restrict gemm, const float* __restrict x,
-                                                const float* __restrict h_prev, float* __restrict r_out,
-                                                float* __restrict u_out, float* __restrict rh_out) {
+                                                const float* __restrict b, const float* __restrict h_prev,
+                                                float* __restrict r_out, float* __restrict u_out,
+                                                float* __restrict rh_out) {
   for (int64_t d = 0; d < H; ++d) {
-    const float r = sigmoid(gemm[d] + x[d]);
+    const float r = sigmoid(gemm[d] + b[d] + x[d]);
     r_out[d] = r;
-    u_out[d] = sigmoid(gemm[H + d] + x[H + d]);
+    u_out[d] = sigmoid(gemm[H + d] + b[H + d] + x[H + d]);
     rh_out[d] = r * h_prev[d];
   }
 }
 
 // linear_before_reset = 0, second pass (rows inside their sequence): o from the Wo GEMM, and the new h.
 __attribute__((noinline)) void output_row(int64_t H, const float* __restrict gemm_o, const float* __restrict x_o,
-                                          const float* __restrict u, const float* __restrict h_prev,
-                                          float* __restrict o_out, float* __restrict h_out) {
+                                          const float* __restrict bo, const float* __restrict u,
+                                          const float* __restrict h_prev, float* __restrict o_out,
+                                          float* __restrict h_out) {
   for (int64_t d = 0; d < H; ++d) {
-    const float o = accurate_tanh(gemm_o[d] + x_o[d]);
+    const float o = accurate_tanh(gemm_o[d] + bo[d] + x_o[d]);
     o_out[d] = o;
     h_out[d] = u[d] * h_prev[d] + (1.0f - u[d]) * o;
   }
@@ -82,13 +85,13 @@ __attribute__((noinline)) void output_row(int64_t H, const float* __restrict gem
 
 // linear_before_reset = 1 (rows inside their sequence): all three gates from the one GEMM, and the new h.
 __attribute__((noinline)) void linear_row(int64_t H, const float* __restrict gemm, const float* __restrict x,
-                                          const float* __restrict bo, const float* __restrict h_prev,
+                                          const float* __restrict b, const float* __restrict h_prev,
                                           float* __restrict r_out, float* __restrict u_out, float* __restrict o_out,
                                           float* __restrict o_fc_out, float* __restrict h_out) {
   for (int64_t d = 0; d < H; ++d) {
-    const float r = sigmoid(gemm[d] + x[d]);
-    const float u = sigmoid(gemm[H + d] + x[H + d]);
-    const float o_fc = gemm[2 * H + d] + bo[d];
+    const float r = sigmoid(gemm[d] + b[d] + x[d]);
+    const float u = sigmoid(gemm[H + d] + b[H + d] + x[H + d]);
+    const float o_fc = gemm[2 * H + d] + b[2 * H + d];
     const float o = accurate_tanh(r * o_fc + x[2 * H + d]);
     r_out[d] = r;
     u_out[d] = u;
@@ -96,6 +99,15 @@ __attribute__((noinline)) void linear_row(int64_t H, const float* __restrict gem
     o_fc_out[d] = o_fc;
     h_out[d] = u * h_prev[d] + (1.0f - u) * o;
   }
+}
+
+// The fc form (every row): the step's FC outputs, the r and u blocks from the first GEMM and the o block from
+// the GEMM that computes it (the same one with linear_before_reset, the second otherwise), plus the biases;
+// the sums are the gate loops' own, so the pre-activations derived from these equal the ones the step used.
+__attribute__((noinline)) void fc_row(int64_t H, const float* __restrict gemm_ru, const float* __restrict gemm_o,
+                                      const float* __restrict b, float* __restrict fc_out) {
+  for (int64_t d = 0; d < 2 * H; ++d) fc_out[d] = gemm_ru[d] + b[d];
+  for (int64_t d = 0; d < H; ++d) fc_out[2 * H + d] = gemm_o[d] + b[2 * H + d];
 }
 
 // Backward, first pass (rows inside their sequence): du, do (and with linear_before_reset dr and d o_fc,
@@ -135,17 +147,19 @@ struct Saved {
   float *r = nullptr, *u = nullptr, *o = nullptr, *o_fc = nullptr;
 };
 
-ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> w, Buffer<F32> bo,
-                   Buffer<S32> lengths, int32_t lbr, int32_t drop_states, float* h_all, Saved saved) {
+// `saved` (the training form) or `fc_all` (the fc form, [T, N, 3H]) may be null.
+ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> w, Buffer<F32> b,
+                   Buffer<S32> lengths, int32_t lbr, int32_t drop_states, float* h_all, Saved saved,
+                   float* fc_all = nullptr) {
   const auto dims = x.dimensions();
   if (dims.size() != 3 || dims[2] % 3) return ffi::Error::InvalidArgument("rnn2jax_gru_forward: x must be [T, N, 3H]");
   const int64_t T = dims[0], N = dims[1], G = dims[2], H = G / 3;
-  if (count(h0) != N * H || count(w) != G * H || count(lengths) != N || count(bo) != (lbr ? H : 0))
+  if (count(h0) != N * H || count(w) != G * H || count(lengths) != N || count(b) != G)
     return ffi::Error::InvalidArgument("rnn2jax_gru_forward: inconsistent shapes");
   const XlaThreads threads(pool, N * G * H);  // a step's GEMMs: 3 N H^2 multiply-adds
   const float* X = x.typed_data();
   const float* W = w.typed_data();
-  const float* BO = bo.typed_data();
+  const float* B = b.typed_data();
   const int32_t* L = lengths.typed_data();
   const int64_t width = lbr ? G : 2 * H;  // the first GEMM's blocks
   std::vector<float> gemm(static_cast<size_t>(N * width)), gemm_o(lbr ? 0 : N * H), rh(lbr ? 0 : N * H);
@@ -163,7 +177,7 @@ ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F
     if (!lbr) {
 #pragma omp parallel for schedule(static) if (parallel_rows(N, G))
       for (int64_t n = 0; n < N; ++n)
-        reset_update_row(H, gemm.data() + n * width, X + (t * N + n) * G, hp + n * H, R + n * H, U + n * H,
+        reset_update_row(H, gemm.data() + n * width, X + (t * N + n) * G, B, hp + n * H, R + n * H, U + n * H,
                          rh.data() + n * H);
       sgemm('N', 'T', N, H, H, 1.0f, rh.data(), H, W + 2 * H * H, H, 0.0f, gemm_o.data(), H);
     }
@@ -171,12 +185,16 @@ ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F
     for (int64_t n = 0; n < N; ++n) {
       const int64_t row = n * H;
       float* h = h_all + at + row;
+      if (fc_all) {
+        const float* ru = gemm.data() + n * width;
+        fc_row(H, ru, lbr ? ru + 2 * H : gemm_o.data() + row, B, fc_all + (t * N + n) * G);
+      }
       if (t < L[n]) {
         const float* xr = X + (t * N + n) * G;
         if (lbr)
-          linear_row(H, gemm.data() + n * width, xr, BO, hp + row, R + row, U + row, O + row, OF + row, h);
+          linear_row(H, gemm.data() + n * width, xr, B, hp + row, R + row, U + row, O + row, OF + row, h);
         else
-          output_row(H, gemm_o.data() + row, xr + 2 * H, U + row, hp + row, O + row, h);
+          output_row(H, gemm_o.data() + row, xr + 2 * H, B + 2 * H, U + row, hp + row, O + row, h);
         continue;
       }
       if (saved.r)
@@ -191,20 +209,28 @@ ffi::Error forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F
   return ffi::Error::Success();
 }
 
-ffi::Error Forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> w, Buffer<F32> bo,
+ffi::Error Forward(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> w, Buffer<F32> b,
                    Buffer<S32> lengths, int32_t lbr, int32_t drop_states, ResultBuffer<F32> h) {
   return guarded("rnn2jax_gru_forward",
-                 [&] { return forward(pool, x, h0, w, bo, lengths, lbr, drop_states, h->typed_data(), Saved{}); });
+                 [&] { return forward(pool, x, h0, w, b, lengths, lbr, drop_states, h->typed_data(), Saved{}); });
 }
 
-ffi::Error ForwardTrain(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> w, Buffer<F32> bo,
+ffi::Error ForwardFc(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> w, Buffer<F32> b,
+                     Buffer<S32> lengths, int32_t lbr, int32_t drop_states, ResultBuffer<F32> h, ResultBuffer<F32> fc) {
+  return guarded("rnn2jax_gru_forward_fc", [&] {
+    if (count(*fc) != count(x)) return ffi::Error::InvalidArgument("rnn2jax_gru_forward_fc: fc must be [T, N, 3H]");
+    return forward(pool, x, h0, w, b, lengths, lbr, drop_states, h->typed_data(), Saved{}, fc->typed_data());
+  });
+}
+
+ffi::Error ForwardTrain(ffi::ThreadPool pool, Buffer<F32> x, Buffer<F32> h0, Buffer<F32> w, Buffer<F32> b,
                         Buffer<S32> lengths, int32_t lbr, int32_t drop_states, ResultBuffer<F32> h, ResultBuffer<F32> r,
                         ResultBuffer<F32> u, ResultBuffer<F32> o, ResultBuffer<F32> o_fc) {
   return guarded("rnn2jax_gru_forward_train", [&] {
     if (count(*o_fc) != (lbr ? count(*h) : 0))
       return ffi::Error::InvalidArgument("rnn2jax_gru_forward_train: o_fc must be [T, N, H] exactly with lbr");
     Saved saved{r->typed_data(), u->typed_data(), o->typed_data(), lbr ? o_fc->typed_data() : nullptr};
-    return forward(pool, x, h0, w, bo, lengths, lbr, drop_states, h->typed_data(), saved);
+    return forward(pool, x, h0, w, b, lengths, lbr, drop_states, h->typed_data(), saved);
   });
 }
 
@@ -295,11 +321,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_gru_forward, rnn2jax::Forward,
                                   .Arg<F32Buffer>()  // x
                                   .Arg<F32Buffer>()  // h0
                                   .Arg<F32Buffer>()  // w
-                                  .Arg<F32Buffer>()  // bo (empty without linear_before_reset)
+                                  .Arg<F32Buffer>()  // b (br, bu, bo)
                                   .Arg<ffi::Buffer<ffi::S32>>()  // lengths
                                   .Attr<int32_t>("linear_before_reset")
                                   .Attr<int32_t>("drop_states")
                                   .Ret<F32Buffer>());  // h
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_gru_forward_fc, rnn2jax::ForwardFc,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int32_t>("linear_before_reset")
+                                  .Attr<int32_t>("drop_states")
+                                  .Ret<F32Buffer>()  // h
+                                  .Ret<F32Buffer>());  // the step's FC outputs [T, N, 3H]
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_gru_forward_train, rnn2jax::ForwardTrain,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()

@@ -16,6 +16,13 @@ contraction over all steps after the loop. On CPU with float32 and the native ke
 direction is one call of rnn2jax/native/src/gru.cc. Anything the recogniser does not cover returns
 None and the caller runs the plain scan; `lower(net, plain=True)` never comes here and is the
 reference tests/recurrent/test_native_gru.py checks this VJP against.
+
+When a backward step net (Caffe2's RecurrentNetworkGradient) reads the forward step's blobs (the reset
+gate, the gates' pre-activations, r * h_prev or the output FC), the function also returns, as a second
+output, the step's three FC outputs written during its loop (as cell_vjp.py's LSTM returns its
+pre-activations): every such blob follows from them elementwise (`_step_values`), where recomputing them
+after the loop took as many GEMMs again as the recurrence. Its cotangent, when something differentiates
+through those blobs, goes through the VJP like the hidden rows'.
 """
 
 from __future__ import annotations
@@ -30,7 +37,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
 from ...errors import BadArgumentError
 from ...native import gemm as native_gemm
@@ -38,7 +44,7 @@ from ...native import gru as native_gru
 from ...native import recurrence_eligible
 from ..common import matmul_precision
 from ..rnn_units import caffe2_sigmoid, gru_tanh
-from .cell_vjp import _native_lengths
+from .cell_vjp import _native_lengths, _zero
 from .fusion import _plain_fc
 
 
@@ -204,11 +210,13 @@ def gru_cell_rows(
     if lengths is not None:
         valid = (jnp.arange(steps, dtype=jnp.int32)[:, None] < jnp.reshape(lengths, (1, -1)))[..., None]
     native = recurrence_eligible(x.shape[1] * x.shape[2] * h0.shape[-1], x.dtype)  # N · 3H · H
-    gru = _gru(cell.linear_before_reset, cell.drop_states, native=native)
-    h_rows = gru(x, h0[0], ws, bs, valid)
+    kinds = set(wanted.values())
+    with_fc = bool(kinds - INPUT_THIRDS)
+    gru = _gru(cell.linear_before_reset, cell.drop_states, native=native, with_fc=with_fc)
+    h_rows, fc = gru(x, h0[0], ws, bs, valid)
     scratches = {}
     if wanted:
-        values = _step_values(x, h0[0], h_rows, ws, bs, cell.linear_before_reset, set(wanted.values()))
+        values = _step_values(x, h0[0], h_rows, fc, cell.linear_before_reset, kinds)
         scratches = {name: values[kind][:, None] for name, kind in wanted.items()}
     if unknown:
         hidden = h0.shape[-1]
@@ -237,14 +245,42 @@ def _shapes_fit(x, h0, ws, bs, lengths, steps: int) -> bool:
     return jnp.issubdtype(lengths.dtype, jnp.integer) or jnp.issubdtype(lengths.dtype, jnp.floating)
 
 
-def _step_values(x, h0, h_rows, ws, bs, lbr: bool, kinds: set[str]) -> dict[str, jax.Array]:
-    """The step blobs the backward step net reads, for all steps at once from the hidden rows: plain JAX
-    outside the custom VJP, so they differentiate by themselves (and XLA drops them when unused)."""
-    precision = matmul_precision()
-    wr, wu, wo = ws
-    br, bu, bo = bs
-    h_prev = jnp.concatenate([h0[None], h_rows[:-1]])
+# the step blobs that are the input projection's thirds, which need none of the step's FC outputs
+INPUT_THIRDS = frozenset({"x_r", "x_u", "x_o"})
+
+
+def _step_values(x, h0, h_rows, fc, lbr: bool, kinds: set[str]) -> dict[str, jax.Array]:
+    """The step blobs the backward step net reads, for all steps at once, elementwise from the input
+    projection, the hidden rows and the step's FC outputs `fc` [T, N, 3H] (the GRU function's second output,
+    written during its loop; None when only x's thirds are read), in the step net's order (FC, then Sum).
+    Plain JAX outside the custom VJP: they differentiate through x, the hidden rows and fc, whose cotangent
+    the VJP takes (and XLA drops the ones nothing uses)."""
     x_r, x_u, x_o = jnp.split(x, 3, axis=-1)
+    values = {"x_r": x_r, "x_u": x_u, "x_o": x_o}
+    if fc is None:
+        return values
+    r_fc, u_fc, o_fc = jnp.split(fc, 3, axis=-1)
+    r_pre, u_pre = r_fc + x_r, u_fc + x_u
+    r = caffe2_sigmoid(r_pre)
+    values |= {"r_fc": r_fc, "u_fc": u_fc, "o_fc": o_fc, "r_pre": r_pre, "u_pre": u_pre, "r": r}
+    if lbr:
+        values["o_mul"] = r * o_fc
+        values["o_pre"] = values["o_mul"] + x_o
+    else:
+        values["rh"] = r * _previous(h0, h_rows)
+        values["o_pre"] = o_fc + x_o
+    if "gates" in kinds:
+        values["gates"] = jnp.concatenate([r_pre, u_pre, values["o_pre"]], axis=-1)
+    return values
+
+
+def _step_fcs(x, h0, h_rows, ws, bs, lbr: bool) -> jax.Array:
+    """The step's FC outputs [T, N, 3H] for all steps from the hidden rows, with GEMMs over all steps: the
+    same values the fc kernel form and the scan write during the loop, as plain JAX. For the training forward
+    (where the kernel keeps its residuals instead; XLA drops these when nothing reads them) and for their
+    cotangent in the VJP, as jax.vjp of this function."""
+    precision = matmul_precision()
+    h_prev = _previous(h0, h_rows)
 
     def fc(rows, w, b):
         if native_gemm.eligible(math.prod(rows.shape[:-1]), w.shape[1], w.shape[0], rows, w, b):  # as linear.py
@@ -252,30 +288,27 @@ def _step_values(x, h0, h_rows, ws, bs, lbr: bool, kinds: set[str]) -> dict[str,
             return jnp.reshape(flat, (*rows.shape[:-1], -1))
         return jnp.einsum("tnk,jk->tnj", rows, w, precision=precision) + b
 
-    r_fc, u_fc = fc(h_prev, wr, br), fc(h_prev, wu, bu)
-    r_pre, u_pre = r_fc + x_r, u_fc + x_u
-    r = caffe2_sigmoid(r_pre)
-    values = {"x_r": x_r, "x_u": x_u, "x_o": x_o, "r_fc": r_fc, "u_fc": u_fc, "r_pre": r_pre, "u_pre": u_pre, "r": r}
-    if lbr:
-        values["o_fc"] = fc(h_prev, wo, bo)
-        values["o_mul"] = r * values["o_fc"]
-        values["o_pre"] = values["o_mul"] + x_o
-    else:
-        values["rh"] = r * h_prev
-        values["o_fc"] = fc(values["rh"], wo, bo)
-        values["o_pre"] = values["o_fc"] + x_o
-    if "gates" in kinds:
-        values["gates"] = jnp.concatenate([r_pre, u_pre, values["o_pre"]], axis=-1)
-    return values
+    if lbr:  # every block is an FC of h_prev: one GEMM
+        return fc(h_prev, jnp.concatenate(ws), jnp.concatenate(bs))
+    r_u = fc(h_prev, jnp.concatenate(ws[:2]), jnp.concatenate(bs[:2]))
+    r = caffe2_sigmoid(r_u[..., : h0.shape[-1]] + x[..., : h0.shape[-1]])
+    return jnp.concatenate([r_u, fc(r * h_prev, ws[2], bs[2])], axis=-1)
+
+
+def _previous(h0, h_rows):
+    """Each step's h_prev [T, N, H]: the initial row, then the rows the steps before wrote."""
+    return jnp.concatenate([h0[None], h_rows[:-1]])
 
 
 # -- the GRU function and its VJP ------------------------------------------------------------------
 
 
-def _gru(linear_before_reset: bool, drop_states: bool, native: bool = False):
-    """`(x [T,N,3H], h0 [N,H], (Wr, Wu, Wo) [H,H], (br, bu, bo) [H], valid [T,N,1] | None) -> h rows
-    [T,N,H]` with its custom VJP, for one combination of the GRU's arguments. x is the i2h projection
-    (without the recurrent FCs' biases, which are added once here, outside the loop, where they can be).
+def _gru(linear_before_reset: bool, drop_states: bool, native: bool = False, with_fc: bool = False):
+    """`(x [T,N,3H], h0 [N,H], (Wr, Wu, Wo) [H,H], (br, bu, bo) [H], valid [T,N,1] | None) -> (h rows
+    [T,N,H], fc)` with its custom VJP, for one combination of the GRU's arguments. x is the i2h projection;
+    each step adds the recurrent FCs' biases as the step net does (FC, then Sum). With `with_fc`, fc is the
+    step's three FC outputs [T,N,3H] (h_prev Wr^T + br, h_prev Wu^T + bu, and h_prev Wo^T + bo or, without
+    linear_before_reset, (r * h_prev) Wo^T + bo), on every row, for the backward step net's blobs; else None.
 
     With `native` (float32, the kernels loaded), the CPU lowering runs the recurrence forward and backward
     as one native call each; every other platform lowers the scans below. Both give the same outputs and
@@ -287,49 +320,50 @@ def _gru(linear_before_reset: bool, drop_states: bool, native: bool = False):
     def matmul(a, b):
         return jnp.matmul(a, b, precision=precision)
 
-    def hoisted(x, bs):
-        br, bu, bo = bs
-        return x + jnp.concatenate([br, bu, jnp.zeros_like(bo) if lbr else bo])
-
     def scan_forward(x, h0, ws, bs, valid, save: bool):
-        x_r, x_u, x_o = jnp.split(hoisted(x, bs), 3, axis=-1)
+        x_r, x_u, x_o = jnp.split(x, 3, axis=-1)
         wr_t, wu_t, wo_t = (w.T for w in ws)
-        bo = bs[2]
+        br, bu, bo = bs
 
         def body(h, xs):
             xr_t, xu_t, xo_t, valid_t = xs
-            r = caffe2_sigmoid(matmul(h, wr_t) + xr_t)
-            u = caffe2_sigmoid(matmul(h, wu_t) + xu_t)
+            r_fc, u_fc = matmul(h, wr_t) + br, matmul(h, wu_t) + bu
+            r, u = caffe2_sigmoid(r_fc + xr_t), caffe2_sigmoid(u_fc + xu_t)
             if lbr:
                 o_fc = matmul(h, wo_t) + bo
                 o = gru_tanh(r * o_fc + xo_t)
             else:
-                o_fc = None
-                o = gru_tanh(matmul(r * h, wo_t) + xo_t)
+                o_fc = matmul(r * h, wo_t) + bo
+                o = gru_tanh(o_fc + xo_t)
             h_new = u * h + (1 - u) * o
             if valid_t is not None:
                 h_new = jnp.where(valid_t, h_new, jnp.zeros_like(h) if drop_states else h)
-            saved = (r, u, o, o_fc) if save else None
-            return h_new, (h_new, saved)
+            fc = jnp.concatenate([r_fc, u_fc, o_fc], axis=-1) if with_fc else None
+            saved = (r, u, o, o_fc if lbr else None) if save else None
+            return h_new, (h_new, fc, saved)
 
-        _, (h_rows, saved) = lax.scan(body, h0, (x_r, x_u, x_o, valid))
-        return h_rows, saved
+        _, (h_rows, fc, saved) = lax.scan(body, h0, (x_r, x_u, x_o, valid))
+        return h_rows, fc, saved
 
     def native_forward(x, h0, ws, bs, valid, save: bool):
         lengths = _native_lengths(valid, x.shape[0], x.shape[1])
-        h_rows, *saved = native_gru.gru_forward(
-            hoisted(x, bs),
+        fc_form = with_fc and not save  # a backward step net's forward: the kernel writes the FC outputs
+        h_rows, *more = native_gru.gru_forward(
+            x,
             h0,
             jnp.concatenate(ws),
-            bs[2],
+            jnp.concatenate(bs),
             lengths,
             linear_before_reset=lbr,
             drop_states=drop_states,
             save=save,
+            fc=fc_form,
         )
         if not save:
-            return h_rows, None
-        return h_rows, (*saved, *(() if lbr else (None,)))
+            return h_rows, more[0] if fc_form else None, None
+        # differentiated and read by a backward step net: GEMMs over all steps, which XLA drops when unread
+        fc = _step_fcs(x, h0, h_rows, ws, bs, lbr) if with_fc else None
+        return h_rows, fc, (*more, *(() if lbr else (None,)))
 
     def forward(*primals, save: bool):
         if not native:
@@ -340,18 +374,20 @@ def _gru(linear_before_reset: bool, drop_states: bool, native: bool = False):
 
     @jax.custom_vjp
     def gru(x, h0, ws, bs, valid):
-        return forward(x, h0, ws, bs, valid, save=False)[0]
+        h_rows, fc, _ = forward(x, h0, ws, bs, valid, save=False)
+        return h_rows, fc
 
     def gru_fwd(*primals):
         primals = jax.tree.map(lambda p: p.value, primals)
-        h_rows, saved = forward(*primals, save=True)
-        _, h0, ws, _, valid = primals
-        return h_rows, (h0, ws, h_rows, saved, valid)
+        h_rows, fc, saved = forward(*primals, save=True)
+        x, h0, ws, bs, valid = primals
+        fc_inputs = (x, bs) if with_fc else None  # what the cotangent of fc needs besides the rows
+        return (h_rows, fc), (h0, ws, h_rows, saved, valid, fc_inputs)
 
     def scan_backward(residuals, d_h_rows):
-        h0, ws, h_rows, saved, valid = residuals
+        h0, ws, h_rows, saved, valid, _ = residuals
         wr, wu, wo = ws
-        h_prev = jnp.concatenate([h0[None], h_rows[:-1]])
+        h_prev = _previous(h0, h_rows)
 
         def body(carry, xs):
             dh = carry + xs["dh"]
@@ -378,7 +414,7 @@ def _gru(linear_before_reset: bool, drop_states: bool, native: bool = False):
         return dx, dh0
 
     def native_backward(residuals, d_h_rows):
-        h0, ws, h_rows, saved, valid = residuals
+        h0, ws, h_rows, saved, valid, _ = residuals
         lengths = _native_lengths(valid, *h_rows.shape[:2])
         return native_gru.gru_backward(
             jnp.concatenate(ws),
@@ -391,9 +427,20 @@ def _gru(linear_before_reset: bool, drop_states: bool, native: bool = False):
             drop_states=drop_states,
         )
 
-    def gru_bwd(residuals, d_h_rows):
-        h0, _, h_rows, saved, _ = residuals
-        if isinstance(d_h_rows, SymbolicZero) or d_h_rows is None:
+    def fc_cotangent(residuals, d_fc):
+        """The cotangent of the FC outputs on (x, h0, h rows, ws, bs): each step's FCs are a function of that
+        step's h_prev (and, without linear_before_reset, of x_r through r), which jax.vjp of `_step_fcs`
+        differentiates; its part on the hidden rows then goes through the recurrence with theirs."""
+        h0, ws, h_rows, _, _, (x, bs) = residuals
+        return jax.vjp(partial(_step_fcs, lbr=lbr), x, h0, h_rows, ws, bs)[1](d_fc)
+
+    def gru_bwd(residuals, cotangents):
+        h0, _, h_rows, saved, _, _ = residuals
+        d_h_rows, d_fc = (None if _zero(ct) else ct for ct in cotangents)
+        through_fc = fc_cotangent(residuals, d_fc) if d_fc is not None else None
+        if through_fc is not None:
+            d_h_rows = through_fc[2] if d_h_rows is None else d_h_rows + through_fc[2]
+        if d_h_rows is None:
             d_h_rows = jnp.zeros_like(h_rows)
         if native:
             dx, dh0 = lax.platform_dependent(residuals, d_h_rows, cpu=native_backward, default=scan_backward)
@@ -401,7 +448,7 @@ def _gru(linear_before_reset: bool, drop_states: bool, native: bool = False):
             dx, dh0 = scan_backward(residuals, d_h_rows)
         dr, du, do = jnp.split(dx, 3, axis=-1)
         r = saved[0]
-        h_prev = jnp.concatenate([h0[None], h_rows[:-1]])
+        h_prev = _previous(h0, h_rows)
         # the output FC's input and output gradient: r * h_prev and do, or h_prev and do * r (lbr)
         o_rows, d_o_fc = (h_prev, do * r) if lbr else (r * h_prev, do)
         dws = tuple(
@@ -409,7 +456,10 @@ def _gru(linear_before_reset: bool, drop_states: bool, native: bool = False):
             for d, rows in ((dr, h_prev), (du, h_prev), (d_o_fc, o_rows))
         )
         dbs = tuple(jnp.sum(d, axis=(0, 1)) for d in (dr, du, d_o_fc))
-        return dx, dh0, dws, dbs, None
+        if through_fc is None:
+            return dx, dh0, dws, dbs, None
+        d_x, d_h0, _, d_ws, d_bs = through_fc
+        return dx + d_x, dh0 + d_h0, jax.tree.map(jnp.add, dws, d_ws), jax.tree.map(jnp.add, dbs, d_bs), None
 
     gru.defvjp(gru_fwd, gru_bwd, symbolic_zeros=True)
     return gru
