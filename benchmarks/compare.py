@@ -46,8 +46,12 @@ Truthfulness rules:
 - OMP_WAIT_POLICY=PASSIVE (unless set, or `--omp-wait-policy`): PyTorch's OpenMP threads otherwise spin at
   every barrier, and on a shared machine a descheduled spinner stalls each parallel region; measured here at a
   load average of 13 on 2 cores, `nn.LSTM` at T,N,H = 5,3,8 took 150-300 ms per call spinning and 0.5 ms
-  passive (50,32,256: 0.1-4 s vs 25-50 ms). Passive waiting costs PyTorch little on a quiet machine and keeps
-  the comparison from measuring the scheduler. The 1-minute load average is recorded per row.
+  passive (50,32,256: 0.1-4 s vs 25-50 ms). It keeps the comparison from measuring the scheduler, but on a
+  quiet machine passive waiting costs PyTorch's two-thread runs of small steps a lot (nn.LSTM forward at
+  200,16,128: 34 ms passive, 7.8 ms spinning, 14 ms on one thread; at 100,64,512 it costs 10%): the
+  two-thread ratios of small sizes are then against a slowed PyTorch, and the one-thread CPU-time pass
+  (`--threads 1 --cpu-time`, where no thread waits) is the fair comparison there. The 1-minute load average
+  is recorded per row.
 
 The GEMM limit: at the start the machine's float32 GEMM rate with `--threads` is measured (the best of XLA's
 and PyTorch's n = 1024 square matmul); each row of a model whose matmuls are counted (`matmul_flops`: the
