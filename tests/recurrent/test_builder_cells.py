@@ -54,20 +54,30 @@ FORMS = ("1-D", "2-D", "3-D")
 
 
 @st.composite
-def sizes(draw, min_steps: int = 0, max_steps: int = 3) -> dict[str, Any]:
+def sizes(
+    draw,
+    min_steps: int = 0,
+    max_steps: int = 3,
+    max_input: int = 3,
+    max_hidden: int = 3,
+    forms: Sequence[str] | None = None,
+    past_the_end: bool = True,
+) -> dict[str, Any]:
+    """A builder cell's sizes; `forms` fixes the initial states' forms (else drawn), and `past_the_end` lets a
+    length exceed T."""
     steps = draw(st.integers(min_steps, max_steps))
     batch = draw(st.integers(1, 3))
     return {
         "T": steps,
         "N": batch,
-        "D": draw(st.integers(1, 3)),
-        "H": draw(st.integers(1, 3)),
+        "D": draw(st.integers(1, max_input)),
+        "H": draw(st.integers(1, max_hidden)),
         "L": draw(st.integers(1, 3)),  # encoder length (attention)
         "E": draw(st.integers(1, 3)),  # encoder dim (attention)
-        "forms": draw(st.lists(st.sampled_from(FORMS), min_size=4, max_size=4)),
+        "forms": list(forms) if forms is not None else draw(st.lists(st.sampled_from(FORMS), min_size=4, max_size=4)),
         "use_lengths": draw(st.booleans()),
         # up to T + 1: a length beyond T means "valid at every step", in Caffe2 as in rnn2jax
-        "lengths": draw(st.lists(st.integers(0, steps + 1), min_size=batch, max_size=batch)),
+        "lengths": draw(st.lists(st.integers(0, steps + past_the_end), min_size=batch, max_size=batch)),
         "seed": draw(st.integers(0, 2**16)),
     }
 

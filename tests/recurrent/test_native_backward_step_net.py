@@ -26,7 +26,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 # the kernels at these tests' small shapes too (an autouse fixture), and the float32 comparison
-from test_builder_cells import CELLS, FORMS, random_params, run_caffe2, training_net
+from test_builder_cells import CELLS, random_params, run_caffe2, training_net
+from test_builder_cells import sizes as builder_sizes
 from test_native_kernels import assert_close, native_targets, recurrences_of_every_size_native  # noqa: F401
 
 import rnn2jax
@@ -46,21 +47,9 @@ def kernels_in_use() -> bool:
     return library.status().in_use
 
 
-@st.composite
-def sizes(draw) -> dict:
-    steps, batch = draw(st.integers(0, 5)), draw(st.integers(1, 3))
-    return {
-        "T": steps,
-        "N": batch,
-        "D": draw(st.integers(1, 4)),
-        "H": draw(st.integers(1, 9)),
-        "L": 1,
-        "E": 1,
-        "forms": draw(st.lists(st.sampled_from(FORMS), min_size=4, max_size=4)),
-        "use_lengths": draw(st.booleans()),
-        "lengths": draw(st.lists(st.integers(0, steps + 1), min_size=batch, max_size=batch)),
-        "seed": draw(st.integers(0, 2**16)),
-    }
+def sizes():
+    """Small LSTM sizes, T = 0 and lengths past T among them, the initial states in every form."""
+    return builder_sizes(min_steps=0, max_steps=5, max_input=4, max_hidden=9)
 
 
 EDGES = (
