@@ -114,7 +114,7 @@ def rows_times(rows: jax.Array, w: jax.Array, *, w_is_n_by_k: bool = True) -> ja
 
 def rows_contraction(d: jax.Array, rows: jax.Array) -> jax.Array:
     """`sum over leading dims of d[..., J]ᵀ rows[..., K]` -> [J, K], a weight gradient over all steps: one
-    native GEMM, computed as (rowsᵀ d)ᵀ: on one AVX2 core within 5% of dᵀ rows at the benchmark's LSTM sizes,
+    native GEMM, computed as (rowsᵀ d)ᵀ: on one AVX2 core within 6% of dᵀ rows at the benchmark's LSTM sizes,
     and faster where they differ most (18.8 against 21.2 ms at [1600, 1024] x [1600, 256])."""
     m = math.prod(d.shape[:-1])
     return gemm(jnp.reshape(rows, (m, -1)), jnp.reshape(d, (m, -1)), trans_a=True, trans_b=False).T
