@@ -348,12 +348,18 @@ def gradient_atol(is_attention: bool, output_grads: Mapping[str, np.ndarray]) ->
     return ATTENTION_ATOL * scale if is_attention else 0.0
 
 
-def check_cell(caffe2: Caffe2Oracle, name: str, s: dict[str, Any]) -> None:
+def build_cell(name: str, s: dict[str, Any], seed: int | None = None):
+    """(built cell, init net, net, random parameters, the rng that drew them, to draw more): the cell `name`
+    at sizes `s`, from fresh net names, drawn from `seed` (default s["seed"])."""
     reset_net_names()
-    rng = np.random.default_rng(s["seed"])
+    rng = np.random.default_rng(s["seed"] if seed is None else seed)
     built = CELLS[name](s, rng)
-    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
     params = random_params(built.model, rng)
+    return built, built.model.param_init_net.Proto(), built.model.net.Proto(), params, rng
+
+
+def check_cell(caffe2: Caffe2Oracle, name: str, s: dict[str, Any]) -> None:
+    built, init, net, params, rng = build_cell(name, s)
 
     want = run_caffe2(caffe2, init, net, {**built.inputs, **params}, built.outputs)
     got = run_compiled(init, net, params, built.inputs, built.outputs)
@@ -543,11 +549,7 @@ def test_empty_batch(caffe2, cell, steps):
     if steps == 0:
         check_cell(caffe2, cell, s)
         return
-    reset_net_names()
-    rng = np.random.default_rng(0)
-    built = CELLS[cell](s, rng)
-    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
-    params = random_params(built.model, rng)
+    built, init, net, params, _ = build_cell(cell, s, seed=0)
     with pytest.raises(Caffe2Error):
         run_caffe2(caffe2, init, net, {**built.inputs, **params}, built.outputs)
     with pytest.raises(ShapeError, match="empty batch"):

@@ -26,7 +26,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 # the kernels at these tests' small shapes too (an autouse fixture), and the float32 comparison
-from test_builder_cells import CELLS, random_params, run_caffe2, training_net
+from test_builder_cells import CELLS, build_cell, random_params, run_caffe2, training_net
 from test_builder_cells import sizes as builder_sizes
 from test_native_kernels import assert_close, native_targets, recurrences_of_every_size_native  # noqa: F401
 
@@ -104,11 +104,7 @@ def test_builder_training_nets_run_the_native_backward(caffe2, cell, s):
     """Every input and parameter gradient of the training net equals Caffe2's and the plain lowering's,
     with the gradient op on `rnn2jax_lstm_backward` wherever a step runs (T = 0 runs no step: the scan's
     trivial answer, no kernel)."""
-    reset_net_names()
-    rng = np.random.default_rng(s["seed"])
-    built = CELLS[cell](s, rng)
-    params = random_params(built.model, rng)
-    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
+    built, init, net, params, rng = build_cell(cell, s)
     _check_training_net(caffe2, init, net, params, built.inputs, built.grad_outputs, rng, native=s["T"] > 0)
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from test_builder_cells import CELLS, random_params, run_caffe2, run_compiled, sizes, training_net
+from test_builder_cells import CELLS, build_cell, random_params, run_caffe2, run_compiled, sizes, training_net
 
 import rnn2jax
 from differential import assert_blobs_equal, check_op, make_op
@@ -198,11 +198,7 @@ class Caffe2Training:
 def caffe2_training(caffe2, cell: str, s: dict):
     """(the built cell, its random parameters, Caffe2Training): Caffe2 runs the forward net, its outputs
     checked against rnn2jax's, then the training net with random output gradients."""
-    reset_net_names()
-    rng = np.random.default_rng(s["seed"])
-    built = CELLS[cell](s, rng)
-    init, net = built.model.param_init_net.Proto(), built.model.net.Proto()
-    params = random_params(built.model, rng)
+    built, init, net, params, rng = build_cell(cell, s)
     outputs = run_caffe2(caffe2, init, net, {**built.inputs, **params}, built.outputs)
     assert_blobs_equal(run_compiled(init, net, params, built.inputs, built.outputs), outputs)
     train, grad_map = training_net(net, built.grad_outputs)

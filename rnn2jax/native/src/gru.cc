@@ -315,43 +315,30 @@ using F32Buffer = ffi::Buffer<ffi::F32>;
 
 // XLA_FFI_DEFINE_HANDLER_SYMBOL declares plain extern "C" symbols; -fvisibility=hidden would hide them.
 #pragma GCC visibility push(default)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_gru_forward, rnn2jax::Forward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Buffer>()  // x
-                                  .Arg<F32Buffer>()  // h0
-                                  .Arg<F32Buffer>()  // w
-                                  .Arg<F32Buffer>()  // b (br, bu, bo)
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // lengths
-                                  .Attr<int32_t>("linear_before_reset")
-                                  .Attr<int32_t>("drop_states")
-                                  .Ret<F32Buffer>());  // h
+// The three forward forms take the same operands and attributes; they differ in what they return.
+static auto ForwardBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<F32Buffer>()              // x
+      .Arg<F32Buffer>()              // h0
+      .Arg<F32Buffer>()              // w
+      .Arg<F32Buffer>()              // b (br, bu, bo)
+      .Arg<ffi::Buffer<ffi::S32>>()  // lengths
+      .Attr<int32_t>("linear_before_reset")
+      .Attr<int32_t>("drop_states");
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_gru_forward, rnn2jax::Forward, ForwardBinding().Ret<F32Buffer>());  // h
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_gru_forward_fc, rnn2jax::ForwardFc,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int32_t>("linear_before_reset")
-                                  .Attr<int32_t>("drop_states")
-                                  .Ret<F32Buffer>()  // h
+                              ForwardBinding()
+                                  .Ret<F32Buffer>()    // h
                                   .Ret<F32Buffer>());  // the step's FC outputs [T, N, 3H]
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_gru_forward_train, rnn2jax::ForwardTrain,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int32_t>("linear_before_reset")
-                                  .Attr<int32_t>("drop_states")
-                                  .Ret<F32Buffer>()  // h
-                                  .Ret<F32Buffer>()  // r
-                                  .Ret<F32Buffer>()  // u
-                                  .Ret<F32Buffer>()  // o
+                              ForwardBinding()
+                                  .Ret<F32Buffer>()    // h
+                                  .Ret<F32Buffer>()    // r
+                                  .Ret<F32Buffer>()    // u
+                                  .Ret<F32Buffer>()    // o
                                   .Ret<F32Buffer>());  // o_fc (empty without linear_before_reset)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_gru_backward, rnn2jax::Backward,
                               ffi::Ffi::Bind()

@@ -241,49 +241,36 @@ using F32Buffer = ffi::Buffer<ffi::F32>;
 
 // XLA_FFI_DEFINE_HANDLER_SYMBOL declares plain extern "C" symbols; -fvisibility=hidden would hide them.
 #pragma GCC visibility push(default)
+// The three forward forms take the same operands and attributes; they differ in what they return.
+static auto ForwardBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<F32Buffer>()              // x
+      .Arg<F32Buffer>()              // h0
+      .Arg<F32Buffer>()              // c0
+      .Arg<F32Buffer>()              // w
+      .Arg<F32Buffer>()              // b
+      .Arg<ffi::Buffer<ffi::S32>>()  // lengths
+      .Attr<float>("forget_bias")
+      .Attr<int32_t>("drop_states");
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_lstm_forward, rnn2jax::Forward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Buffer>()  // x
-                                  .Arg<F32Buffer>()  // h0
-                                  .Arg<F32Buffer>()  // c0
-                                  .Arg<F32Buffer>()  // w
-                                  .Arg<F32Buffer>()  // b
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // lengths
-                                  .Attr<float>("forget_bias")
-                                  .Attr<int32_t>("drop_states")
-                                  .Ret<F32Buffer>()  // h
+                              ForwardBinding()
+                                  .Ret<F32Buffer>()    // h
                                   .Ret<F32Buffer>());  // c
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_lstm_forward_gates, rnn2jax::ForwardGates,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Attr<float>("forget_bias")
-                                  .Attr<int32_t>("drop_states")
-                                  .Ret<F32Buffer>()  // h
-                                  .Ret<F32Buffer>()  // c
+                              ForwardBinding()
+                                  .Ret<F32Buffer>()    // h
+                                  .Ret<F32Buffer>()    // c
                                   .Ret<F32Buffer>());  // the pre-activations [T, N, 4H]
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_lstm_forward_train, rnn2jax::ForwardTrain,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<F32Buffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Attr<float>("forget_bias")
-                                  .Attr<int32_t>("drop_states")
-                                  .Ret<F32Buffer>()  // h
-                                  .Ret<F32Buffer>()  // c
-                                  .Ret<F32Buffer>()  // i
-                                  .Ret<F32Buffer>()  // f
-                                  .Ret<F32Buffer>()  // o
+                              ForwardBinding()
+                                  .Ret<F32Buffer>()    // h
+                                  .Ret<F32Buffer>()    // c
+                                  .Ret<F32Buffer>()    // i
+                                  .Ret<F32Buffer>()    // f
+                                  .Ret<F32Buffer>()    // o
                                   .Ret<F32Buffer>());  // g
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rnn2jax_lstm_backward, rnn2jax::Backward,
                               ffi::Ffi::Bind()
