@@ -444,8 +444,9 @@ def sort_and_shuffle(workspace: HostWorkspace, op: Op, state: dict[str, Any]) ->
                 raise BadArgumentError(f"field '{it.fields[by]}' is not at the root level; sort by a root-level field")
             if source.dtype != np.int32:
                 raise InputTypeError(f"blob '{op.inputs[by + 1]}' is {source.dtype}; Caffe2 sorts by an int32 field")
-            keys = source.reshape(size, -1)[:, 0] if source.size else source.reshape(size)
-            indices = _std_sort(indices, keys)
+            if source.size < size:
+                raise ShapeError(f"blob '{op.inputs[by + 1]}' has rows without values to sort by")
+            indices = _std_sort(indices, source.reshape(-1)[:size])  # Caffe2 reads the first `size` values
     except Rnn2JaxError as error:
         raise _located(op, error) from None
     if batch * shuffle > size:
@@ -626,13 +627,14 @@ def _check_fields_op(op: Op) -> None:
     _iterator(op)
 
 
-def _walk(op: Op, it: TreeIterator, tensors: Sequence[np.ndarray], first: int):
-    """Every top-level record: (offsets before it, sizes), as Caffe2's TreeWalker visits them."""
+def _walk(op: Op, it: TreeIterator, tensors: Sequence[np.ndarray], first: int, count: int | None = None):
+    """The first `count` top-level records (default: all): (offsets before each, its sizes), as Caffe2's
+    TreeWalker visits them (it checks the lengths only of the records it visits)."""
     lengths = _lengths(op, it, tensors, first)
     limits = _limits(it, tensors)
     offsets = [0] * it.num_offsets
     records = []
-    for _ in range(limits[0]):
+    for _ in range(limits[0] if count is None else min(count, limits[0])):
         new, sizes = it.advance(lengths, offsets, limits, 1)
         records.append((offsets, sizes))
         offsets = new
@@ -692,12 +694,13 @@ def trim_dataset(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> Non
     it = _iterator(op)
     try:
         tensors = _field_tensors(workspace, op, 0)
-        records, _end = _walk(op, it, tensors, 0)
+        rows = _limits(it, tensors)[0]
+        multiple = op.int("multiple_of", 1)
+        kept = rows // multiple * multiple
+        records, _end = _walk(op, it, tensors, 0, kept + 1 if kept < rows else 1)
     except Rnn2JaxError as error:
         raise _located(op, error) from None
-    multiple = op.int("multiple_of", 1)
-    kept = len(records) // multiple * multiple
-    if kept == len(records):
+    if kept == rows:
         return
     offsets = records[kept][0]
     for i, tensor in enumerate(tensors):
@@ -984,6 +987,11 @@ def _check_create_text_file_reader(op: Op) -> None:
 def create_text_file_reader(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """A reader of `filename` (relative names from the current directory, as in Caffe2)."""
     path = op.str("filename", "")
+    for code in op.ints("field_types"):
+        try:
+            _field_dtype(code)
+        except BadArgumentError as error:
+            raise _located(op, error) from None
     try:
         reader = TextFileReader(path, op.int("num_passes", 1), op.ints("field_types"))
     except OSError as error:

@@ -392,3 +392,32 @@ def test_strtof_reads_a_prefix():
     assert strtof(b"-inf") == -np.inf
     assert strtof(b"0x1p3") == np.float32(8.0)
     assert strtof(b"abc") is None
+
+
+@given(shape=st.lists(st.integers(0, 3), max_size=3), value=st.sampled_from([None, "", "ab"]), data=st.data())
+def test_string_constant_fill_matches_caffe2(caffe2, shape, value, data):
+    """ConstantFill of dtype STRING (what Dataset.init_empty makes string fields with) runs on the host."""
+    args = {"dtype": STRING} if value is None else {"dtype": STRING, "value": value}
+    feeds = {}
+    if data.draw(st.booleans()):
+        feeds = {"x": np.zeros(shape, np.float32)}
+        fill = make_op(
+            "ConstantFill", ["x"], ["y"], extra_shape=data.draw(st.lists(st.integers(1, 2), max_size=1)), **args
+        )
+    else:
+        fill = make_op("ConstantFill", [], ["y"], shape=shape, **args)
+    numbers = make_op("ConstantFill", [], ["n"], shape=[2], value=3.0)  # the type's other ops stay lowered
+    assert_same_run(caffe2, [fill, numbers], feeds, ["y", "n"])
+
+
+def test_shape_only_ops_read_string_blobs(caffe2):
+    """IsEmpty, Shape and Size read only a blob's shape, so they take string fields (TextFileReader's
+    read_record asks IsEmpty of its first field)."""
+    words = {"s": np.array([[b"a", b"b"], [b"c", b""]], dtype=object), "e": np.array([], dtype=object)}
+    ops = [
+        make_op("IsEmpty", ["s"], ["s_empty"]),
+        make_op("IsEmpty", ["e"], ["e_empty"]),
+        make_op("Shape", ["s"], ["shape"]),
+        make_op("Size", ["s"], ["size"]),
+    ]
+    assert_same_run(caffe2, ops, words, ["s_empty", "e_empty", "shape", "size"])
