@@ -339,6 +339,8 @@ def compute_offset(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> N
     it = cursor.iterator
     try:
         _check_field_count(op, it, len(op.inputs) - 1)
+        if not it.fields:
+            raise BadArgumentError("the cursor has no fields: there are no entries to compute offsets of")
         tensors = _field_tensors(workspace, op, 1)
         lengths = _lengths(op, it, tensors, 1)
         limits = _limits(it, tensors)
@@ -432,7 +434,7 @@ def sort_and_shuffle(workspace: HostWorkspace, op: Op, state: dict[str, Any]) ->
     by, batch, shuffle = op.int("sort_by_field_idx", 1), op.int("batch_size", 1), op.int("shuffle_size", 1)
     try:
         _check_field_count(op, it, len(op.inputs) - 1)
-        if by >= len(it.fields):
+        if by >= len(it.fields) or not it.fields:
             raise BadArgumentError(f"sort_by_field_idx {by} is not a field's index ({len(it.fields)} fields)")
         source = _tensor(workspace, op, (by if by != -1 else 0) + 1)
         if source.ndim == 0:
@@ -595,7 +597,7 @@ def read_random_batch(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -
         offsets[0] = start = 0
     cursor.offsets = [offsets[0] + batch]
     picked = [int(i) for i in order[start : start + batch]] if start < order.size else []
-    columns = matrix.shape[1]
+    columns, flat = matrix.shape[1], matrix.reshape(-1)  # Caffe2 reads the matrix as flat memory
     for field_id, tensor in enumerate(tensors):
         d = it.domain[field_id]
         parts = []
@@ -605,7 +607,7 @@ def read_random_batch(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -
                     f"{op.where}: Out of bound when trying to get elem from offsetsmat (index {index}, domain {d}, "
                     f"offsets {list(matrix.shape)})"
                 )
-            begin, end = int(matrix[index, d]), int(matrix[index + 1, d])
+            begin, end = int(flat[index * columns + d]), int(flat[(index + 1) * columns + d])
             if not 0 <= begin <= end <= tensor.shape[0]:
                 raise BadArgumentError(
                     f"{op.where}: offsets [{begin}, {end}) of entry {index} are outside field "
