@@ -10,6 +10,11 @@ Cursors, text file readers and packed records are host objects that Caffe2 keeps
 hold string fields, which JAX has no arrays for: so every op here is a host op (run in Python between the
 jitted segments around it, with the workspace). Append and AtomicAppend also have a pure lowering (the
 output's shape follows from the inputs' shapes), used where a net is compiled whole.
+
+A cursor saves and loads as Caffe2's TreeCursorSerializer writes it (a blob of type
+"std::unique_ptr<TreeCursor>"), so a checkpoint taken by either resumes reading in the other.
+SortAndShuffle's shuffles are Caffe2's own: std::sort and std::shuffle with a freshly seeded
+std::default_random_engine, as libstdc++ implements them.
 """
 
 from __future__ import annotations
@@ -143,6 +148,36 @@ class PackedRecords:
     def __repr__(self) -> str:
         kind = "Shared2DTensorVectorPtr" if self.single else "SharedTensorVectorPtr"
         return f"PackedRecords({len(self.rows)} records as {self.shape[0]} {kind})"
+
+
+CURSOR_TYPE = "std::unique_ptr<TreeCursor>"
+
+
+def serialize_cursor(name: str, cursor: TreeCursor) -> pb.BlobProto:
+    """Caffe2's TreeCursorSerializer: the offsets as an int64 tensor (none before the first read), the field
+    names in `content`, each followed by a space. (ops/storage.py registers it with the blob serializers.)"""
+    proto = pb.BlobProto(name=name, type=CURSOR_TYPE, content="".join(f"{f} " for f in cursor.iterator.fields).encode())
+    if cursor.offsets:
+        tensor = proto.tensor
+        tensor.dims.append(len(cursor.offsets))
+        tensor.data_type = pb.TensorProto.INT64
+        tensor.device_detail.device_type = 0
+        tensor.int64_data.extend(cursor.offsets)
+        tensor.segment.begin, tensor.segment.end = 0, len(cursor.offsets)
+    return proto
+
+
+def deserialize_cursor(proto: pb.BlobProto) -> TreeCursor:
+    """Caffe2's TreeCursorDeserializer; ValueError for a proto that is no cursor."""
+    fields = proto.content.decode("utf-8", errors="replace").split()
+    try:
+        iterator = TreeIterator.of(fields)
+    except BadArgumentError as error:
+        raise ValueError(f"is a cursor over fields that are no schema: {error}") from None
+    offsets = [int(v) for v in proto.tensor.int64_data] if proto.HasField("tensor") else []
+    if offsets and len(offsets) not in (1, iterator.num_offsets):
+        raise ValueError(f"is a cursor with {len(offsets)} offsets for {iterator.num_offsets} domains")
+    return TreeCursor(iterator, offsets)
 
 
 # --------------------------------------------------------------------------------------------------

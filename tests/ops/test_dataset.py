@@ -432,3 +432,29 @@ def test_shape_only_ops_read_string_blobs(caffe2):
         make_op("Size", ["s"], ["size"]),
     ]
     assert_same_run(caffe2, ops, words, ["s_empty", "e_empty", "shape", "size"])
+
+
+@given(dataset=datasets(), data=st.data())
+def test_cursors_save_and_load_as_in_caffe2(caffe2, tmp_path_factory, dataset, data):
+    """A cursor Saved by one and Loaded by the other reads on from where it was (Caffe2's TreeCursorSerializer:
+    the offsets as an int64 tensor, the fields in the content)."""
+    fields, blobs = dataset
+    names = list(blobs)
+    root = tmp_path_factory.mktemp("cursors")
+    reads = [make_op("ReadNextBatch", ["cursor", *names], [f"x_{n}" for n in names], batch_size=1)]
+    before = [make_op("CreateTreeCursor", [], ["cursor"], fields=fields)] + reads * data.draw(st.integers(0, 2))
+    after = [*reads, make_op("GetCursorOffset", ["cursor"], ["offsets"])]
+    fetch = ["offsets", *(f"x_{n}" for n in names)]
+    for writer in ("caffe2", "rnn2jax"):
+        db = str(root / f"{writer}.minidb")
+        save = make_op("Save", ["cursor"], [], db=db, db_type="minidb", absolute_path=1)
+        load = make_op("Load", [], ["cursor"], db=db, db_type="minidb", absolute_path=1)
+        if writer == "caffe2":
+            caffe2.run([("net", create_net("save", [*before, save]))], blobs, [])
+        else:
+            ours([create_net("save", [*before, save])], blobs, [])
+        reader = create_net("load", [load, *after])
+        want = caffe2.run([("net", reader)], blobs, fetch)
+        got = ours([reader], blobs, fetch)
+        for name in want:
+            assert_blob_equal(name, got[name], want[name], rtol=0.0)
