@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import BadArgumentError, InputTypeError, Rnn2JaxError, ShapeError, StorageError
 from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
+from ..proto.tensor import DATA_TYPES
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import no_gradient, should_not_do_gradient
 from .registry import HostWorkspace, Kernel, declare_family, register, register_host_op
@@ -44,8 +45,6 @@ declare_family(
     gradient=Absent("Caffe2 registers no gradient maker for it"),
     emitter=HOST_OP_NO_EMITTER,
 )
-
-_NOT_STARTED: tuple[int, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,11 +326,11 @@ def _check_read_next_batch(op: Op) -> None:
 
 def _slice_fields(
     op: Op, it: TreeIterator, tensors: Sequence[np.ndarray], offsets: Sequence[int], sizes: Sequence[int]
-):
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(output, its rows) for each field: `sizes[d]` rows from `offsets[d]` of the field's domain d."""
     for i, tensor in enumerate(tensors):
         start = offsets[it.domain[i]]
-        workspace_value = tensor[start : start + sizes[it.domain[i]]].copy()
-        yield op.outputs[i], workspace_value
+        yield op.outputs[i], tensor[start : start + sizes[it.domain[i]]].copy()
 
 
 def read_next_batch(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
@@ -1075,8 +1074,6 @@ _TEXT_TYPES = {pb.TensorProto.STRING: np.dtype(object), pb.TensorProto.FLOAT: np
 
 
 def _field_dtype(code: int) -> np.dtype:
-    from ..proto.tensor import DATA_TYPES
-
     if code in _TEXT_TYPES:
         return _TEXT_TYPES[code]
     if code in DATA_TYPES:
