@@ -16,7 +16,8 @@ FUZZ_SECONDS ?= 600
 # The last four hold serialized goldens of ops whose inputs Caffe2 requires as int64 (Expand's shape,
 # FlexibleTopK's k, NumpyTile's repeats, SegmentOneHot's indices): they pass only if int64 stays int64.
 CAFFE2_UPSTREAM_TESTS := rnn_cell_test recurrent_network_test gru_test basic_rnn_test pack_rnn_sequence_op_test \
-	layer_norm_op_test expand_op_test flexible_top_k_test numpy_tile_op_test one_hot_ops_test
+	layer_norm_op_test expand_op_test flexible_top_k_test numpy_tile_op_test one_hot_ops_test \
+	dataset_ops_test text_file_reader_test
 # and Caffe2's neural machine translation tests (caffe2/python/models/seq2seq/): beam search decoding against training
 CAFFE2_UPSTREAM_SEQ2SEQ_TESTS := seq2seq_beam_search_test seq2seq_model_helper_test
 

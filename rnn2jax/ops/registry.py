@@ -64,11 +64,17 @@ class HostOp:
     """An op run on the host: `run(workspace, op, state)` between the jitted segments around it, where
     `state` lives as long as the created net (Print's `every_n` counter), and `check(op)`, which validates
     the op's arguments when its net is created (so a bad argument is reported before anything runs).
-    `module` registered it."""
+    `module` registered it. `applies(op)`, where given, says which ops of a type that is also lowered run on
+    the host (ConstantFill of strings, which JAX has no arrays for); the others run in jitted segments."""
 
     run: HostRun
     check: HostCheck | None = None
     module: str = ""
+    applies: Callable[[Op], bool] | None = None
+
+    def runs(self, op: Op) -> bool:
+        """Whether this op runs on the host (rather than in a jitted segment)."""
+        return self.applies is None or self.applies(op)
 
 
 class NetFunction(Protocol):
@@ -210,7 +216,8 @@ def kind(op_type: str) -> Literal["lowered", "host", "user"] | None:
     opdef = record(op_type)
     if opdef is None:
         return None
-    if find_host(op_type) is not None:
+    host = find_host(op_type)
+    if host is not None and (host.applies is None or opdef.build is None):
         return "host"
     return "user" if opdef.user else "lowered"
 
@@ -272,12 +279,19 @@ def register(
     return decorate
 
 
-def register_host_op(op_type: str, run: HostRun, check: HostCheck | None = None, **facets: Any) -> HostRun:
+def register_host_op(
+    op_type: str,
+    run: HostRun,
+    check: HostCheck | None = None,
+    applies: Callable[[Op], bool] | None = None,
+    **facets: Any,
+) -> HostRun:
     """Register `run` as the host op of `op_type` (`check` validates an op when its net is created), with
     any facets over the registering module's declared defaults. A type may also have a lowering (from
-    `register`, in either order): the host op wins when a workspace runs it."""
+    `register`, in either order): the host op wins when a workspace runs it, for every op of the type or,
+    with `applies`, for the ops it accepts."""
     module = _caller_module(1)
-    return _register_host_op(module, op_type, HostOp(run, check, module), facets)
+    return _register_host_op(module, op_type, HostOp(run, check, module, applies), facets)
 
 
 def host_op(*types: str, check: HostCheck | None = None, **facets: Any) -> Callable[[HostRun], HostRun]:

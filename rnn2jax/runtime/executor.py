@@ -105,6 +105,10 @@ class PureSegment:
         self._seed = seed
         # Blobs whose values decide shapes are read on the host: one executable per distinct value.
         self.static: tuple[str, ...] = tuple(self.lowered.static_inputs())
+        # Blobs only shape-only ops read (IsEmpty, Shape, Size): a string tensor there is read by its shape.
+        self.shape_read: tuple[str, ...] = tuple(
+            name for name in self.inputs if all(lookup(op).shape_only for op in ops if name in op.inputs)
+        )
         self.code = SharedCode()
 
     def _apply(self, env: dict[str, Any], counter: Any) -> dict[str, Any]:
@@ -121,6 +125,10 @@ class PureSegment:
         for name in self.optional:
             if workspace.has_blob(name):
                 env[name] = workspace.get(name)
+        for name in self.shape_read:
+            value = env.get(name)
+            if isinstance(value, np.ndarray) and value.dtype == object:  # strings: only their shape is read
+                env[name] = np.zeros(value.shape, np.bool_)
         static = {name: np.asarray(env.pop(name)) for name in self.static if name in env}
         key = specialisation_key(static)
         try:
@@ -178,7 +186,7 @@ class Executor:
         pending: list[Op] = []
         for op in ops:
             host = find_host(op.type)
-            if host is None:
+            if host is None or not host.runs(op):
                 pending.append(op)
                 continue
             if pending:

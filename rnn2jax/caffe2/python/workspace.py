@@ -197,6 +197,17 @@ def SwitchWorkspace(name: str | bytes, create_if_missing: bool = False) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def WorkspaceGuard(workspace_name: str | bytes) -> Iterator[None]:
+    """Run the block in workspace `workspace_name` (created if missing), then return to the current one."""
+    current = CurrentWorkspace()
+    SwitchWorkspace(workspace_name, True)
+    try:
+        yield
+    finally:
+        SwitchWorkspace(current)
+
+
 def ResetWorkspace(root_folder: str | None = None) -> bool:
     """Empty the current workspace: its blobs and nets go; compiled code stays cached."""
     _workspaces[_current] = _RuntimeWorkspace(cache=_cache, db_root=root_folder)
