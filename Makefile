@@ -78,7 +78,7 @@ test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 	for name in $(CAFFE2_UPSTREAM_TESTS); do cp "$$src/python/operator_test/$$name.py" "$$tmp/"; done; \
 	for name in $(CAFFE2_UPSTREAM_SEQ2SEQ_TESTS); do cp "$$src/python/models/seq2seq/$$name.py" "$$tmp/"; done; \
 	$(BIN)/python -m pytest -q -n 2 --rootdir=. -c pyproject.toml -p rnn2jax.caffe2.pytest_plugin \
-		-p tests.caffe2_upstream --caffe2-source "$$src" tests/caffe2_style "$$tmp"
+		-p tests.caffe2_upstream --caffe2-source "$$src" --caffe2-own-tests "$$tmp" tests/caffe2_style "$$tmp"
 
 # Caffe2's whole Python test suite (every *_test.py of the torch 1.10.2 wheel), unmodified, on real Caffe2 (cached
 # per file in .cache/caffe2-suite) and on rnn2jax, one pytest process per file and side, SUITE_EXAMPLES hypothesis

@@ -166,7 +166,8 @@ def run_files(side: str, source: Path, rels: list[str], examples: int, derandomi
             if derandomize:
                 env["RNN2JAX_HYPOTHESIS_PROFILE"] = "ci"
             command = [str(PROJECT_PYTHON), "-m", "pytest", *common, f"--rootdir={tree}", "--import-mode=importlib",
-                       "-p", "rnn2jax.caffe2.pytest_plugin", f"--caffe2-source={source}", str(tree)]  # fmt: skip
+                       "-p", "rnn2jax.caffe2.pytest_plugin", f"--caffe2-source={source}", f"--caffe2-own-tests={tree}",
+                       str(tree)]  # fmt: skip
             prefix = ""
         try:
             limit = max(FILE_TIMEOUT_S, 300 * len(rels))
@@ -396,7 +397,8 @@ def run_ci(source: Path, results: Path, jobs: int) -> int:
         command = [str(PROJECT_PYTHON), "-m", "pytest", "-q", "-n", str(jobs), "-p", "no:cacheprovider",
                    "-c", str(tree / "pytest.ini"), f"--rootdir={tree}", "--import-mode=importlib",
                    f"--timeout={TEST_TIMEOUT_S}", "-p", "rnn2jax.caffe2.pytest_plugin", f"--caffe2-source={source}",
-                   "-p", "tests.caffe2_suite", f"--caffe2-suite-results={results}", str(tree)]  # fmt: skip
+                   f"--caffe2-own-tests={tree}", "-p", "tests.caffe2_suite", f"--caffe2-suite-results={results}",
+                   str(tree)]  # fmt: skip
         return subprocess.run(command, cwd=tree, env=env).returncode
 
 
