@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
-from .facets import GRADIENT_OP, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE
+from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import (
     GradientContext,
     GradientError,
@@ -808,5 +808,416 @@ def generate_proposals(op: Op) -> Kernel:
         rois = np.concatenate(all_rois).astype(np.float32) if all_rois else np.zeros((0, box_dim + 1), np.float32)
         probs = np.concatenate(all_probs).astype(np.float32) if all_probs else np.zeros(0, np.float32)
         return jnp.asarray(rois), jnp.asarray(probs)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# RoIAlignRotated (roi_align_rotated_op.cc)
+
+
+@register(
+    "RoIAlignRotated",
+    inputs=2,
+    static_inputs=_static_rois,
+    gradient=single_gradient("RoIAlignRotatedGradient", "I(0) I(1) GO(0)"),
+)
+def roi_align_rotated(op: Op) -> Kernel:
+    """(X [N, C, H, W] (or NHWC), RoIs [R, 5 or 6] (batch index, ctr_x, ctr_y, w, h, angle in degrees)) ->
+    Y [R, C, pooled_h, pooled_w]: RoIAlign over boxes rotated counter-clockwise about their centres."""
+    align = _Align(op)
+    nhwc = _nhwc(op)
+
+    def kernel(x, rois):
+        _check_float(op, x, 0)
+        _check_rank(op, x, 4, 0)
+        xt = x if nhwc else jnp.transpose(x, (0, 2, 3, 1))  # [N, H, W, C]
+        _, h, w, c = xt.shape
+        ph, pw = align.pooled_h, align.pooled_w
+        if rois.size == 0:
+            return jnp.zeros((0, ph, pw, c) if nhwc else (0, c, ph, pw), jnp.float32)
+        if rois.ndim != 2 or rois.shape[1] not in (5, 6):
+            raise ShapeError(
+                f"{op.where}: RoIs '{op.inputs[1]}' must be [R, 5] or [R, 6] (batch index, ctr_x, ctr_y, w, h, "
+                f"angle), got shape {list(rois.shape)}"
+            )
+        _check_float(op, rois, 1)
+        batch, ctr_h, ctr_w, roi_h, roi_w, theta = _rotated_geometry(align, rois, jnp)
+        if align.sampling > 0:
+            grid_h = grid_w = most_h = most_w = align.sampling
+        else:
+            known = _rotated_geometry(align, np.asarray(rois), np)
+            grid_h = np.ceil(known[3] / np.float32(ph)).astype(np.int64)
+            grid_w = np.ceil(known[4] / np.float32(pw)).astype(np.int64)
+            most_h, most_w = int(grid_h.max(initial=1)) or 1, int(grid_w.max(initial=1)) or 1
+            grid_h, grid_w = jnp.asarray(grid_h, jnp.int32), jnp.asarray(grid_w, jnp.int32)
+        bin_h, bin_w = roi_h / np.float32(ph), roi_w / np.float32(pw)
+
+        def offsets(start, bin_size, grid, pooled, most):
+            """[R, pooled, most]: start + p * bin + (i + .5) * bin / grid, and whether i < grid."""
+            g = jnp.asarray(grid)
+            gf = g.astype(jnp.float32)[:, None, None] if g.ndim else g.astype(jnp.float32)
+            p = jnp.arange(pooled, dtype=jnp.float32)[None, :, None]
+            i = jnp.arange(most, dtype=jnp.float32)[None, None, :] + np.float32(0.5)
+            pos = (start[:, None, None] + p * bin_size[:, None, None]) + i * bin_size[:, None, None] / gf
+            used = jnp.arange(most)[None, None, :] < (g[:, None, None] if g.ndim else g)
+            return pos, used
+
+        yy, used_y = offsets(-roi_h / np.float32(2), bin_h, grid_h, ph, most_h)
+        xx, used_x = offsets(-roi_w / np.float32(2), bin_w, grid_w, pw, most_w)
+        ey = (slice(None), slice(None), slice(None), None, None)
+        ex = (slice(None), None, None, slice(None), slice(None))
+        cos, sin = jnp.cos(theta)[:, None, None, None, None], jnp.sin(theta)[:, None, None, None, None]
+        yy5, xx5 = yy[ey], xx[ex]
+        sx = (xx5 * cos + yy5 * sin) + ctr_w[:, None, None, None, None]
+        sy = (yy5 * cos - xx5 * sin) + ctr_h[:, None, None, None, None]
+        valid = ~((sy < -1.0) | (sy > h) | (sx < -1.0) | (sx > w)) & used_y[ey] & used_x[ex]
+        sy, sx = jnp.maximum(sy, np.float32(0)), jnp.maximum(sx, np.float32(0))
+        yl, xl = sy.astype(jnp.int32), sx.astype(jnp.int32)
+        top_y, top_x = yl >= h - 1, xl >= w - 1
+        yl, xl = jnp.where(top_y, h - 1, yl), jnp.where(top_x, w - 1, xl)
+        sy, sx = jnp.where(top_y, yl.astype(jnp.float32), sy), jnp.where(top_x, xl.astype(jnp.float32), sx)
+        yh, xh = jnp.where(top_y, yl, yl + 1), jnp.where(top_x, xl, xl + 1)
+        ly, lx = sy - yl.astype(jnp.float32), sx - xl.astype(jnp.float32)
+        hy, hx = np.float32(1) - ly, np.float32(1) - lx
+        b = batch[:, None, None, None, None]
+        term = (
+            (hy * hx)[..., None] * xt[b, yl, xl]
+            + (hy * lx)[..., None] * xt[b, yl, xh]
+            + (ly * hx)[..., None] * xt[b, yh, xl]
+            + (ly * lx)[..., None] * xt[b, yh, xh]
+        )
+        total = jnp.sum(jnp.where(valid[..., None], term, np.float32(0)), axis=(2, 4))  # [R, ph, pw, C]
+        count = jnp.asarray(grid_h * grid_w, jnp.float32)
+        y = total / (count[:, None, None, None] if count.ndim else count)
+        return y if nhwc else jnp.transpose(y, (0, 3, 1, 2))
+
+    return kernel
+
+
+def _rotated_geometry(align: _Align, rois: Any, xp: Any) -> tuple[Any, ...]:
+    """(batch index, centre y, centre x, height, width, angle in radians) of rotated RoIs on the feature map."""
+    cols = rois.shape[1]
+    batch = rois[:, 0].astype(xp.int32) if cols == 6 else xp.zeros(rois.shape[0], xp.int32)
+    box = rois[:, cols - 5 :]
+    offset = np.float32(0.5 if align.aligned else 0.0)
+    ctr_w, ctr_h = box[:, 0] * align.scale - offset, box[:, 1] * align.scale - offset
+    roi_w, roi_h = box[:, 2] * align.scale, box[:, 3] * align.scale
+    theta = (box[:, 4].astype(xp.float64) * np.pi / 180.0).astype(xp.float32)
+    if align.aligned:
+        enforce(
+            xp.all((roi_w >= 0) & (roi_h >= 0)),
+            f"{literal(align.op.where)}: ROIs in ROIAlign do not have non-negative size!",
+        )
+    else:
+        roi_w, roi_h = xp.maximum(roi_w, np.float32(1)), xp.maximum(roi_h, np.float32(1))
+    return batch, ctr_h, ctr_w, roi_h, roi_w, theta
+
+
+@register("RoIAlignRotatedGradient", inputs=3)
+def roi_align_rotated_gradient(op: Op) -> Kernel:
+    raise BadArgumentError(
+        f"{op.where}: RoIAlignRotatedGradient has no CPU kernel in Caffe2 (only CUDA computes it), so rnn2jax has "
+        "none to match"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# NormalizePlanarYUV, RMACRegions, HeatmapMaxKeypoint
+
+
+@register("NormalizePlanarYUV", inputs=3, gradient=NO_GRADIENT)
+def normalize_planar_yuv(op: Op) -> Kernel:
+    """(X [N, C, H, W], mean [1, C], std [1, C]) -> (X - mean) / std per channel."""
+
+    def kernel(x, mean, std):
+        for i, v in enumerate((x, mean, std)):
+            _check_float(op, v, i)
+        _check_rank(op, x, 4, 0)
+        c = x.shape[1]
+        for i, v in ((1, mean), (2, std)):
+            if v.ndim < 2 or v.shape[1] != c or v.size < c:
+                raise ShapeError(
+                    f"{op.where}: input '{op.inputs[i]}' must be [1, {c}] (one value per channel), got {list(v.shape)}"
+                )
+        m = jnp.reshape(mean, (-1,))[:c][None, :, None, None]
+        s = jnp.reshape(std, (-1,))[:c][None, :, None, None]
+        return (x - m) / s
+
+    return kernel
+
+
+@register("RMACRegions", inputs=1, shape_only=True, gradient=should_not_do_gradient)
+def rmac_regions(op: Op) -> Kernel:
+    """X [N, C, H, W] -> RoIs [N * regions, 5] (batch index, x1, y1, x2, y2): the square regions of R-MAC
+    (Tolias et al.) at `scales` scales overlapping by about `overlap`; they follow from X's shape alone."""
+    scales = op.int("scales", 3)
+    overlap = np.float32(op.float("overlap", 0.4))
+
+    def kernel(x):
+        if x.size == 0:
+            return jnp.zeros((0, 5), jnp.float32)
+        _check_rank(op, x, 4, 0)
+        return jnp.asarray(_rmac(x.shape[0], x.shape[2], x.shape[3], scales, overlap))
+
+    return kernel
+
+
+def _rmac(batch: int, h: int, w: int, scales: int, overlap: np.float32) -> np.ndarray:
+    least = min(h, w)
+    step = 0
+    if w != h:
+        best = np.float32(np.finfo(np.float32).max)
+        for idx in range(1, 7):
+            b = np.float32((max(h, w) - least) / (1.0 * idx))
+            val = np.float32(abs(np.float32((least * least - least * b) / np.float32(least * least)) - overlap))
+            if val < best:
+                step, best = idx, val
+    wd, hd = (step if w > h else 0), (step if h > w else 0)
+    rows = []
+    for level in range(1, scales + 1):
+        size = 2 * least // (level + 1)
+        if size == 0:
+            break
+        bw = np.float32((w - size) / (1.0 * (level + wd - 1))) if level + wd - 1 > 0 else np.float32(0)
+        bh = np.float32((h - size) / (1.0 * (level + hd - 1))) if level + hd - 1 > 0 else np.float32(0)
+        for i in range(level + wd):
+            for j in range(level + hd):
+                x1, y1 = int(bw * np.float32(i)), int(bh * np.float32(j))
+                x1 -= max(x1 + size - w, 0)
+                y1 -= max(y1 + size - h, 0)
+                rows.append((0, x1, y1, x1 + size - 1, y1 + size - 1))
+    regions = np.array(rows, np.float32).reshape(-1, 5)
+    out = np.tile(regions, (batch, 1))
+    out[:, 0] = np.repeat(np.arange(batch, dtype=np.float32), len(regions))
+    return out
+
+
+@register("HeatmapMaxKeypoint", inputs=2, gradient=should_not_do_gradient)
+def heatmap_max_keypoint(op: Op) -> Kernel:
+    """(heatmaps [N, K, S, S], boxes [N, >= 4]) -> keypoints [N, 4, K]: x, y, score (and the softmax
+    probability with should_output_softmax) of each heatmap's maximum, refined by a quadratic fit of its
+    3x3 neighbourhood (Taylor expansion, solved as Eigen's LDLT does) and mapped into its box."""
+    softmax = op.bool("should_output_softmax", False)
+
+    def kernel(heatmaps, boxes):
+        _check_float(op, heatmaps, 0)
+        _check_float(op, boxes, 1)
+        _check_rank(op, heatmaps, 4, 0)
+        n, k, size, other = heatmaps.shape
+        if size < 2 or other != size:
+            raise ShapeError(
+                f"{op.where}: heatmaps '{op.inputs[0]}' must be square and at least 2x2, got {list(heatmaps.shape)}"
+            )
+        if boxes.ndim != 2 or boxes.shape[0] != n or boxes.shape[1] < 4:
+            raise ShapeError(f"{op.where}: bboxes '{op.inputs[1]}' must be [{n}, >= 4], got {list(boxes.shape)}")
+        flat = heatmaps.reshape(n * k, size * size)
+        best = jnp.argmax(flat, axis=1)  # the first maximum, as Caffe2's scan for it
+        score = jnp.max(flat, axis=1)
+        my, mx = best // size, best % size
+        grid = []
+        for dy in (-1, 0, 1):
+            row = []
+            for dx in (-1, 0, 1):
+                yy = dy - 2 * (dy + my >= size) + 2 * (dy + my < 0)
+                xx = dx - 2 * (dx + mx >= size) + 2 * (dx + mx < 0)
+                row.append(jnp.take_along_axis(flat, ((yy + my) * size + xx + mx)[:, None], axis=1)[:, 0])
+            grid.append(row)
+        f = grid  # f[y + 1][x + 1]
+        two = np.float32(2)
+        b0, b1 = -(f[1][2] - f[1][0]) / two, -(f[2][1] - f[0][1]) / two
+        a00 = f[1][0] - two * f[1][1] + f[1][2]
+        a01 = (f[2][2] - f[2][0] - f[0][2] + f[0][0]) / np.float32(4)
+        a11 = f[0][1] - two * f[1][1] + f[2][1]
+        det = _lu_determinant(a00, a01, a11)
+        d0, d1 = _ldlt_solve(a00, a01, a11, b0, b1)
+        larger = jnp.maximum(jnp.abs(d0), jnp.abs(d1))
+        limit = np.float32(1.5)
+        clip = larger > limit
+        d0 = jnp.where(clip, d0 / larger * limit, d0)
+        d1 = jnp.where(clip, d1 / larger * limit, d1)
+        quad = (d0 * a00 + d1 * a01) * d0 + (d0 * a01 + d1 * a11) * d1
+        refined = f[1][1] - (b0 * d0 + b1 * d1) + np.float32(0.5) * quad
+        flat_det = jnp.abs(det) < np.float32(1e-4)
+        d0, d1 = jnp.where(flat_det, 0, d0), jnp.where(flat_det, 0, d1)
+        refined = jnp.where(flat_det, score, refined)
+        x0 = jnp.repeat(boxes[:, 0], k)
+        y0 = jnp.repeat(boxes[:, 1], k)
+        x_len = jnp.repeat(jnp.maximum(boxes[:, 2] - boxes[:, 0], np.float32(1)), k)
+        y_len = jnp.repeat(jnp.maximum(boxes[:, 3] - boxes[:, 1], np.float32(1)), k)
+        wide = jnp.float64 if jnp.zeros((), jnp.float64).dtype == np.float64 else jnp.float32
+        kx = (x0.astype(wide) + (0.5 + mx + d0.astype(wide)) * x_len.astype(wide) / size).astype(jnp.float32)
+        ky = (y0.astype(wide) + (0.5 + my + d1.astype(wide)) * y_len.astype(wide) / size).astype(jnp.float32)
+        if softmax:
+            e = jnp.exp(flat)
+            prob = jnp.take_along_axis(e, best[:, None], axis=1)[:, 0] / jnp.sum(e, axis=1)
+        else:
+            prob = jnp.zeros(n * k, jnp.float32)
+        out = jnp.stack([kx, ky, refined, prob], axis=0).reshape(4, n, k)
+        return jnp.transpose(out, (1, 0, 2))
+
+    return kernel
+
+
+def _lu_determinant(a00: Any, a01: Any, a11: Any) -> Any:
+    """The determinant of the symmetric [[a00, a01], [a01, a11]] as Eigen computes it for a dynamic-size
+    matrix: from its partial-pivoting LU."""
+    swap = jnp.abs(a01) > jnp.abs(a00)
+    p0, q0 = jnp.where(swap, a01, a00), jnp.where(swap, a00, a01)  # pivot row (col 0), other row (col 0)
+    p1, q1 = jnp.where(swap, a11, a01), jnp.where(swap, a01, a11)  # their col 1
+    u11 = q1 - (q0 / p0) * p1
+    det = p0 * u11
+    return jnp.where(swap, -det, det)
+
+
+def _ldlt_solve(a00: Any, a01: Any, a11: Any, b0: Any, b1: Any) -> tuple[Any, Any]:
+    """x with A x = b for the symmetric 2x2 A, as Eigen's LDLT (diagonal pivoting) solves it."""
+    swap = jnp.abs(a11) > jnp.abs(a00)
+    d1 = jnp.where(swap, a11, a00)
+    other = jnp.where(swap, a00, a11)
+    c0, c1 = jnp.where(swap, b1, b0), jnp.where(swap, b0, b1)
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    ok = jnp.abs(d1) > 0  # Eigen divides by any non-zero pivot, and solves with FLT_MIN as its tolerance
+    lower = jnp.where(ok, a01 / jnp.where(ok, d1, 1), a01)
+    d2 = other - lower * (d1 * lower)
+    c1 = c1 - lower * c0
+    c0 = jnp.where(jnp.abs(d1) > tiny, c0 / d1, 0)
+    c1 = jnp.where(jnp.abs(d2) > tiny, c1 / d2, 0)
+    c0 = c0 - lower * c1
+    return jnp.where(swap, c1, c0), jnp.where(swap, c0, c1)
+
+
+# --------------------------------------------------------------------------------------------------
+# FPN proposals (collect_and_distribute_fpn_rpn_proposals_op.cc)
+
+
+def _levels(op: Op, low: str, high: str, low_default: int, high_default: int) -> tuple[int, int]:
+    lo, hi = op.int(low, low_default), op.int(high, high_default)
+    if hi < lo:
+        raise BadArgumentError(f"{op.where}: {high} {hi} must be greater than or equal to {low} {lo}.")
+    return lo, hi
+
+
+def _collect(op: Op, levels: int, top_n: int, inputs: tuple[Any, ...]) -> np.ndarray:
+    """utils::SortAndLimitRoIsByScores over every level's RoIs: the top_n best-scoring (ties by position)."""
+    if len(inputs) != 2 * levels:
+        raise BadArgumentError(f"{op.where}: {op.type} takes {2 * levels} inputs (RoIs and scores of {levels} levels)")
+    rois, scores = [], []
+    for i in range(levels):
+        r, s = _known(inputs[i]), _known(inputs[levels + i])
+        for index, v in ((i, r), (levels + i, s)):
+            _check_float(op, v, index)
+        if r.ndim != 2 or r.shape[1] != 5:
+            raise ShapeError(f"{op.where}: RoIs '{op.inputs[i]}' must be [R, 5], got shape {list(r.shape)}")
+        if s.ndim < 1 or s.shape[0] != r.shape[0] or s.size != r.shape[0]:
+            raise ShapeError(
+                f"{op.where}: scores '{op.inputs[levels + i]}' must hold one score per RoI of '{op.inputs[i]}' "
+                f"({r.shape[0]}), got shape {list(s.shape)}"
+            )
+        rois.append(r)
+        scores.append(s.reshape(-1))
+    all_rois, all_scores = np.concatenate(rois), np.concatenate(scores)
+    order = np.argsort(-all_scores, kind="stable")
+    if 0 < top_n < len(order):
+        order = order[:top_n]
+    return all_rois[order].reshape(-1, 5)
+
+
+def _distribute(op: Op, rois: np.ndarray, args: tuple[int, int, int, int, np.float32]) -> list[np.ndarray]:
+    """The RoIs of each FPN level (rows in order), then rois_idx_restore (int32): where each RoI went."""
+    lo, hi, canon_scale, canon_level, plus = args
+    boxes = rois[:, 1:5]
+    areas = (boxes[:, 2] - boxes[:, 0] + plus) * (boxes[:, 3] - boxes[:, 1] + plus)
+    if not np.all(areas >= 0):
+        raise ShapeError(f"{op.where}: Negative areas founds: RoIs '{op.inputs[0]}' have boxes of negative area")
+    s = np.sqrt(areas)
+    target = np.floor(
+        np.float32(canon_level) + np.log(s / np.float32(canon_scale) + np.float32(1e-6)) / np.float32(np.log(2))
+    )
+    target = np.maximum(np.minimum(target, np.float32(hi)), np.float32(lo))
+    outputs, order = [], []
+    for level in range(lo, hi + 1):
+        rows = np.nonzero(target == level)[0]
+        outputs.append(rois[rows].reshape(-1, rois.shape[1]))
+        order.append(rows)
+    restore = np.argsort(np.concatenate(order) if order else np.zeros(0, np.int64), kind="stable")
+    return [*outputs, restore.astype(np.int32)]
+
+
+def _distribute_args(op: Op) -> tuple[int, int, int, int, np.float32]:
+    lo, hi = _levels(op, "roi_min_level", "roi_max_level", 2, 5)
+    plus = np.float32(1 if op.bool("legacy_plus_one", True) else 0)
+    return lo, hi, op.int("roi_canonical_scale", 224), op.int("roi_canonical_level", 4), plus
+
+
+@register(
+    "CollectRpnProposals",
+    inputs=(2, None),
+    static_inputs=lambda op: tuple(range(len(op.inputs))),
+    gradient=should_not_do_gradient,
+)
+def collect_rpn_proposals(op: Op) -> Kernel:
+    """(RoIs of levels rpn_min_level..rpn_max_level, then their scores) -> the rpn_post_nms_topN RoIs
+    with the highest scores, best first (FPN)."""
+    lo, hi = _levels(op, "rpn_min_level", "rpn_max_level", 2, 6)
+    top_n = op.int("rpn_post_nms_topN", 2000)
+
+    def kernel(*inputs):
+        return jnp.asarray(_collect(op, hi - lo + 1, top_n, inputs))
+
+    return kernel
+
+
+@register(
+    "DistributeFpnProposals",
+    inputs=1,
+    outputs=(2, None),
+    static_inputs=(0,),
+    gradient=should_not_do_gradient,
+)
+def distribute_fpn_proposals(op: Op) -> Kernel:
+    """RoIs [R, 4 or 5] -> the RoIs of each level roi_min_level..roi_max_level (by Eqn. 1 of the FPN paper,
+    as [*, 5] with a zero batch index where none was given) and rois_idx_restore (int32)."""
+    args = _distribute_args(op)
+    if len(op.outputs) != args[1] - args[0] + 2:
+        raise BadArgumentError(
+            f"{op.where}: DistributeFpnProposals gives {args[1] - args[0] + 2} outputs (one per level and "
+            f"rois_idx_restore), got {len(op.outputs)}"
+        )
+
+    def kernel(rois_in):
+        rois = _known(rois_in)
+        _check_float(op, rois, 0)
+        if rois.ndim != 2 or rois.shape[1] not in (4, 5):
+            raise ShapeError(f"{op.where}: RoIs '{op.inputs[0]}' must be [R, 4] or [R, 5], got {list(rois.shape)}")
+        full = np.zeros((rois.shape[0], 5), np.float32)
+        full[:, 5 - rois.shape[1] :] = rois
+        return tuple(jnp.asarray(v) for v in _distribute(op, full, args))
+
+    return kernel
+
+
+@register(
+    "CollectAndDistributeFpnRpnProposals",
+    inputs=(2, None),
+    outputs=(3, None),
+    static_inputs=lambda op: tuple(range(len(op.inputs))),
+    gradient=should_not_do_gradient,
+)
+def collect_and_distribute_fpn_rpn_proposals(op: Op) -> Kernel:
+    """CollectRpnProposals then DistributeFpnProposals: (the collected RoIs, each level's RoIs,
+    rois_idx_restore)."""
+    lo, hi = _levels(op, "rpn_min_level", "rpn_max_level", 2, 6)
+    top_n = op.int("rpn_post_nms_topN", 2000)
+    args = _distribute_args(op)
+    if len(op.outputs) != args[1] - args[0] + 3:
+        raise BadArgumentError(
+            f"{op.where}: CollectAndDistributeFpnRpnProposals gives {args[1] - args[0] + 3} outputs, "
+            f"got {len(op.outputs)}"
+        )
+
+    def kernel(*inputs):
+        rois = _collect(op, hi - lo + 1, top_n, inputs)
+        return (jnp.asarray(rois), *(jnp.asarray(v) for v in _distribute(op, rois, args)))
 
     return kernel

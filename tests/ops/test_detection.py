@@ -218,6 +218,123 @@ def draw_generate_proposals(data, op_type="GenerateProposals"):
     return make_op(op_type, ["scores", "deltas", "im_info", "anchors"], ["rois", "probs"], **args), inputs
 
 
+# --------------------------------------------------------------------------------------------------
+# RoIAlignRotated, NormalizePlanarYUV, RMACRegions, HeatmapMaxKeypoint
+
+
+def draw_roi_align_rotated(data, nhwc=False):
+    rng = generator(data)
+    args = align_args(data)
+    n, c = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3))
+    h, w = data.draw(st.integers(1, 7)), data.draw(st.integers(1, 7))
+    count = data.draw(st.integers(0, 4))
+    scale = np.float32(args["spatial_scale"])
+    low = 0.0 if args.get("aligned") else -1.0
+    ctr = np.stack([uniform(rng, -2, w + 1, count), uniform(rng, -2, h + 1, count)], axis=1) / scale
+    size = np.stack([uniform(rng, low, w + 1, count), uniform(rng, low, h + 1, count)], axis=1) / scale
+    angle = uniform(rng, -180, 180, (count, 1))
+    rois = np.concatenate([ctr, size, angle], axis=1)
+    if data.draw(st.booleans()) or n > 1:
+        rois = np.concatenate([rng.integers(0, n, (count, 1)).astype(np.float32), rois], axis=1)
+    x = uniform(rng, -1, 1, (n, h, w, c) if nhwc else (n, c, h, w))
+    if nhwc:
+        args["order"] = "NHWC"
+    return make_op("RoIAlignRotated", ["X", "R"], ["Y"], **args), {"X": x, "R": rois.astype(np.float32)}
+
+
+def draw_normalize_planar_yuv(data):
+    rng = generator(data)
+    n, c, h, w = (data.draw(st.integers(1, 3)) for _ in range(4))
+    std = uniform(rng, 0.5, 2, (1, c)) * rng.choice([-1, 1], (1, c)).astype(np.float32)
+    inputs = {"X": uniform(rng, -1, 1, (n, c, h, w)), "M": uniform(rng, -1, 1, (1, c)), "S": std}
+    return make_op("NormalizePlanarYUV", ["X", "M", "S"], ["Z"]), inputs
+
+
+def draw_rmac_regions(data):
+    shape = (data.draw(st.integers(0, 2)), 1, data.draw(st.integers(1, 14)), data.draw(st.integers(1, 14)))
+    args = {"scales": data.draw(st.integers(1, 4)), "overlap": data.draw(st.sampled_from([0.4, 0.2, 0.7]))}
+    return make_op("RMACRegions", ["X"], ["R"], **args), {"X": np.zeros(shape, np.float32)}
+
+
+def draw_heatmap_max_keypoint(data):
+    rng = generator(data)
+    n, k, size = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), data.draw(st.integers(2, 6))
+    heatmaps = uniform(rng, -2, 2, (n, k, size, size))
+    if data.draw(st.booleans()):  # smooth peaks, whose quadratic fit is well posed
+        yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+        centre = uniform(rng, -0.5, size - 0.5, (n, k, 2))
+        heatmaps = -((yy - centre[..., :1, None]) ** 2 + (xx - centre[..., 1:, None]) ** 2).astype(np.float32)
+    x1, y1 = uniform(rng, 0, 50, n), uniform(rng, 0, 50, n)
+    boxes = np.stack([x1, y1, x1 + uniform(rng, 0.5, 40, n), y1 + uniform(rng, 0.5, 40, n)], axis=1)
+    args = {"should_output_softmax": 1} if data.draw(st.booleans()) else {}
+    op = make_op("HeatmapMaxKeypoint", ["heatmaps", "boxes"], ["keypoints"], **args)
+    return op, {"heatmaps": heatmaps, "boxes": boxes.astype(np.float32)}
+
+
+# --------------------------------------------------------------------------------------------------
+# FPN proposals
+
+
+def fpn_rois(rng, count, batch_column=True):
+    """RoIs whose sizes spread over the FPN levels (sqrt(area) from 8 to 900 pixels)."""
+    side = np.exp(uniform(rng, np.log(8), np.log(900), (count, 2))).astype(np.float32)
+    x1, y1 = uniform(rng, 0, 100, count), uniform(rng, 0, 100, count)
+    boxes = np.stack([x1, y1, x1 + side[:, 0], y1 + side[:, 1]], axis=1)
+    if batch_column:
+        boxes = np.concatenate([rng.integers(0, 2, (count, 1)).astype(np.float32), boxes], axis=1)
+    return boxes.astype(np.float32)
+
+
+def rpn_levels(data, rng):
+    lo = data.draw(st.integers(2, 3))
+    hi = lo + data.draw(st.integers(0, 2))
+    counts = [data.draw(st.integers(0, 4)) for _ in range(hi - lo + 1)]
+    scores = distinct_scores(rng, (sum(counts),))
+    column = data.draw(st.booleans())
+    inputs, splits = {}, np.cumsum([0, *counts])
+    for i, count in enumerate(counts):
+        inputs[f"rois{i}"] = fpn_rois(rng, count)
+        part = scores[splits[i] : splits[i + 1]]
+        inputs[f"scores{i}"] = part[:, None] if column else part
+    names = [f"rois{i}" for i in range(len(counts))] + [f"scores{i}" for i in range(len(counts))]
+    args = {"rpn_min_level": lo, "rpn_max_level": hi, "rpn_post_nms_topN": data.draw(st.sampled_from([2000, 3]))}
+    return names, inputs, args
+
+
+def roi_level_args(data):
+    lo = data.draw(st.integers(2, 3))
+    hi = lo + data.draw(st.integers(0, 3))
+    args = {"roi_min_level": lo, "roi_max_level": hi}
+    if data.draw(st.booleans()):
+        args["roi_canonical_scale"] = 100
+        args["roi_canonical_level"] = 3
+    if data.draw(st.booleans()):
+        args["legacy_plus_one"] = 0
+    return args, hi - lo + 1
+
+
+def draw_collect_rpn_proposals(data):
+    names, inputs, args = rpn_levels(data, generator(data))
+    return make_op("CollectRpnProposals", names, ["rois"], **args), inputs
+
+
+def draw_distribute_fpn_proposals(data):
+    rng = generator(data)
+    args, levels = roi_level_args(data)
+    rois = fpn_rois(rng, data.draw(st.integers(0, 8)), batch_column=data.draw(st.booleans()))
+    outputs = [f"rois_fpn{i}" for i in range(levels)] + ["restore"]
+    return make_op("DistributeFpnProposals", ["rois"], outputs, **args), {"rois": rois}
+
+
+def draw_collect_and_distribute(data):
+    rng = generator(data)
+    names, inputs, args = rpn_levels(data, rng)
+    level_args, levels = roi_level_args(data)
+    outputs = ["rois"] + [f"rois_fpn{i}" for i in range(levels)] + ["restore"]
+    op = make_op("CollectAndDistributeFpnRpnProposals", names, outputs, **args, **level_args)
+    return op, inputs
+
+
 CASES = cases(
     Case("RoIAlign", draw_roi_align, gradient_ops=("RoIAlignGradient",), rtol=1e-4),
     Case("RoIPool", draw_roi_pool, gradient_ops=("RoIPoolGradient",), note="RoIPoolGradient: Caffe2 has no CPU kernel"),
@@ -230,6 +347,19 @@ CASES = cases(
         rtol=1e-4,
         note="GenerateProposals' alias",
     ),
+    Case(
+        "RoIAlignRotated",
+        draw_roi_align_rotated,
+        gradient_ops=("RoIAlignRotatedGradient",),
+        rtol=1e-4,
+        note="RoIAlignRotatedGradient: Caffe2 has no CPU kernel",
+    ),
+    Case("NormalizePlanarYUV", draw_normalize_planar_yuv),
+    Case("RMACRegions", draw_rmac_regions),
+    Case("HeatmapMaxKeypoint", draw_heatmap_max_keypoint, rtol=1e-4),
+    Case("CollectRpnProposals", draw_collect_rpn_proposals, note="scores without ties"),
+    Case("DistributeFpnProposals", draw_distribute_fpn_proposals),
+    Case("CollectAndDistributeFpnRpnProposals", draw_collect_and_distribute, note="scores without ties"),
 )
 
 
