@@ -8,12 +8,14 @@ values (static inputs) and run Caffe2's loops in NumPy float32; so does RoIAlign
 follows from the RoIs' sizes (sampling_ratio <= 0). Caffe2 sorts scores with std::sort, which leaves the
 order of equal scores unspecified; here equal scores keep their index order (a stable sort).
 
-Rotated boxes (5 columns: centre, size, angle) are transformed (BBoxTransform), but their NMS needs the
-intersection of rotated rectangles, which is not ported: BoxWithNMSLimit and GenerateProposals refuse them.
+Rotated boxes (5 columns: centre, size, angle in degrees) are handled throughout; their NMS intersects the
+rotated rectangles as Caffe2 does (edge crossings and enclosed corners, a Graham-scan hull, its area), in
+Python loops: exact, but slow for thousands of proposals.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -541,7 +543,11 @@ def _by_score(scores: np.ndarray, indices: np.ndarray) -> np.ndarray:
 
 
 def _overlaps(boxes: np.ndarray, areas: np.ndarray, i: int, rest: np.ndarray, plus: np.float32) -> np.ndarray:
-    """IoU of box i with the boxes `rest`, in float32 as Caffe2 computes it."""
+    """IoU of box i with the boxes `rest`, in float32 as Caffe2 computes it: upright [x1, y1, x2, y2] boxes, or
+    rotated [ctr_x, ctr_y, w, h, angle] ones (their intersection polygon's area)."""
+    if boxes.shape[1] == 5:
+        inter = np.array([_rotated_intersection(boxes[i], boxes[j]) for j in rest], np.float32).reshape(-1)
+        return inter / (areas[i] + areas[rest] - inter)
     xx1 = np.maximum(boxes[rest, 0], boxes[i, 0])
     yy1 = np.maximum(boxes[rest, 1], boxes[i, 1])
     xx2 = np.minimum(boxes[rest, 2], boxes[i, 2])
@@ -553,7 +559,114 @@ def _overlaps(boxes: np.ndarray, areas: np.ndarray, i: int, rest: np.ndarray, pl
 
 
 def _areas(boxes: np.ndarray, plus: np.float32) -> np.ndarray:
+    if boxes.shape[1] == 5:
+        return boxes[:, 2] * boxes[:, 3]
     return (boxes[:, 2] - boxes[:, 0] + plus) * (boxes[:, 3] - boxes[:, 1] + plus)
+
+
+# Rotated rectangles' intersection (generate_proposals_op_util_nms.h: rotated_rect_intersection_pts, a
+# replacement for OpenCV's rotatedRectangleIntersection, convex_hull_graham and polygon_area), in float32.
+
+_F = np.float32
+
+
+def _cross(a: tuple, b: tuple) -> np.float32:
+    return a[0] * b[1] - b[0] * a[1]
+
+
+def _sub(a: tuple, b: tuple) -> tuple:
+    return (a[0] - b[0], a[1] - b[1])
+
+
+def _dot(a: tuple, b: tuple) -> np.float32:
+    return a[0] * b[0] + a[1] * b[1]
+
+
+def _vertices(box: np.ndarray) -> list[tuple]:
+    """RotatedRect::get_vertices of a [ctr_x, ctr_y, w, h, angle] box (counter-clockwise degrees; the
+    rectangle takes -angle, OpenCV's clockwise convention)."""
+    cx, cy, w, h = (_F(v) for v in box[:4])
+    angle = float(-box[4]) * 0.01745329251
+    b, a = _F(np.cos(angle)) * _F(0.5), _F(np.sin(angle)) * _F(0.5)
+    p0 = (cx - a * h - b * w, cy + b * h - a * w)
+    p1 = (cx + a * h - b * w, cy - b * h - a * w)
+    return [p0, p1, (_F(2) * cx - p0[0], _F(2) * cy - p0[1]), (_F(2) * cx - p1[0], _F(2) * cy - p1[1])]
+
+
+def _intersection_points(pts1: list[tuple], pts2: list[tuple]) -> tuple[list[tuple], bool]:
+    """The points of two rectangles' intersection (edge crossings and vertices inside the other), and
+    whether the rectangles are the same."""
+    if all(abs(p[0] - q[0]) <= _F(1e-5) and abs(p[1] - q[1]) <= _F(1e-5) for p, q in zip(pts1, pts2, strict=True)):
+        return list(pts1), True
+    vec1 = [_sub(pts1[(i + 1) % 4], pts1[i]) for i in range(4)]
+    vec2 = [_sub(pts2[(i + 1) % 4], pts2[i]) for i in range(4)]
+    found = []
+    for i in range(4):
+        for j in range(4):
+            det = _cross(vec2[j], vec1[i])
+            if abs(det) <= 1e-14:
+                continue
+            vec12 = _sub(pts2[j], pts1[i])
+            t1 = _cross(vec2[j], vec12) / det
+            t2 = _cross(vec1[i], vec12) / det
+            if _F(0) <= t1 <= _F(1) and _F(0) <= t2 <= _F(1):
+                found.append((pts1[i][0] + t1 * vec1[i][0], pts1[i][1] + t1 * vec1[i][1]))
+    for inner, outer, vec in ((pts1, pts2, vec2), (pts2, pts1, vec1)):
+        ab, da = vec[0], vec[3]
+        ab_ab, ad_ad = _dot(ab, ab), _dot(da, da)
+        for p in inner:
+            ap = _sub(p, outer[0])
+            ap_ab, ap_ad = _dot(ap, ab), -_dot(ap, da)
+            if ap_ab >= 0 and ap_ad >= 0 and ap_ab <= ab_ab and ap_ad <= ad_ad:
+                found.append(p)
+    return found, False
+
+
+def _angle_order(a: tuple, b: tuple) -> int:
+    """convex_hull_graham's comparator: by angle about the lowest point, nearer first when collinear."""
+    temp = _cross(a, b)
+    if abs(temp) < 1e-6:
+        na, nb = _dot(a, a), _dot(b, b)
+        return -1 if na < nb else (1 if nb < na else 0)
+    return -1 if temp > 0 else 1
+
+
+def _hull_area(points: list[tuple]) -> float:
+    """convex_hull_graham (points shifted to the lowest one) then polygon_area (a double sum)."""
+    t = 0
+    for i in range(1, len(points)):
+        if points[i][1] < points[t][1] or (points[i][1] == points[t][1] and points[i][0] < points[t][0]):
+            t = i
+    start = points[t]
+    q = [_sub(p, start) for p in points]
+    q[0], q[t] = q[t], q[0]
+    q[1:] = sorted(q[1:], key=functools.cmp_to_key(_angle_order))
+    k = next((k for k in range(1, len(q)) if _dot(q[k], q[k]) > 1e-8), len(q))
+    if k == len(q):
+        return 0.0
+    q[1] = q[k]
+    m = 2
+    for i in range(k + 1, len(q)):
+        while m > 1 and _cross(_sub(q[i], q[m - 2]), _sub(q[m - 1], q[m - 2])) >= 0:
+            m -= 1
+        q[m] = q[i]
+        m += 1
+    if m <= 2:
+        return 0.0
+    area = 0.0
+    for i in range(1, m - 1):
+        area += abs(float(_cross(_sub(q[i], q[0]), _sub(q[i + 1], q[0]))))
+    return area / 2.0
+
+
+def _rotated_intersection(box1: np.ndarray, box2: np.ndarray) -> np.float32:
+    """rotated_rect_intersection: the area two rotated boxes share."""
+    points, same = _intersection_points(_vertices(box1), _vertices(box2))
+    if len(points) <= 2:
+        return _F(0)
+    if same:
+        return min(_F(box1[2]) * _F(box1[3]), _F(box2[2]) * _F(box2[3]))
+    return _F(_hull_area(points))
 
 
 def nms(boxes: np.ndarray, order: np.ndarray, thresh: np.float32, top_n: int, plus: np.float32) -> list[int]:
@@ -635,10 +748,7 @@ def box_with_nms_limit(op: Op) -> Kernel:
     method = 1 if method_name == "linear" else 2
     sigma = np.float32(op.float("soft_nms_sigma", 0.5))
     min_score = np.float32(op.float("soft_nms_min_score_thres", 0.001))
-    if op.bool("rotated", False):
-        raise BadArgumentError(
-            f"{op.where}: rotated=1 needs the NMS of rotated boxes (polygon intersection), which rnn2jax does not have"
-        )
+    dim = 5 if op.bool("rotated", False) else 4
     agnostic = op.bool("cls_agnostic_bbox_reg", False)
     boxes_with_bg = op.bool("input_boxes_include_bg_cls", True)
     classes_with_bg = op.bool("output_classes_include_bg_cls", True)
@@ -654,10 +764,10 @@ def box_with_nms_limit(op: Op) -> Kernel:
         for i, v in enumerate((scores, boxes)):
             _check_float(op, v, i)
         n, classes = scores.shape
-        if boxes.shape[0] != n or (box_col(classes - 1) + 1) * 4 != boxes.shape[1]:
+        if boxes.shape[0] != n or (box_col(classes - 1) + 1) * dim != boxes.shape[1]:
             raise ShapeError(
                 f"{op.where}: boxes '{op.inputs[1]}' {list(boxes.shape)} do not match scores '{op.inputs[0]}' "
-                f"{list(scores.shape)} ({n} rows of 4 per box class)"
+                f"{list(scores.shape)} ({n} rows of {dim} per box class)"
             )
         if splits_in:
             splits = _known(splits_in[0])
@@ -683,7 +793,7 @@ def box_with_nms_limit(op: Op) -> Kernel:
             for j in range(1, classes):
                 col = j - 1 + first_score
                 cur = s[:, col]
-                cur_boxes = bx[:, box_col(j) * 4 : box_col(j) * 4 + 4]
+                cur_boxes = bx[:, box_col(j) * dim : box_col(j) * dim + dim]
                 inds = np.nonzero(cur > score_thresh)[0]
                 if soft:
                     keeps[j], rescored[:, col] = soft_nms(
@@ -707,7 +817,7 @@ def box_with_nms_limit(op: Op) -> Kernel:
             for j in range(1, classes):
                 rows = np.asarray(keeps[j], np.int64)
                 out_scores.append(rescored[rows, j - 1 + first_score])
-                out_boxes.append(bx[rows][:, box_col(j) * 4 : box_col(j) * 4 + 4])
+                out_boxes.append(bx[rows][:, box_col(j) * dim : box_col(j) * dim + dim])
                 out_classes.append(np.full(len(rows), j - (not classes_with_bg), np.float32))
             for j in range(classes):
                 out_keeps.append(np.asarray(keeps[j], np.int32))
@@ -715,7 +825,9 @@ def box_with_nms_limit(op: Op) -> Kernel:
             offset += count
         results = (
             np.concatenate(out_scores).astype(np.float32) if out_scores else np.zeros(0, np.float32),
-            np.concatenate(out_boxes).astype(np.float32).reshape(-1, 4) if out_boxes else np.zeros((0, 4), np.float32),
+            np.concatenate(out_boxes).astype(np.float32).reshape(-1, dim)
+            if out_boxes
+            else np.zeros((0, dim), np.float32),
             np.concatenate(out_classes) if out_classes else np.zeros(0, np.float32),
             np.array(per_batch, np.float32),
             np.concatenate(out_keeps) if out_keeps else np.zeros(0, np.int32),
@@ -762,11 +874,6 @@ def generate_proposals(op: Op) -> Kernel:
             raise ShapeError(
                 f"{op.where}: anchors '{op.inputs[3]}' must be [A, 4] or [A, 5], got {list(anchors.shape)}"
             )
-        if box_dim == 5:
-            raise BadArgumentError(
-                f"{op.where}: rotated anchors need the NMS of rotated boxes (polygon intersection), which rnn2jax "
-                "does not have"
-            )
         if deltas.shape != (n, box_dim * a, h, w):
             raise ShapeError(
                 f"{op.where}: bbox_deltas '{op.inputs[1]}' must be {[n, box_dim * a, h, w]}, got {list(deltas.shape)}"
@@ -791,18 +898,23 @@ def generate_proposals(op: Op) -> Kernel:
             order_a, order_h = order_ah // h, order_ah % h
             shift_x = order_w.astype(np.float32) * feat_stride
             shift_y = order_h.astype(np.float32) * feat_stride
-            anchors_sorted = anchors[order_a] + np.stack([shift_x, shift_y, shift_x, shift_y], axis=1)
-            proposals = _transform_upright(np, anchors_sorted, deltas_sorted, (np.float32(1),) * 4, plus)
+            zero = np.zeros_like(shift_x)
+            shifts = [shift_x, shift_y, shift_x, shift_y] if box_dim == 4 else [shift_x, shift_y, zero, zero, zero]
+            anchors_sorted = anchors[order_a] + np.stack(shifts, axis=1)
+            proposals = args.transform(np, anchors_sorted, deltas_sorted, (np.float32(1),) * 4)
             info = im_info[image]
-            proposals = _clip_upright(np, proposals, np.float32(int(info[0])), np.float32(int(info[1])), plus)
+            proposals = args.clip(np, proposals, np.float32(int(info[0])), np.float32(int(info[1])))
             least = np.float64(min_size) * np.float64(info[2])
-            ws = proposals[:, 2] - proposals[:, 0] + plus
-            hs = proposals[:, 3] - proposals[:, 1] + plus
-            x_ctr, y_ctr = proposals[:, 0] + ws / np.float32(2), proposals[:, 1] + hs / np.float32(2)
+            if box_dim == 4:
+                ws = proposals[:, 2] - proposals[:, 0] + plus
+                hs = proposals[:, 3] - proposals[:, 1] + plus
+                x_ctr, y_ctr = proposals[:, 0] + ws / np.float32(2), proposals[:, 1] + hs / np.float32(2)
+            else:
+                ws, hs, x_ctr, y_ctr = proposals[:, 2], proposals[:, 3], proposals[:, 0], proposals[:, 1]
             keep = np.nonzero((ws >= least) & (hs >= least) & (x_ctr < info[1]) & (y_ctr < info[0]))[0]
             top = post_top if 0 < post_top < keep.size else -1
             kept = np.asarray(nms(proposals, keep, nms_thresh, top, plus), np.int64)
-            boxes = proposals[kept].reshape(-1, 4)
+            boxes = proposals[kept].reshape(-1, box_dim)
             all_rois.append(np.concatenate([np.full((len(kept), 1), image, np.float32), boxes], axis=1))
             all_probs.append(scores_sorted[kept])
         rois = np.concatenate(all_rois).astype(np.float32) if all_rois else np.zeros((0, box_dim + 1), np.float32)

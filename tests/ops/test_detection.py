@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from differential import Case, cases, check_op, make_op, run_case, run_rnn2jax
-from rnn2jax.errors import BadArgumentError, Rnn2JaxError, ShapeError
+from rnn2jax.errors import ShapeError
 from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 
 
@@ -153,6 +153,16 @@ def clustered_boxes(rng, count, columns):
     return np.concatenate([ctr - half, ctr + half], axis=2).reshape(count, 4 * columns).astype(np.float32)
 
 
+def rotated_boxes(rng, count, columns):
+    """Rotated boxes (ctr_x, ctr_y, w, h, angle) in a few clusters: [count, 5 * columns]."""
+    centres = uniform(rng, 5, 40, (3, 2))
+    pick = rng.integers(0, 3, (count, columns))
+    ctr = centres[pick] + uniform(rng, -3, 3, (count, columns, 2))
+    size = uniform(rng, 2, 16, (count, columns, 2))
+    angle = uniform(rng, -90, 90, (count, columns, 1))
+    return np.concatenate([ctr, size, angle], axis=2).reshape(count, 5 * columns).astype(np.float32)
+
+
 def draw_box_with_nms_limit(data):
     rng = generator(data)
     classes = data.draw(st.integers(2, 4))
@@ -179,7 +189,11 @@ def draw_box_with_nms_limit(data):
     if data.draw(st.booleans()):
         args["output_classes_include_bg_cls"] = 0
     box_classes = 1 if agnostic else (classes if with_bg else classes - 1)
-    inputs = {"scores": distinct_scores(rng, (n, classes)), "boxes": clustered_boxes(rng, n, box_classes)}
+    rotated = data.draw(st.booleans())
+    boxes = (rotated_boxes if rotated else clustered_boxes)(rng, n, box_classes)
+    if rotated:
+        args["rotated"] = 1
+    inputs = {"scores": distinct_scores(rng, (n, classes)), "boxes": boxes}
     names = ["scores", "boxes"]
     if batch > 1 or data.draw(st.booleans()):
         inputs["splits"] = np.array(counts, data.draw(st.sampled_from([np.float32, np.int32])))
@@ -196,7 +210,13 @@ def draw_generate_proposals(data, op_type="GenerateProposals"):
     scale = data.draw(st.sampled_from([1.0 / 16, 0.25, 1.0]))
     stride = 1 / scale
     half = uniform(rng, 1, 3, (a, 2)) * np.float32(stride)
-    anchors = np.concatenate([-half, half], axis=1).astype(np.float32)
+    rotated = data.draw(st.booleans())
+    if rotated:  # (ctr_x, ctr_y, w, h, angle): some near upright, which clip_angle_thresh clips
+        angle = rng.choice([0.0, 0.5, 30.0, -60.0], (a, 1)).astype(np.float32)
+        anchors = np.concatenate([np.zeros((a, 2), np.float32), 2 * half, angle], axis=1).astype(np.float32)
+    else:
+        anchors = np.concatenate([-half, half], axis=1).astype(np.float32)
+    dim = 5 if rotated else 4
     heights = uniform(rng, h * stride * 0.6, h * stride * 1.2, n)
     widths = uniform(rng, w * stride * 0.6, w * stride * 1.2, n)
     im_info = np.stack([heights, widths, rng.choice([1.0, 0.5, 2.0], n).astype(np.float32)], axis=1)
@@ -211,7 +231,7 @@ def draw_generate_proposals(data, op_type="GenerateProposals"):
         args["legacy_plus_one"] = 0
     inputs = {
         "scores": distinct_scores(rng, (n, a, h, w)),
-        "deltas": uniform(rng, -0.5, 0.5, (n, 4 * a, h, w)),
+        "deltas": uniform(rng, -0.5, 0.5, (n, dim * a, h, w)),
         "im_info": im_info,
         "anchors": anchors,
     }
@@ -461,22 +481,10 @@ def test_box_with_nms_limit_under_jit_reads_static_inputs():
         np.testing.assert_array_equal(jitted[name], eager[name])
 
 
-def test_rotated_nms_is_refused():
-    """Rotated boxes' NMS (polygon intersection) is not ported: refused, never answered."""
-    op = make_op("BoxWithNMSLimit", ["s", "b"], ["a", "c", "d"], rotated=1)
-    inputs = {"s": np.zeros((1, 2), np.float32), "b": np.zeros((1, 10), np.float32)}
-    with pytest.raises(BadArgumentError, match="rotated"):
-        run_rnn2jax([op], inputs, ["a"], jit=False)
-    gen = make_op("GenerateProposals", ["s", "d", "i", "a"], ["r", "p"])
-    inputs = {
-        "s": np.zeros((1, 1, 1, 1), np.float32),
-        "d": np.zeros((1, 5, 1, 1), np.float32),
-        "i": np.ones((1, 3), np.float32),
-        "a": np.zeros((1, 5), np.float32),
-    }
-    with pytest.raises(Rnn2JaxError, match="rotated"):
-        run_rnn2jax([gen], inputs, ["r"], jit=False)
+def test_roi_pool_refuses_rank_3_input():
     with pytest.raises(ShapeError):
         run_rnn2jax(
-            [make_op("RoIPool", ["X", "R"], ["Y", "A"])], {"X": np.zeros((1, 1, 2)), "R": np.zeros((1, 5))}, ["Y"]
+            [make_op("RoIPool", ["X", "R"], ["Y", "A"])],
+            {"X": np.zeros((1, 1, 2), np.float32), "R": np.zeros((1, 5), np.float32)},
+            ["Y"],
         )
