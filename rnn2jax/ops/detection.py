@@ -8,6 +8,9 @@ values (static inputs) and run Caffe2's loops in NumPy float32; so does RoIAlign
 follows from the RoIs' sizes (sampling_ratio <= 0). Caffe2 sorts scores with std::sort, which leaves the
 order of equal scores unspecified; here equal scores keep their index order (a stable sort).
 
+RoIPoolGradient and RoIAlignRotatedGradient, which Caffe2's makers emit, have no CPU kernel in Caffe2 (only
+CUDA computes them), so there is nothing to match: they are left unsupported.
+
 Rotated boxes (5 columns: centre, size, angle in degrees) are handled throughout; their NMS intersects the
 rotated rectangles as Caffe2 does (edge crossings and enclosed corners, a Graham-scan hull, its area), in
 Python loops: exact, but slow for thousands of proposals.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -336,14 +340,6 @@ def roi_pool(op: Op) -> Kernel:
         return y, argmax
 
     return kernel
-
-
-@register("RoIPoolGradient", inputs=4)
-def roi_pool_gradient(op: Op) -> Kernel:
-    raise BadArgumentError(
-        f"{op.where}: RoIPoolGradient has no CPU kernel in Caffe2 (roi_pool_op.h: CAFFE_NOT_IMPLEMENTED; only "
-        "CUDA computes it), so rnn2jax has none to match"
-    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1026,14 +1022,6 @@ def _rotated_geometry(align: _Align, rois: Any, xp: Any) -> tuple[Any, ...]:
     return batch, ctr_h, ctr_w, roi_h, roi_w, theta
 
 
-@register("RoIAlignRotatedGradient", inputs=3)
-def roi_align_rotated_gradient(op: Op) -> Kernel:
-    raise BadArgumentError(
-        f"{op.where}: RoIAlignRotatedGradient has no CPU kernel in Caffe2 (only CUDA computes it), so rnn2jax has "
-        "none to match"
-    )
-
-
 # --------------------------------------------------------------------------------------------------
 # NormalizePlanarYUV, RMACRegions, HeatmapMaxKeypoint
 
@@ -1127,15 +1115,14 @@ def heatmap_max_keypoint(op: Op) -> Kernel:
         best = jnp.argmax(flat, axis=1)  # the first maximum, as Caffe2's scan for it
         score = jnp.max(flat, axis=1)
         my, mx = best // size, best % size
-        grid = []
-        for dy in (-1, 0, 1):
-            row = []
-            for dx in (-1, 0, 1):
-                yy = dy - 2 * (dy + my >= size) + 2 * (dy + my < 0)
-                xx = dx - 2 * (dx + mx >= size) + 2 * (dx + mx < 0)
-                row.append(jnp.take_along_axis(flat, ((yy + my) * size + xx + mx)[:, None], axis=1)[:, 0])
-            grid.append(row)
-        f = grid  # f[y + 1][x + 1]
+        # the 3x3 neighbourhood, mirrored about the maximum where it leaves the heatmap: one gather
+        d = jnp.array([-1, 0, 1])[None, :]
+        ry, rx = my[:, None], mx[:, None]
+        yy = d - 2 * (d + ry >= size) + 2 * (d + ry < 0) + ry  # [N * K, 3]
+        xx = d - 2 * (d + rx >= size) + 2 * (d + rx < 0) + rx
+        index = (yy[:, :, None] * size + xx[:, None, :]).reshape(n * k, 9)
+        near = jnp.take_along_axis(flat, index, axis=1)
+        f = [[near[:, 3 * y + x] for x in range(3)] for y in range(3)]  # f[y + 1][x + 1]
         two = np.float32(2)
         b0, b1 = -(f[1][2] - f[1][0]) / two, -(f[2][1] - f[0][1]) / two
         a00 = f[1][0] - two * f[1][1] + f[1][2]
@@ -1157,7 +1144,7 @@ def heatmap_max_keypoint(op: Op) -> Kernel:
         y0 = jnp.repeat(boxes[:, 1], k)
         x_len = jnp.repeat(jnp.maximum(boxes[:, 2] - boxes[:, 0], np.float32(1)), k)
         y_len = jnp.repeat(jnp.maximum(boxes[:, 3] - boxes[:, 1], np.float32(1)), k)
-        wide = jnp.float64 if jnp.zeros((), jnp.float64).dtype == np.float64 else jnp.float32
+        wide = jax.dtypes.canonicalize_dtype(jnp.float64)  # C++ computes these in double
         kx = (x0.astype(wide) + (0.5 + mx + d0.astype(wide)) * x_len.astype(wide) / size).astype(jnp.float32)
         ky = (y0.astype(wide) + (0.5 + my + d1.astype(wide)) * y_len.astype(wide) / size).astype(jnp.float32)
         if softmax:
