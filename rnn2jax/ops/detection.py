@@ -40,7 +40,7 @@ from .gradient_makers import (
 from .registry import Kernel, declare_family, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
-runtime_checked("RoIAlign", "RoIAlignGradient", "RoIPool", "BBoxTransform")
+runtime_checked("RoIAlign", "RoIAlignGradient", "RoIAlignRotated", "RoIPool", "BBoxTransform")
 
 _F32 = np.dtype(np.float32)
 # utils::BBOX_XFORM_CLIP_DEFAULT (generate_proposals_op_util_boxes.h): log(1000 / 16), a float
@@ -84,6 +84,14 @@ def _rois_columns(op: Op, rois: Any, index: int = 1) -> int:
             f"got shape {list(rois.shape)}"
         )
     return rois.shape[1]
+
+
+def _check_batch_index(op: Op, batch: Any, n: int, xp: Any = jnp) -> None:
+    """RoIs' batch indices must pick an image of X (Caffe2 reads outside X otherwise)."""
+    enforce(
+        ~xp.any((batch < 0) | (batch >= n)),
+        f"{literal(op.where)}: RoIs '{literal(op.inputs[1])}' hold a batch index outside [0, {n})",
+    )
 
 
 def _round_half_away(x: Any) -> Any:
@@ -186,6 +194,7 @@ def roi_align(op: Op) -> Kernel:
         if n_rois == 0:
             return jnp.zeros((0, ph, pw, c) if nhwc else (0, c, ph, pw), jnp.float32)
         batch, y1, x1, roi_h, roi_w = align.geometry(rois)
+        _check_batch_index(op, batch, xt.shape[0])
         grid_h, grid_w, most_h, most_w = align.grids(rois)
         bin_h, bin_w = roi_h / np.float32(ph), roi_w / np.float32(pw)
         vy, yl, yh, qy, py = _axis_samples(y1, bin_h, grid_h, ph, most_h, h, False)
@@ -234,6 +243,7 @@ def roi_align_gradient(op: Op) -> Kernel:
             )
         grad = jnp.reshape(dy, (n_rois, c, ph, pw))
         batch, y1, x1, roi_h, roi_w = align.geometry(rois)
+        _check_batch_index(op, batch, x.shape[0])
         grid_h, grid_w, most_h, most_w = align.grids(rois)
         bin_h, bin_w = roi_h / np.float32(ph), roi_w / np.float32(pw)
         vy, yl, yh, qy, py = _axis_samples(y1, bin_h, grid_h, ph, most_h, h, True)
@@ -297,11 +307,7 @@ def roi_pool(op: Op) -> Kernel:
         _check_float(op, rois, 1)
         n, c, h, w = x.shape
         batch = rois[:, 0].astype(jnp.int32)
-        bad = (batch < 0) | (batch >= n)
-        enforce(
-            ~jnp.any(bad),
-            f"{literal(op.where)}: RoIs '{literal(op.inputs[1])}' hold a batch index outside [0, {n})",
-        )
+        _check_batch_index(op, batch, n)
         corners = _round_half_away(rois[:, 1:] * scale).astype(jnp.int32)
         start_w, start_h, end_w, end_h = corners[:, 0], corners[:, 1], corners[:, 2], corners[:, 3]
         roi_h = jnp.maximum(end_h - start_h + 1, 1)
@@ -505,8 +511,8 @@ def bbox_transform(op: Op) -> Kernel:
         else:
             ids = rois[:, 0].astype(jnp.int32)
             enforce(
-                ~jnp.any(ids >= batch_size),
-                f"{literal(op.where)}: rois '{literal(op.inputs[0])}' hold a batch index >= {batch_size}",
+                ~jnp.any((ids < 0) | (ids >= batch_size)),
+                f"{literal(op.where)}: rois '{literal(op.inputs[0])}' hold a batch index outside [0, {batch_size})",
             )
             counts = jnp.sum(ids[:, None] == jnp.arange(batch_size)[None, :], axis=0).astype(jnp.int32)
             image = jnp.searchsorted(jnp.cumsum(counts), jnp.arange(m), side="right")
@@ -951,6 +957,7 @@ def roi_align_rotated(op: Op) -> Kernel:
             )
         _check_float(op, rois, 1)
         batch, ctr_h, ctr_w, roi_h, roi_w, theta = _rotated_geometry(align, rois, jnp)
+        _check_batch_index(op, batch, xt.shape[0])
         if align.sampling > 0:
             grid_h = grid_w = most_h = most_w = align.sampling
         else:

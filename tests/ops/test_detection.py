@@ -491,3 +491,16 @@ def test_roi_pool_refuses_rank_3_input():
             {"X": np.zeros((1, 1, 2), np.float32), "R": np.zeros((1, 5), np.float32)},
             ["Y"],
         )
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_batch_index_outside_x_is_refused(jit):
+    """Caffe2's RoIAlign reads outside X for a batch index past its images (no check); rnn2jax refuses it,
+    at the op when the RoIs are known, after the compiled call when they are traced (sampling_ratio > 0)."""
+    x = np.zeros((1, 1, 4, 4), np.float32)
+    rois = np.array([[2, 0, 0, 2, 2]], np.float32)
+    for op_type in ("RoIAlign", "RoIAlignRotated"):
+        r = rois if op_type == "RoIAlign" else np.array([[2, 1, 1, 2, 2, 0]], np.float32)
+        op = make_op(op_type, ["X", "R"], ["Y"], sampling_ratio=2)
+        with pytest.raises(ShapeError, match="batch index"):
+            run_rnn2jax([op], {"X": x, "R": r}, ["Y"], jit=jit)
