@@ -504,3 +504,36 @@ def test_batch_index_outside_x_is_refused(jit):
         op = make_op(op_type, ["X", "R"], ["Y"], sampling_ratio=2)
         with pytest.raises(ShapeError, match="batch index"):
             run_rnn2jax([op], {"X": x, "R": r}, ["Y"], jit=jit)
+
+
+def test_proposals_feed_roi_align_in_one_compiled_net(caffe2):
+    """GenerateProposals -> BBoxTransform -> BoxWithNMSLimit -> RoIAlign as one net, compiled: the proposals'
+    values decide the next ops' shapes, so the compiler computes them from the static net inputs."""
+    rng = np.random.default_rng(3)
+    inputs = {
+        "scores": distinct_scores(rng, (1, 2, 3, 3)),
+        "deltas": uniform(rng, -0.3, 0.3, (1, 8, 3, 3)),
+        "im_info": np.array([[40, 40, 1]], np.float32),
+        "anchors": np.array([[-8, -8, 8, 8], [-12, -6, 12, 6]], np.float32),
+        "cls_deltas": uniform(rng, -0.2, 0.2, (50, 12)),
+        "cls_scores": distinct_scores(rng, (50, 3)),
+        "X": uniform(rng, -1, 1, (1, 2, 10, 10)),
+    }
+    ops = [
+        make_op("GenerateProposals", ["scores", "deltas", "im_info", "anchors"], ["rois", "probs"], spatial_scale=0.25),
+        make_op("BBoxTransform", ["rois", "d_rows", "im_info"], ["boxes"]),
+        make_op("BoxWithNMSLimit", ["s_rows", "boxes"], ["det_scores", "det_boxes", "det_classes"], score_thresh=0.2),
+        make_op("RoIAlign", ["X", "det_boxes"], ["feat"], spatial_scale=0.25, pooled_h=2, pooled_w=2),
+    ]
+    # the class deltas and scores of as many rows as there are proposals
+    want = caffe2.run([("ops", ops[:1])], inputs, fetch=["rois"])
+    count = want["rois"].shape[0]
+    inputs["d_rows"] = inputs["cls_deltas"][:count]
+    inputs["s_rows"] = inputs["cls_scores"][:count]
+    outputs = ["rois", "boxes", "det_scores", "det_boxes", "det_classes", "feat"]
+    want = caffe2.run([("ops", ops)], inputs, fetch=outputs)
+    got = run_rnn2jax(ops, inputs, outputs)
+    from differential import assert_blobs_equal
+
+    assert_blobs_equal(got, want, rtol=1e-4)
+    assert want["det_boxes"].shape[0] > 0
