@@ -549,7 +549,7 @@ def _overlaps(boxes: np.ndarray, areas: np.ndarray, i: int, rest: np.ndarray, pl
     rotated [ctr_x, ctr_y, w, h, angle] ones (their intersection polygon's area)."""
     if boxes.shape[1] == 5:
         inter = np.array([_rotated_intersection(boxes[i], boxes[j]) for j in rest], np.float32).reshape(-1)
-        return inter / (areas[i] + areas[rest] - inter)
+        return _iou(inter, areas[i] + areas[rest] - inter)
     xx1 = np.maximum(boxes[rest, 0], boxes[i, 0])
     yy1 = np.maximum(boxes[rest, 1], boxes[i, 1])
     xx2 = np.minimum(boxes[rest, 2], boxes[i, 2])
@@ -557,7 +557,13 @@ def _overlaps(boxes: np.ndarray, areas: np.ndarray, i: int, rest: np.ndarray, pl
     w = np.maximum(xx2 - xx1 + plus, np.float32(0))
     h = np.maximum(yy2 - yy1 + plus, np.float32(0))
     inter = w * h
-    return inter / (areas[i] + areas[rest] - inter)
+    return _iou(inter, areas[i] + areas[rest] - inter)
+
+
+def _iou(inter: np.ndarray, union: np.ndarray) -> np.ndarray:
+    """inter / union; two empty boxes give NaN, which no threshold keeps (as in Caffe2)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return inter / union
 
 
 def _areas(boxes: np.ndarray, plus: np.float32) -> np.ndarray:
