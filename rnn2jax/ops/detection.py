@@ -1,12 +1,16 @@
-"""Detection ops of Detectron (Faster/Mask R-CNN): RoI pooling and alignment, box regression, NMS and
-region proposals (caffe2/operators/roi_align_op.cc, roi_align_gradient_op.cc, roi_pool_op.cc,
-bbox_transform_op.cc, box_with_nms_limit_op.cc, generate_proposals_op.cc and its utils headers).
+"""Detection ops of Detectron (Faster/Mask R-CNN): RoI pooling and alignment, box regression, NMS, region
+proposals, FPN level assignment, keypoints and R-MAC regions (caffe2/operators/roi_align_op.cc,
+roi_align_gradient_op.cc, roi_align_rotated_op.cc, roi_pool_op.cc, bbox_transform_op.cc,
+box_with_nms_limit_op.cc, generate_proposals_op.cc and its utils headers,
+collect_and_distribute_fpn_rpn_proposals_op.cc, heatmap_max_keypoint_op.cc, rmac_regions_op.cc,
+normalize_planar_yuv_op.cc).
 
-RoIAlign, RoIAlignGradient, RoIPool and BBoxTransform are jax.numpy gathers and scatters over the RoIs.
-NMS keeps a data-dependent number of boxes, so BoxWithNMSLimit and GenerateProposals read their inputs'
-values (static inputs) and run Caffe2's loops in NumPy float32; so does RoIAlign where its sampling grid
-follows from the RoIs' sizes (sampling_ratio <= 0). Caffe2 sorts scores with std::sort, which leaves the
-order of equal scores unspecified; here equal scores keep their index order (a stable sort).
+RoIAlign (rotated too), RoIAlignGradient, RoIPool, BBoxTransform and HeatmapMaxKeypoint are jax.numpy
+gathers and scatters. NMS keeps a data-dependent number of boxes, so BoxWithNMSLimit, GenerateProposals and
+the FPN ops read their inputs' values (static inputs) and run Caffe2's loops in NumPy float32; RoIAlign
+reads its RoIs' values only where its sampling grid follows from their sizes (sampling_ratio <= 0). Caffe2
+sorts scores with std::sort, which leaves the order of equal scores unspecified (in practice: index order up
+to 16 of them, its insertion sort; not beyond); here equal scores keep their index order (a stable sort).
 
 RoIPoolGradient and RoIAlignRotatedGradient, which Caffe2's makers emit, have no CPU kernel in Caffe2 (only
 CUDA computes them), so there is nothing to match: they are left unsupported.
