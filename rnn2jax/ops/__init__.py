@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     compare,
     conv,
     dataset,
+    detection,
     distributed,
     elementwise,
     embedding,
