@@ -345,6 +345,29 @@ def _builtin_maker(op_type: str) -> Callable | None:
     return gradient_maker(op_type)
 
 
+def _control_ops_gradient(name: str) -> Callable:
+    """Caffe2's Python maker `name` of caffe2/python/control_ops_grad.py (If, Do, While), which Caffe2's
+    core.py registers: that module is Caffe2's own, run from the Caffe2 source tree on this API, imported
+    when a gradient is first asked for."""
+
+    def maker(op: caffe2_pb2.OperatorDef, g_output: Sequence[Any]) -> tuple[list, list]:
+        try:
+            from caffe2.python import control_ops_grad
+        except ImportError as error:
+            raise GradientError(
+                f"the gradient of {op.type} is Caffe2's control_ops_grad.{name}, a module of Caffe2's source "
+                f"tree, which could not be imported ({error}); rnn2jax.caffe2.install() finds the tree"
+            ) from None
+        return getattr(control_ops_grad, name)(op, g_output)
+
+    maker.__name__ = name
+    return maker
+
+
+for _type, _name in (("Do", "gen_do_gradient"), ("If", "gen_if_gradient"), ("While", "gen_while_gradient")):
+    GradientRegistry.RegisterGradient(_type)(_control_ops_gradient(_name))
+
+
 def _plain(grad: Any) -> Any:
     if isinstance(grad, tuple):
         return (str(grad[0]), str(grad[1]))
