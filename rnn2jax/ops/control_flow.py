@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import BadArgumentError, ShapeError
+from ..errors import BadArgumentError, MissingBlobError, ShapeError
 from ..ir.netdef import Net, Op
 from .facets import NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import should_not_do_gradient
@@ -454,6 +454,212 @@ def do_op(op: Op, lower: LowerNet) -> DoLowering:
 
 
 # ------------------------------------------------------------------------------------------------
+# ONNXWhile
+
+
+_CONDITION_TYPES = (np.dtype(np.int32), np.dtype(np.bool_), np.dtype(np.int64))
+
+
+class ONNXWhileLowering:
+    """ONNXWhile (ONNX's Loop): inputs max trip count, first condition, N loop-carried dependencies; the body
+    net's external inputs are the iteration number, the condition and the N dependencies, its external
+    outputs the condition, the N dependencies and K scan outputs; the op's outputs the final dependencies
+    and the scan outputs stacked over iterations. The body runs in a workspace of its own, which sees none
+    of the enclosing blobs (disable_scopes: in the enclosing one, which then keeps what it writes).
+
+    The trip count is made static (registry `static_inputs`): without has_cond the loop is one `lax.scan`,
+    so gradients flow; with has_cond it unrolls while the condition is known and becomes `lax.while_loop`
+    where it is traced (then it can have no scan outputs: their length would be data-dependent).
+    Caffe2 (torch 1.10.2) stacks the scan outputs wrongly (its first CopyFrom drops the iteration axis, and
+    later iterations write past the tensor it extends): the outputs here are the stack ONNX's Loop defines."""
+
+    def __init__(self, op: Op, lower: LowerNet):
+        self.op = op
+        if "body" not in dict(op.nested_nets()):
+            raise BadArgumentError(f"{op.where}: body net must be specified in ONNXWhile operator")
+        self.has_trip_count = bool(op.int("has_trip_count", 0))
+        self.has_cond = bool(op.int("has_cond", 0))
+        self.disable_scopes = bool(op.int("disable_scopes", 0))
+        if self.disable_scopes and op.int("save_scopes", 0):
+            raise BadArgumentError(f"{op.where}: Cannot save scopes when disable_scopes=True")
+        body = op.net("body")
+        count = op.int("num_loop_carried_deps", -1)
+        self.deps = len(op.inputs) - 2 if count == -1 else count
+        if self.deps < 0 or len(op.inputs) < 2 + self.deps:
+            raise BadArgumentError(
+                f"{op.where}: ONNXWhile takes a trip count, a condition and {self.deps} dependencies"
+            )
+        if len(body.external_inputs) < 2 + self.deps or not body.external_outputs:
+            raise BadArgumentError(
+                f"{op.where}: the body net's external inputs must be the iteration number, the condition and the "
+                f"{self.deps} loop-carried dependencies, and its first external output the condition"
+            )
+        self.scans = len(body.external_outputs) - 1 - self.deps
+        if self.scans < 0:
+            raise BadArgumentError(
+                f"{op.where}: Body graph must have N+K outputs, where N is the number of loop-carried dependencies "
+                "and K is the number of scan outputs"
+            )
+        if len(op.outputs) < self.deps + self.scans:
+            raise BadArgumentError(
+                f"{op.where}: ONNXWhile writes {self.deps} dependencies and {self.scans} scan outputs, but names "
+                f"{len(op.outputs)} outputs"
+            )
+        if not self.has_trip_count and not self.has_cond:
+            raise BadArgumentError(f"{op.where}: neither has_trip_count nor has_cond: the loop would never stop")
+        self.body = lower(body)
+        self.inner = body.external_inputs
+        self.results = body.external_outputs
+        own = set(self.inner[: 2 + self.deps])
+        self.scope_reads = tuple(n for n in self.body.inputs if n not in own) if self.disable_scopes else ()
+        self.scope_writes = tuple(dict.fromkeys([*own, *written_by(body)])) if self.disable_scopes else ()
+
+    def _step(self, values: dict[str, Any], scope: Mapping[str, Any], key: jax.Array) -> dict[str, Any]:
+        env: MutableMapping[str, Any] = ChainMap(dict(values), scope) if self.disable_scopes else dict(values)
+        self.body.run(env, key=key)
+        return dict(env.maps[0]) if isinstance(env, ChainMap) else dict(env)
+
+    def _inputs(self, iteration: Any, condition: Any, deps: list[Any], dtype: np.dtype) -> dict[str, Any]:
+        xp = jnp if _is_traced(iteration) or _is_traced(condition) else np
+        values = {
+            self.inner[0]: xp.asarray(iteration, np.int64).reshape(()),
+            self.inner[1]: xp.asarray(condition).astype(dtype).reshape((1,)),
+        }
+        values.update(zip(self.inner[2 : 2 + self.deps], deps, strict=True))
+        return values
+
+    def _outputs(self, env: Mapping[str, Any]) -> tuple[Any, list[Any], list[Any]]:
+        op = self.op
+        try:
+            results = [env[name] for name in self.results]
+        except KeyError as missing:
+            raise MissingBlobError(f"{op.where}: the body net does not write its external output {missing}") from None
+        condition = results[0]
+        if getattr(condition, "size", 0) < 1:
+            raise ShapeError(f"{op.where}: the body's condition output '{self.results[0]}' is empty")
+        flat = (
+            jnp.reshape(condition, (-1,))[0] if _is_traced(condition) else np.reshape(np.asarray(condition), (-1,))[0]
+        )
+        return flat.astype(bool), results[1 : 1 + self.deps], results[1 + self.deps :]
+
+    def __call__(self, trips: Any, first: Any, *deps: Any, scope: MutableMapping[str, Any], key: jax.Array) -> tuple:
+        op = self.op
+        dtype = np.dtype(first.dtype)
+        if dtype not in _CONDITION_TYPES:
+            raise ShapeError(
+                f"{op.where}: the condition '{op.inputs[1]}' is {dtype}; ONNXWhile takes int32, bool or int64"
+            )
+        if np.dtype(trips.dtype) != np.int64 or trips.size < 1:
+            raise ShapeError(f"{op.where}: the trip count '{op.inputs[0]}' must be an int64 tensor, got {trips.dtype}")
+        limit = None
+        if self.has_trip_count:
+            if _is_traced(trips):
+                raise ShapeError(f"{op.where}: the trip count '{op.inputs[0]}' must be known when the net is compiled")
+            limit = int(np.reshape(np.asarray(trips), (-1,))[0])
+        condition = np.bool_(True)
+        if self.has_cond:  # Caffe2 reads the first value
+            xp = jnp if _is_traced(first) else np
+            condition = xp.reshape(xp.asarray(first), (-1,))[0].astype(bool)
+        state, written, scans = list(deps[: self.deps]), {}, [[] for _ in range(self.scans)]
+        iteration = 0
+        if not self.has_cond:
+            state, written, stacked = self._scan(limit, condition, state, dtype, scope, key)
+        else:
+            while limit is None or iteration < limit:
+                if _is_traced(condition):
+                    state, written = self._while(iteration, limit, condition, state, dtype, scope, key)
+                    break
+                if not bool(condition):
+                    break
+                written = self._step(
+                    self._inputs(iteration, condition, state, dtype), scope, jax.random.fold_in(key, iteration)
+                )
+                condition, state, outs = self._outputs(written)
+                for k, value in enumerate(outs):
+                    scans[k].append(value)
+                iteration += 1
+            stacked = [_stack(op, values) for values in scans]
+        if self.disable_scopes:
+            scope.update({n: written[n] for n in self.scope_writes if n in written})
+        return (*state, *stacked)
+
+    def _scan(self, limit, condition, state, dtype, scope, key) -> tuple[list[Any], dict[str, Any], list[Any]]:
+        """No has_cond: `limit` steps of one `lax.scan` (the dependencies keep their shapes and dtypes)."""
+        op = self.op
+        if not limit:
+            return state, {}, [np.zeros((0,), np.int32) for _ in range(self.scans)]
+
+        def step(carry: tuple[list[Any], dict[str, Any]], iteration: Any) -> tuple:
+            deps, _ = carry
+            env = self._step(self._inputs(iteration, condition, deps, dtype), scope, jax.random.fold_in(key, iteration))
+            _, new, outs = self._outputs(env)
+            kept = {n: env[n] for n in self.scope_writes if n in env}
+            return (
+                [_like(op, self.results[1 + j], v, d) for j, (v, d) in enumerate(zip(new, deps, strict=True))],
+                kept,
+            ), outs
+
+        first = jax.eval_shape(lambda: step((state, {}), jnp.int64(0)))
+        kept0 = _zeros_like(first[0][1])
+        deps0 = [jnp.asarray(d) for d in state]
+        (final, kept), stacked = jax.lax.scan(step, (deps0, kept0), jnp.arange(limit, dtype=np.int64))
+        return list(final), kept, list(stacked)
+
+    def _while(self, start, limit, condition, state, dtype, scope, key) -> tuple[list[Any], dict[str, Any]]:
+        """A traced condition: `lax.while_loop` on, from iteration `start` (bounded by the trip count)."""
+        op = self.op
+        if self.scans:
+            raise ShapeError(
+                f"{op.where}: the loop's condition is known only at run time, so its {self.scans} scan output(s) "
+                "would have a data-dependent length"
+            )
+
+        def step(carry):
+            iteration, flag, deps, _ = carry
+            env = self._step(self._inputs(iteration, flag, deps, dtype), scope, jax.random.fold_in(key, iteration))
+            flag, new, _ = self._outputs(env)
+            kept = {n: env[n] for n in self.scope_writes if n in env}
+            deps = [_like(op, self.results[1 + j], v, d) for j, (v, d) in enumerate(zip(new, deps, strict=True))]
+            return iteration + 1, jnp.asarray(flag, bool), deps, kept
+
+        deps0 = [jnp.asarray(d) for d in state]
+        first = jax.eval_shape(lambda: step((jnp.int64(start), jnp.asarray(condition, bool), deps0, {})))
+        carry = (jnp.int64(start), jnp.asarray(condition, bool), deps0, _zeros_like(first[3]))
+
+        def go_on(carry) -> Any:
+            iteration, flag = carry[0], carry[1]
+            return flag if limit is None else jnp.logical_and(flag, iteration < limit)
+
+        _, _, final, kept = jax.lax.while_loop(go_on, step, carry)
+        return list(final), kept
+
+
+def _like(op: Op, name: str, value: Any, before: Any) -> Any:
+    """A loop-carried dependency after a step, which a compiled loop carries with the shape and dtype it had."""
+    if tuple(value.shape) != tuple(before.shape) or np.dtype(value.dtype) != np.dtype(before.dtype):
+        raise ShapeError(
+            f"{op.where}: loop-carried dependency '{name}' is {np.dtype(before.dtype)}{list(before.shape)} before a "
+            f"step and {np.dtype(value.dtype)}{list(value.shape)} after it; a compiled loop keeps one shape and dtype"
+        )
+    return value
+
+
+def _stack(op: Op, values: list[Any]) -> Any:
+    if not values:
+        return np.zeros((0,), np.int32)  # Caffe2's zero-iteration scan output
+    if len({(tuple(v.shape), np.dtype(v.dtype)) for v in values}) > 1:
+        raise ShapeError(f"{op.where}: Size of scan output changed across iterations")
+    return jnp.stack([jnp.asarray(v) for v in values])
+
+
+@register(
+    "ONNXWhile", inputs=(2, None), outputs=(0, None), random=True, scoped=True, carries_nets=True, static_inputs=(0,)
+)
+def onnx_while(op: Op, lower: LowerNet) -> ONNXWhileLowering:
+    return ONNXWhileLowering(op, lower)
+
+
+# ------------------------------------------------------------------------------------------------
 # CreateScope, HasScope
 
 
@@ -467,7 +673,9 @@ def create_scope(op: Op) -> Callable[[], ScopeStack]:
 def has_scope(op: Op) -> Callable[[Any], Any]:
     def kernel(stack: Any) -> Any:
         depth = _stack_of(op, op.inputs[0], stack).depth
-        return jnp.reshape(jnp.asarray(depth) > 0, (1,))
+        if not _is_traced(depth):  # known: a While over it (a gradient While's) unrolls
+            return np.reshape(np.asarray(depth) > 0, (1,))
+        return jnp.reshape(depth > 0, (1,))
 
     return kernel
 

@@ -116,9 +116,38 @@ def draw_create_scope(data: st.DataObject) -> tuple[pb.OperatorDef, dict[str, np
     return make_op("CreateScope", [], ["ws"]), {}
 
 
+def draw_onnx_while(data: st.DataObject) -> tuple[pb.OperatorDef, dict[str, np.ndarray]]:
+    """ONNXWhile with a drawn trip count and, drawn, a condition the body computes from the iteration number
+    (bool, so that the body's LT writes the condition's type); one or two dependencies, no scan outputs (Caffe2
+    stacks those wrongly: see ONNXWhileLowering). The body makes its own constants: its workspace sees none of
+    the enclosing blobs, unless disable_scopes. One draw in eight gives an int32 trip count (Caffe2 refuses)."""
+    shape = data.draw(shapes(1, 2))
+    deps = data.draw(st.integers(1, 2))
+    has_cond = data.draw(st.booleans())
+    dtype = np.bool_ if has_cond else data.draw(st.sampled_from([np.bool_, np.int32, np.int64]))
+    names = [f"d{j}" for j in range(deps)]
+    ops = [
+        make_op("GivenTensorFill", [], ["w"], shape=list(shape), values=data.draw(arrays(shape)).ravel().tolist()),
+        make_op("ConstantFill", [], ["lim"], shape=[], value=data.draw(st.integers(0, 4)), dtype=pb.TensorProto.INT64),
+    ]
+    ops += [make_op(data.draw(st.sampled_from(BINARY)), [name, "w"], [f"{name}_out"]) for name in names]
+    ops.append(make_op("LT", ["it", "lim"], ["cond_out"]))
+    body = create_net("body", ops)
+    body.external_input.extend(["it", "cond_in", *names])
+    body.external_output.extend(["cond_out", *(f"{name}_out" for name in names)])
+    trips = np.array(data.draw(st.integers(0, 4)), np.int32 if invalid(data) else np.int64)
+    inputs = {"trips": trips, "cond": np.array([data.draw(st.booleans())]).astype(dtype)}
+    inputs.update({name: data.draw(arrays(shape)) for name in names})
+    args = {"body": body, "has_trip_count": 1, "has_cond": int(has_cond)}
+    if data.draw(st.booleans()):
+        args["disable_scopes"] = 1
+    return make_op("ONNXWhile", list(inputs), [f"{name}_final" for name in names], **args), inputs
+
+
 CASES = cases(
     Case("If", draw_if, note="then and else nets; a traced condition is lax.cond; gradient: test_if_gradient"),
     Case("While", draw_while, note="data-dependent trip count: lax.while_loop under jit, unrolled eagerly"),
+    Case("ONNXWhile", draw_onnx_while, note="trip count static: lax.scan, or lax.while_loop with has_cond"),
     Case("Do", draw_do, note="run after CreateScope, in one workspace; gradient: test_do_gradient"),
     Case("HasScope", draw_has_scope, note="after CreateScope and, drawn, a Do"),
     Case("CreateScope", draw_create_scope, note="its stack read back by HasScope"),
@@ -165,7 +194,7 @@ def test_matches_caffe2(caffe2, case, data):
         run_case(caffe2, case, data)
 
 
-@pytest.mark.parametrize("op_type", ["If", "While"])
+@pytest.mark.parametrize("op_type", ["If", "While", "ONNXWhile"])
 @given(data=st.data())
 def test_known_condition_matches_caffe2(caffe2, op_type, data):
     """Run eagerly, the condition is known: If runs one branch, While unrolls (each step traced once)."""
