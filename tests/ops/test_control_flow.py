@@ -15,7 +15,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from differential import Case, arrays, assert_blobs_equal, cases, invalid, make_op, run_case, run_rnn2jax, shapes
+from differential import (
+    Case,
+    arrays,
+    assert_blobs_equal,
+    cases,
+    check_op,
+    invalid,
+    make_op,
+    run_case,
+    run_rnn2jax,
+    shapes,
+)
 from rnn2jax.caffe2.opdef import create_net
 from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import Rnn2JaxError
@@ -145,10 +156,17 @@ def draw_onnx_while(data: st.DataObject) -> tuple[pb.OperatorDef, dict[str, np.n
 
 
 CASES = cases(
-    Case("If", draw_if, note="then and else nets; a traced condition is lax.cond; gradient: test_if_gradient"),
+    Case(
+        "If",
+        draw_if,
+        gradient_ops=("If",),
+        note="then and else nets; a traced condition is lax.cond; gradient: test_if_gradient",
+    ),
     Case("While", draw_while, note="data-dependent trip count: lax.while_loop under jit, unrolled eagerly"),
     Case("ONNXWhile", draw_onnx_while, note="trip count static: lax.scan, or lax.while_loop with has_cond"),
-    Case("Do", draw_do, note="run after CreateScope, in one workspace; gradient: test_do_gradient"),
+    Case(
+        "Do", draw_do, gradient_ops=("Do",), note="run after CreateScope, in one workspace; gradient: test_do_gradient"
+    ),
     Case("HasScope", draw_has_scope, note="after CreateScope and, drawn, a Do"),
     Case("CreateScope", draw_create_scope, note="its stack read back by HasScope"),
 )
@@ -190,6 +208,9 @@ def test_matches_caffe2(caffe2, case, data):
     if case.op_type in SCOPED:
         ops, inputs, fetch = scoped_net(data, case)
         check_net(caffe2, ops, inputs, fetch, jit=True)
+    elif case.gradient_ops:  # If: its gradient is test_if_gradient's (Caffe2's maker wants Do-wrapped branches)
+        op, inputs = case.draw(data)
+        check_op(caffe2, op, inputs)
     else:
         run_case(caffe2, case, data)
 
