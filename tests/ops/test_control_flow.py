@@ -323,3 +323,50 @@ def test_while_refuses_a_carried_blob_that_changes_shape():
     with pytest.raises(Rnn2JaxError, match="blob 'c' is bool\\[1\\] before a step and bool\\[\\] after it"):
         run_rnn2jax([op], inputs, ["i"])
     assert run_rnn2jax([op], inputs, ["i"], jit=False)["i"] == 3
+
+
+@given(data=st.data())
+def test_while_gradient_when_the_trip_count_is_known(caffe2, data):
+    """While's gradient (control_ops_grad.gen_while_gradient) is a While that runs the gradient of its loop body's
+    Do while the forward Do's workspaces last (HasScope), each step popping one. It needs the forward loop's
+    steps, which a loop with a known condition has (run eagerly here: it unrolls, and so does its gradient).
+    The body writes y from x and w (Caffe2's maker refuses a body that updates a blob in place: "Reusage of
+    outer blob name" of its gradient); at least one step, or the loop leaves no y to take a gradient of."""
+    shape = data.draw(shapes(1, 2))
+    n = data.draw(st.integers(1, 3))
+    body = create_net(
+        "body",
+        [make_op("Add", ["i", "one"], ["i"]), make_op(data.draw(st.sampled_from(BINARY)), ["x", "w"], ["y"])],
+    )
+    names = ["i", "x", "one", "w", "y"]
+    do = make_op(
+        "Do",
+        ["i", "x", "one", "w", "ws"],
+        ["i", "y", "ws"],
+        net=body,
+        inner_blobs=names,
+        outer_blobs_idx=[0, 1, 2, 3, 5],
+    )
+    op = make_op(
+        "While",
+        ["c", "i", "x", "one", "n", "w", "ws"],
+        ["i", "y", "ws"],
+        loop_net=create_net("loop", [do]),
+        cond_net=create_net("cond", [make_op("LT", ["i", "n"], ["c"])]),
+    )
+    inputs = {
+        "c": np.array(False),
+        "i": np.array(0, np.int32),
+        "x": data.draw(arrays(shape)),
+        "one": np.array(1, np.int32),
+        "n": np.array(n, np.int32),
+        "w": data.draw(arrays(shape)),
+    }
+    c2_ops, g_input = caffe2.gradient_for_op(op, [None, "y_grad", None])
+    assert {g.type for g in c2_ops} <= {"While", "HasScope", "Copy"}
+    forward = [make_op("CreateScope", [], ["ws"]), op]
+    feeds = {**inputs, "y_grad": np.random.default_rng(n).standard_normal(shape).astype(np.float32)}
+    fetch = [g for g in g_input if g is not None]
+    assert fetch
+    want = caffe2.run([("ops", forward), ("ops", c2_ops)], feeds, fetch=fetch)
+    assert_blobs_equal(run_rnn2jax([*forward, *c2_ops], feeds, fetch, jit=False), want)
