@@ -312,6 +312,8 @@ class GradientRegistry:
                         (str(g[0]), str(g[1])) if isinstance(g, tuple) else (None if g is None else str(g))
                         for g in g_input
                     ]
+                    # a maker may answer fewer (control_ops_grad's `return [], []`): Caffe2's zip stops short
+                    ctx.g_input += [None] * (len(ctx.op.input) - len(ctx.g_input))
                     if ops is None:
                         return []
                     return list(ops) if isinstance(ops, list | tuple) else [ops]
@@ -343,6 +345,17 @@ class GradientRegistry:
 
 def _builtin_maker(op_type: str) -> Callable | None:
     return gradient_maker(op_type)
+
+
+class IR:
+    """Caffe2's `core.IR` for what Caffe2's own Python modules ask of it: the backward pass of some operators
+    (control_ops_grad builds the gradient nets of If, Do and While with `IR(net.op).GetBackwardPass`)."""
+
+    def __init__(self, operators: Iterable[caffe2_pb2.OperatorDef]):
+        self.ssa = list(operators)
+
+    def GetBackwardPass(self, ys: Any) -> tuple[list, dict]:
+        return GradientRegistry.GetBackwardPass(self.ssa, ys)
 
 
 def _control_ops_gradient(name: str) -> Callable:
