@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from differential import (
@@ -33,6 +33,8 @@ from rnn2jax.errors import Rnn2JaxError
 from rnn2jax.proto import caffe2_pb2 as pb
 
 BINARY = ("Add", "Sub", "Mul")
+# half the profile's examples for the tests whose every example compiles nets within nets (keeps the file fast)
+FEWER_EXAMPLES = settings(max_examples=max(1, settings().max_examples // 2))
 
 
 def draw_condition(data: st.DataObject, value: bool | None = None, scalar: bool = False) -> np.ndarray:
@@ -216,6 +218,7 @@ def test_matches_caffe2(caffe2, case, data):
 
 
 @pytest.mark.parametrize("op_type", ["If", "While", "ONNXWhile"])
+@FEWER_EXAMPLES
 @given(data=st.data())
 def test_known_condition_matches_caffe2(caffe2, op_type, data):
     """Run eagerly, the condition is known: If runs one branch, While unrolls (each step traced once)."""
@@ -286,6 +289,7 @@ def scoped_branch(data: st.DataObject, name: str) -> tuple[pb.NetDef, str]:
     return create_net(f"do_{name}_net", [do]), ws
 
 
+@FEWER_EXAMPLES
 @given(data=st.data())
 def test_if_gradient(caffe2, data):
     """If's gradient is an If over the branches' gradient nets (control_ops_grad.gen_if_gradient), here of
@@ -301,6 +305,7 @@ def test_if_gradient(caffe2, data):
     assert [g.type for g in grad_ops] == ["If"]
 
 
+@FEWER_EXAMPLES
 @given(data=st.data())
 def test_do_gradient(caffe2, data):
     """Do's gradient is a gradient Do reading the forward Do's workspace from the stack (gen_do_gradient)."""
@@ -325,6 +330,7 @@ def test_while_refuses_a_carried_blob_that_changes_shape():
     assert run_rnn2jax([op], inputs, ["i"], jit=False)["i"] == 3
 
 
+@FEWER_EXAMPLES
 @given(data=st.data())
 def test_while_gradient_when_the_trip_count_is_known(caffe2, data):
     """While's gradient (control_ops_grad.gen_while_gradient) is a While that runs the gradient of its loop body's
