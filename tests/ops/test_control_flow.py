@@ -376,3 +376,36 @@ def test_while_gradient_when_the_trip_count_is_known(caffe2, data):
     assert fetch
     want = caffe2.run([("ops", forward), ("ops", c2_ops)], feeds, fetch=fetch)
     assert_blobs_equal(run_rnn2jax([*forward, *c2_ops], feeds, fetch, jit=False), want)
+
+
+def test_jax_grad_flows_through_if_and_a_while_with_a_known_trip_count():
+    """lax.cond differentiates; a While whose counter and bound are known (constants, not traced) unrolls, so
+    jax.grad goes through it too (lax.while_loop, for a traced bound, has no reverse-mode gradient)."""
+    import jax
+
+    from rnn2jax.ir.loader import load
+    from rnn2jax.lowering.interpreter import lower
+
+    then = create_net("then", [make_op("Mul", ["x", "x"], ["y"])])
+    otherwise = create_net("else", [make_op("Mul", ["x", "w"], ["y"])])
+    if_net = lower(load(create_net("n", [make_op("If", ["c", "x", "w"], ["y"], then_net=then, else_net=otherwise)])))
+    x, w = np.array([1.5, -2.0], np.float32), np.array([3.0, 0.5], np.float32)
+
+    def if_loss(x, c):
+        return if_net({"c": c, "x": x, "w": w})["y"].sum()
+
+    grad = jax.jit(jax.grad(if_loss))
+    np.testing.assert_allclose(grad(x, np.array(True)), 2 * x)
+    np.testing.assert_allclose(grad(x, np.array(False)), w)
+
+    loop = create_net("loop", [make_op("Add", ["i", "one"], ["i"]), make_op("Mul", ["acc", "w"], ["acc"])])
+    cond = create_net("cond", [make_op("LT", ["i", "n"], ["c"])])
+    op = make_op("While", ["c", "i", "acc", "one", "n", "w"], ["i", "acc"], loop_net=loop, cond_net=cond)
+    while_net = lower(load(create_net("m", [op])))
+    counters = {"c": np.array(False), "i": np.array(0, np.int32), "one": np.array(1, np.int32)}
+    counters["n"] = np.array(3, np.int32)
+
+    def while_loss(acc):
+        return while_net({**counters, "acc": acc, "w": w})["acc"].sum()
+
+    np.testing.assert_allclose(jax.jit(jax.grad(while_loss))(x), w**3, rtol=1e-6)
