@@ -164,7 +164,13 @@ CASES = cases(
         gradient_ops=("If",),
         note="then and else nets; a traced condition is lax.cond; gradient: test_if_gradient",
     ),
-    Case("While", draw_while, note="data-dependent trip count: lax.while_loop under jit, unrolled eagerly"),
+    Case(
+        "While",
+        draw_while,
+        gradient_ops=("While", "HasScope"),
+        note="data-dependent trip count: lax.while_loop under jit, unrolled eagerly; gradient: "
+        "test_while_gradient_when_the_trip_count_is_known",
+    ),
     Case("ONNXWhile", draw_onnx_while, note="trip count static: lax.scan, or lax.while_loop with has_cond"),
     Case(
         "Do", draw_do, gradient_ops=("Do",), note="run after CreateScope, in one workspace; gradient: test_do_gradient"
@@ -210,7 +216,7 @@ def test_matches_caffe2(caffe2, case, data):
     if case.op_type in SCOPED:
         ops, inputs, fetch = scoped_net(data, case)
         check_net(caffe2, ops, inputs, fetch, jit=True)
-    elif case.gradient_ops:  # If: its gradient is test_if_gradient's (Caffe2's maker wants Do-wrapped branches)
+    elif case.gradient_ops:  # If, While: their gradients are tested below (Caffe2's makers want nets of Do ops)
         op, inputs = case.draw(data)
         check_op(caffe2, op, inputs)
     else:
