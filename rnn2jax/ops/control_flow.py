@@ -16,6 +16,8 @@ control_ops_grad writes it) pops and reads (saved_fwd_blobs). `HasScope` says wh
 
 Caffe2's gradients of If, Do and While are Python makers (caffe2/python/control_ops_grad.py), which the
 Caffe2 API's core registers as Caffe2's core.py does; the records here have no builder maker of their own.
+A gradient While pops one forward frame per step: it runs where the forward While's trip count was known
+(unrolled, each step's frame kept); a forward `lax.while_loop` carries no frames, so its gradient Do finds none.
 """
 
 from __future__ import annotations

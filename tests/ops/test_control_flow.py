@@ -1,11 +1,14 @@
-"""The control-flow family (rnn2jax/ops/control_flow.py): If, While, Do, CreateScope, HasScope, the ops that carry
-nets, against real Caffe2.
+"""The control-flow family (rnn2jax/ops/control_flow.py): If, While, Do, ONNXWhile, CreateScope, HasScope, the ops
+that carry nets, against real Caffe2.
 
-If and While run as single ops (their nets read the op's workspace by name), under jit, so their conditions are
-traced (lax.cond, lax.while_loop with a data-dependent trip count), and eagerly, where a known condition picks the
-branch or unrolls the loop in Python. Do, HasScope and CreateScope need a workspace stack, which only CreateScope
-makes (no tensor can be fed as one): their cases run as small nets in one workspace, in Caffe2 and in rnn2jax.
-The gradients of If and Do are the ops Caffe2's own maker (caffe2/python/control_ops_grad.py) writes, run in both.
+If, While and ONNXWhile run as single ops (If's and While's nets read the op's workspace by name), under jit, so
+their conditions are traced (lax.cond, lax.while_loop with a data-dependent trip count; ONNXWhile's static trip
+count a lax.scan), and eagerly, where a known condition picks the branch or unrolls the loop in Python. Do,
+HasScope and CreateScope need a workspace stack, which only CreateScope makes (no tensor can be fed as one):
+their cases run as small nets in one workspace, in Caffe2 and in rnn2jax. The gradients of If, Do and While are
+the ops Caffe2's own makers (caffe2/python/control_ops_grad.py) write, run in both (While's where the forward
+loop's trip count is known). tests/caffe2_package/test_api_caffe2_modules.py checks rnn2jax's Caffe2 API builds
+those gradient ops as Caffe2 does.
 """
 
 from __future__ import annotations
