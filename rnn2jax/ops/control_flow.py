@@ -427,7 +427,11 @@ class DoLowering:
         env: dict[str, Any] = {}
         if self.gradient:  # popGradientWorkspace: the forward pass's workspace, the bindings over it
             if not stack.frames:
-                raise BadArgumentError(f"{op.where}: Failed to initialize Do op workspace (no saved scope left)")
+                raise BadArgumentError(
+                    f"{op.where}: Failed to initialize Do op workspace: '{op.inputs[-1]}' holds no forward workspace "
+                    "(a forward Do inside a While whose condition is known only at run time keeps none: that loop "
+                    "is a lax.while_loop)"
+                )
             env.update(stack.frames[-1])
             stack = ScopeStack(stack.frames[:-1], stack.depth - 1)
         elif self.reuse and stack.frames:  # reuseLastForwardWorkspace

@@ -269,6 +269,9 @@ def test_do_refuses_bad_bindings(caffe2):
     for args in bad:
         do = make_op("Do", ["x", "ws"], ["y", "ws"], net=inner, **args)
         check_net(caffe2, [create, do], {"x": np.ones(2, np.float32)}, ["y"], jit=True)
+    popping = make_op("Do", ["x", "ws"], ["y", "ws"], net=inner, inner_blobs=["a", "b"], outer_blobs_idx=[0, 1])
+    popping.is_gradient_op = True  # a gradient Do pops a forward workspace; a fresh stack has none
+    check_net(caffe2, [create, popping], {"x": np.ones(2, np.float32)}, ["y"], jit=True)
     other = make_op("Do", ["x", "ws"], ["y", "ws2"], net=inner, inner_blobs=["a", "b"], outer_blobs_idx=[0, 1])
     check_net(caffe2, [create, make_op("CreateScope", [], ["ws2"]), other], {"x": np.ones(2, np.float32)}, ["y"], True)
 
