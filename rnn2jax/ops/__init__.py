@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     activation,
     array,
     compare,
+    control_flow,
     conv,
     dataset,
     detection,

@@ -99,7 +99,11 @@ class OpDef:
     A `random` kernel takes a `key=` keyword (a JAX PRNG key derived from the net's key and the op);
     a `scoped` kernel takes `scope=`, the blob environment at the op (step nets read it by name).
     An op that `carries_nets` (RecurrentNetwork) is built with `build(op, lower)`: `lower` turns its nested
-    nets into `NetFunction`s, so op families never import the interpreter above them.
+    nets into `NetFunction`s, so op families never import the interpreter above them. A scoped kernel says
+    what it reads by name (`scope_reads`); one running nets in the enclosing workspace (If, While) may also
+    say what it writes there undeclared (`scope_writes`), what it reads only when it exists
+    (`optional_reads`), and that it binds its outputs in `scope` itself (`binds_outputs`: one left unset
+    stays unset).
     `static_inputs` are the positions of inputs whose VALUES decide the output's shape (lengths, sizes,
     starts): the compiler makes the net inputs they come from static, so the kernel receives them as
     concrete arrays (`np.asarray` works on them) and is specialised per value. A `shape_only` op's outputs

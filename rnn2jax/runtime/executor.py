@@ -99,7 +99,10 @@ class PureSegment:
                 if name not in self.first_reader
             )
         )
-        self.outputs: tuple[str, ...] = tuple(dict.fromkeys(name for op in ops for name in op.outputs))
+        # Ops that run nets in their own workspace (If, While, Do) read what their nets may leave as it was
+        # when it exists, and may write blobs they do not declare
+        self.optional += tuple(n for n in self.lowered.optional_reads() if n not in self.optional)
+        self.outputs: tuple[str, ...] = self.lowered.writes()
         # Random ops draw a fresh key per run; so may ops that run nets of their own.
         self.random = any(lookup(op).random or next(op.nested_nets(), None) is not None for op in ops)
         self._seed = seed
@@ -114,7 +117,7 @@ class PureSegment:
     def _apply(self, env: dict[str, Any], counter: Any) -> dict[str, Any]:
         key = jax.random.fold_in(jax.random.key(self._seed), counter) if self.random else None
         out = self.lowered(env, key=key)
-        return {name: out[name] for name in self.outputs}
+        return {name: out[name] for name in self.outputs if name in out}  # If/While may leave one unset
 
     def run(self, workspace: SegmentWorkspace, counter: int) -> None:
         values = workspace._values

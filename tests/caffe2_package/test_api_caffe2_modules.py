@@ -182,6 +182,25 @@ def control_ops_util():
 
 
 @case
+def control_ops_gradients():
+    # control_ops_grad's makers (If, Do), which core registers: the gradient net, and its values when run
+    from caffe2.python import control_ops_util
+    net, then_net, else_net = core.Net("grad_if_net"), core.Net("then"), core.Net("else")
+    then_net.Mul(["a", "w"], "out")
+    else_net.Add(["a", "w"], "out")
+    control_ops_util.add_if_op(net, "cond", {"cond", "a", "w", "out"}, then_net, else_net)
+    net.AddGradientOperators(["out"])
+    values = {}
+    for flag in (True, False):
+        workspace.FeedBlob("cond", np.array(flag))
+        workspace.FeedBlob("a", np.array([1.5, -2.0], np.float32))
+        workspace.FeedBlob("w", np.array([0.5, 3.0], np.float32))
+        workspace.RunNetOnce(net)
+        values[str(flag)] = [value(workspace.FetchBlob(b)) for b in ("out", "a_grad", "w_grad")]
+    return {"net": proto(net), "values": values}
+
+
+@case
 def schema_records():
     from caffe2.python import schema
     s = schema.Struct(
@@ -514,7 +533,7 @@ def _renumbered_shared_blobs(net: pb.NetDef) -> None:
         op.output[:] = [names.get(b, b) for b in op.output]
 
 
-CONTROL_OP_CASES = {"net_builder_control_ops", "control_ops_util"}
+CONTROL_OP_CASES = {"net_builder_control_ops", "control_ops_util", "control_ops_gradients"}
 
 
 def _message(item: dict, case: str, real: bool) -> Any:
@@ -561,6 +580,7 @@ CASES = [
     "net_builder_control_ops",
     "net_builder_task",
     "control_ops_util",
+    "control_ops_gradients",
     "schema_records",
     "dataset_nets",
     "crf",
