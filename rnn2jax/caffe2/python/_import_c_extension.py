@@ -7,6 +7,7 @@ devices starts its backend, which a script training across hosts must not do bef
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from . import workspace as _workspace
@@ -14,6 +15,7 @@ from .caffe2_pybind11_state import *  # noqa: F403  (Caffe2's module is exactly 
 from .caffe2_pybind11_state import __all__ as _c_names
 
 has_hip_support = False
+_workspace.C = sys.modules[__name__]  # Caffe2's `workspace.C` is this module (which builds on workspace)
 
 __all__ = [*_c_names, "has_cuda_support", "has_gpu_support"]  # noqa: F405  (the two: __getattr__ below)
 

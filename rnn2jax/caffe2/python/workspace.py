@@ -52,15 +52,11 @@ def __getattr__(name: str) -> Any:
         value = _gpu_count() > 0
         globals().update(has_cuda_support=value, has_gpu_support=value)
         return value
-    if name == "C":  # Caffe2's `workspace.C` is its C extension; that module imports this one
-        from . import _import_c_extension
-
-        return _import_c_extension
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "C", "has_cuda_support", "has_gpu_support"})
+    return sorted({*globals(), "has_cuda_support", "has_gpu_support"})
 
 
 has_hip_support = False
