@@ -516,8 +516,28 @@ def _canonical_control_ops(net: pb.NetDef) -> None:
                 del index.ints[:]
             op.input[:] = sorted(op.input)
             op.output[:] = sorted(op.output)
+    _sort_copy_runs(net)
     net.external_input[:] = sorted(net.external_input)
     net.external_output[:] = sorted(net.external_output)
+
+
+def _sort_copy_runs(net: pb.NetDef) -> None:
+    """control_ops_grad writes a gradient Do's Copy ops in the order of a Python set of blob names, which is the
+    string hashes' (seeded per process): each run of consecutive Copy ops sorted by output."""
+    ops, run = [], []
+    for op in [*net.op, None]:
+        if op is not None and op.type == "Copy":
+            run.append(op)
+            continue
+        ops += sorted(run, key=lambda o: list(o.output))
+        run = []
+        if op is not None:
+            ops.append(op)
+    copies = [pb.OperatorDef() for _ in ops]
+    for copy, op in zip(copies, ops, strict=True):
+        copy.CopyFrom(op)
+    del net.op[:]
+    net.op.extend(copies)
 
 
 def _renumbered_shared_blobs(net: pb.NetDef) -> None:
