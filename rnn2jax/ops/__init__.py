@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     embedding,
     fill,
     image,
+    int8,
     linear,
     loss,
     math,
