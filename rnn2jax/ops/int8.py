@@ -28,7 +28,6 @@ from . import image as _image  # noqa: F401  (the base ops the layout ops reuse 
 from . import pool as _pool  # noqa: F401
 from . import shape as _shape  # noqa: F401
 from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
-from .gradient_makers import no_gradient
 from .registry import REGISTRY, Kernel, declare_family, register
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
@@ -83,7 +82,7 @@ def _quantize_uint8(scale: float, zero_point: int, value: float) -> int:
 # Quantize, dequantize, fills
 
 
-@register("Int8Quantize", inputs=(1, 2), gradient=no_gradient)
+@register("Int8Quantize", inputs=(1, 2))
 def int8_quantize(op: Op) -> Kernel:
     """`zero_point + int32(nearbyint(x / Y_scale))`, clamped to [0, 255]. The float-to-int32 conversion is
     x86's: a quotient outside int32 (or NaN) becomes INT32_MIN, so it clamps to 0 (1e10 quantizes to 0)."""
@@ -105,7 +104,7 @@ def int8_quantize(op: Op) -> Kernel:
     return kernel
 
 
-@register("Int8Dequantize", gradient=no_gradient)
+@register("Int8Dequantize")
 def int8_dequantize(op: Op) -> Kernel:
     """`(int32(x) - zero_point) * scale` in float32."""
 
@@ -132,7 +131,7 @@ def _int8_fill(op: Op, values: np.ndarray) -> Kernel:
     return lambda: Int8Tensor(jnp.asarray(constant), scale, zero_point)
 
 
-@register("Int8GivenTensorFill", inputs=0, gradient=no_gradient)
+@register("Int8GivenTensorFill", inputs=0)
 def int8_given_tensor_fill(op: Op) -> Kernel:
     """`values` is one byte string: its bytes are the uint8 data."""
     arg = op.args.get("values")
@@ -143,7 +142,7 @@ def int8_given_tensor_fill(op: Op) -> Kernel:
     return _int8_fill(op, np.frombuffer(data, dtype=np.uint8).copy())
 
 
-@register("Int8GivenIntTensorFill", inputs=0, gradient=no_gradient)
+@register("Int8GivenIntTensorFill", inputs=0)
 def int8_given_int_tensor_fill(op: Op) -> Kernel:
     """int32 data (Int8Conv's and Int8FC's biases), from the ints of `values`."""
     values = [int(v) for v in op.ints("values", ())]
@@ -212,28 +211,28 @@ def _adder(op: Op, relu: bool) -> Kernel:
     return kernel
 
 
-@register("Int8Add", inputs=2, gradient=no_gradient)
+@register("Int8Add", inputs=2)
 def int8_add(op: Op) -> Kernel:
     return _adder(op, relu=False)
 
 
-@register("Int8AddRelu", inputs=2, gradient=no_gradient)
+@register("Int8AddRelu", inputs=2)
 def int8_add_relu(op: Op) -> Kernel:
     return _adder(op, relu=True)
 
 
-@register("Int8Sum", inputs=(1, None), gradient=no_gradient)
+@register("Int8Sum", inputs=(1, None))
 def int8_sum(op: Op) -> Kernel:
     """Caffe2 registers Int8AddOp for it: exactly two inputs, however many the schema allows."""
     return _adder(op, relu=False)
 
 
-@register("Int8SumRelu", inputs=(1, None), gradient=no_gradient)
+@register("Int8SumRelu", inputs=(1, None))
 def int8_sum_relu(op: Op) -> Kernel:
     return _adder(op, relu=True)
 
 
-@register("Int8Relu", gradient=no_gradient)
+@register("Int8Relu")
 def int8_relu(op: Op) -> Kernel:
     """QNNPACK's clamp to [zero_point, 255]; the output keeps the input's quantization."""
 
@@ -250,7 +249,7 @@ def _lookup(table: np.ndarray, x: Int8Tensor, scale: float, zero_point: int) -> 
     return Int8Tensor(jnp.asarray(table)[x.data.astype(jnp.int32)], scale, zero_point)
 
 
-@register("Int8Sigmoid", gradient=no_gradient)
+@register("Int8Sigmoid")
 def int8_sigmoid(op: Op) -> Kernel:
     """QNNPACK's sigmoid: a table of `lrintf(256 / (1 + expf(-x)))` clamped to [0, 255]; the output must be
     quantized with scale 1/256 and zero point 0."""
@@ -274,14 +273,14 @@ def int8_sigmoid(op: Op) -> Kernel:
     return kernel
 
 
-@register("Int8LeakyRelu", gradient=no_gradient)
+@register("Int8LeakyRelu")
 def int8_leaky_relu(op: Op) -> Kernel:
     """QNNPACK's leaky ReLU: a table of `x < 0 ? x * alpha : x` in output units, clamped, rounded, shifted by
     the output zero point."""
     alpha = float(np.float32(op.float("alpha", 0.01)))
     y_scale, y_zero_point = _y_quantization(op)
-    if not 0 < alpha <= 1 or not np.isfinite(alpha):
-        raise BadArgumentError(f"{op.where}: failed to create QNNPACK Leaky ReLU operator: alpha {alpha:g}")
+    if not 0 < alpha < 1:
+        raise BadArgumentError(f"{op.where}: alpha must be in (0, 1), got {alpha:g}")
 
     def kernel(x: Any) -> Int8Tensor:
         x = _int8(op, 0, x)
@@ -302,7 +301,7 @@ def int8_leaky_relu(op: Op) -> Kernel:
     return kernel
 
 
-@register("Int8Softmax", gradient=no_gradient)
+@register("Int8Softmax")
 def int8_softmax(op: Op) -> Kernel:
     """QNNPACK's SoftArgMax over each row (dim 0 is the batch, the rest one row): a uint32 table of
     `lrint(qscale * exp((i - 255) * X_scale))`, indexed from the row's maximum, each output
@@ -354,29 +353,29 @@ def _on_data(base: str, op: Op, *, extra: bool = False) -> Kernel:
     return kernel
 
 
-@register("Int8Reshape", inputs=(1, 2), outputs=2, static_inputs=(1,), shape_outputs=(1,), gradient=no_gradient)
+@register("Int8Reshape", inputs=(1, 2), outputs=2, static_inputs=(1,), shape_outputs=(1,))
 def int8_reshape(op: Op) -> Kernel:
     if len(op.inputs) == 1 and not op.has("shape"):
         raise BadArgumentError(f"{op.where}: Argument `shape` is missing.")
     return _on_data("Reshape", op)
 
 
-@register("Int8Flatten", gradient=no_gradient)
+@register("Int8Flatten")
 def int8_flatten(op: Op) -> Kernel:
     return _on_data("Flatten", op)
 
 
-@register("Int8Transpose", gradient=no_gradient)
+@register("Int8Transpose")
 def int8_transpose(op: Op) -> Kernel:
     return _on_data("Transpose", op)
 
 
-@register("Int8Slice", inputs=(1, 3), static_inputs=(1, 2), gradient=no_gradient)
+@register("Int8Slice", inputs=(1, 3), static_inputs=(1, 2))
 def int8_slice(op: Op) -> Kernel:
     return _on_data("Slice", op)
 
 
-@register("Int8Concat", inputs=(1, None), outputs=(1, 2), shape_outputs=(1,), gradient=no_gradient)
+@register("Int8Concat", inputs=(1, None), outputs=(1, 2))
 def int8_concat(op: Op) -> Kernel:
     """Concatenation along `axis` (default 3 for order NHWC, 1 for NCHW, else 0; never negative); every
     input keeps the first one's quantization (Caffe2 reads only the first's)."""
@@ -401,9 +400,8 @@ def int8_concat(op: Op) -> Kernel:
                     f"{op.where}: input '{op.inputs[i]}' {list(x.shape)} does not match '{op.inputs[0]}' "
                     f"{list(first.shape)} outside axis {axis}"
                 )
-        data = jnp.concatenate([x.data for x in xs], axis=axis)
-        split = np.asarray([x.shape[axis] for x in xs], dtype=np.int32)
-        return Int8Tensor(data, first.scale, first.zero_point), jnp.asarray(split)
+        # Caffe2's schema allows a split_info output, but Int8ConcatOp never writes it: it stays unset here too.
+        return Int8Tensor(jnp.concatenate([x.data for x in xs], axis=axis), first.scale, first.zero_point)
 
     return kernel
 
@@ -413,7 +411,7 @@ def _nhwc_only(op: Op) -> None:
         raise BadArgumentError(f"{op.where}: {op.type} only supports NHWC order")
 
 
-@register("Int8ChannelShuffle", gradient=no_gradient)
+@register("Int8ChannelShuffle")
 def int8_channel_shuffle(op: Op) -> Kernel:
     """QNNPACK's channel shuffle of the last (NHWC) dim: (G, C/G) -> (C/G, G)."""
     _nhwc_only(op)
@@ -433,7 +431,7 @@ def int8_channel_shuffle(op: Op) -> Kernel:
     return kernel
 
 
-@register("Int8ResizeNearest", gradient=no_gradient)
+@register("Int8ResizeNearest")
 def int8_resize_nearest(op: Op) -> Kernel:
     """NHWC nearest-neighbour upsampling by float32 `width_scale` and `height_scale` (output size and
     source indices truncated, as Caffe2's int conversions do)."""
@@ -476,12 +474,12 @@ def _max_pool(op: Op, relu: bool) -> Kernel:
     return kernel
 
 
-@register("Int8MaxPool", gradient=no_gradient)
+@register("Int8MaxPool")
 def int8_max_pool(op: Op) -> Kernel:
     return _max_pool(op, relu=False)
 
 
-@register("Int8MaxPoolRelu", gradient=no_gradient)
+@register("Int8MaxPoolRelu")
 def int8_max_pool_relu(op: Op) -> Kernel:
     return _max_pool(op, relu=True)
 

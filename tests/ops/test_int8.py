@@ -100,6 +100,11 @@ def draw_sigmoid(data):
     return make_op("Int8Sigmoid", ["x"], ["y"], Y_scale=1.0 / 256, Y_zero_point=0), {"x": x}
 
 
+def draw_softmax(data):
+    x = int8(data, shapes(1, 3))
+    return make_op("Int8Softmax", ["x"], ["y"], Y_scale=1.0 / 256, Y_zero_point=0), {"x": x}
+
+
 def draw_leaky_relu(data):
     x = int8(data, shapes(1, 3))
     y_scale = float(np.float32(x.scale * data.draw(st.sampled_from([0.25, 0.5, 1.0, 1.5, 3.0]))))
@@ -148,7 +153,7 @@ def draw_concat(data):
         xs.append(int8(data, tuple(other), scale=first.scale, zero_point=first.zero_point))
     names = [f"x{i}" for i in range(len(xs))]
     args = {"axis": axis, **({"order": order} if order else {}), **keep(first)}
-    return make_op("Int8Concat", names, ["y", "split"], **args), dict(zip(names, xs, strict=True))
+    return make_op("Int8Concat", names, ["y"], **args), dict(zip(names, xs, strict=True))
 
 
 def draw_channel_shuffle(data):
@@ -187,6 +192,7 @@ CASES = cases(
     Case("Int8Relu", draw_relu),
     Case("Int8Sigmoid", draw_sigmoid),
     Case("Int8LeakyRelu", draw_leaky_relu),
+    Case("Int8Softmax", draw_softmax),
     Case("Int8Reshape", draw_reshape),
     Case("Int8Flatten", draw_flatten),
     Case("Int8Transpose", draw_transpose),
