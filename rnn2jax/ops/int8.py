@@ -19,6 +19,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ..errors import BadArgumentError, InputTypeError, ShapeError
 from ..ir.budget import check_array
@@ -27,6 +28,7 @@ from ..ir.netdef import Op
 from . import image as _image  # noqa: F401  (the base ops the layout ops reuse are registered first)
 from . import pool as _pool  # noqa: F401
 from . import shape as _shape  # noqa: F401
+from .conv import geometry, resolve
 from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .registry import REGISTRY, Kernel, declare_family, register
 
@@ -413,8 +415,14 @@ def _nhwc_only(op: Op) -> None:
 
 @register("Int8ChannelShuffle")
 def int8_channel_shuffle(op: Op) -> Kernel:
-    """QNNPACK's channel shuffle of the last (NHWC) dim: (G, C/G) -> (C/G, G)."""
+    """QNNPACK's channel shuffle of the last (NHWC) dim: (G, C/G) -> (C/G, G). The op is a ConvPoolOpBase,
+    so Caffe2 needs a kernel > 0 (or global_pooling) although nothing uses it."""
     _nhwc_only(op)
+    geo = geometry(op)
+    if not geo.global_pooling and not all(k > 0 for k in geo.kernel):
+        raise BadArgumentError(
+            f"{op.where}: kernel_[dim] > 0 (a ConvPoolOpBase needs a kernel), got {list(geo.kernel)}"
+        )
     groups = op.int("group", 1)
 
     def kernel(x: Any) -> Int8Tensor:
@@ -455,6 +463,13 @@ def int8_resize_nearest(op: Op) -> Kernel:
     return kernel
 
 
+def _not_one_by_one(op: Op, kernel: tuple[int, ...]) -> None:
+    if math.prod(kernel) == 1:
+        raise BadArgumentError(
+            f"{op.where}: failed to create the QNNPACK pooling operator: 1x1 pooling is not supported"
+        )
+
+
 def _max_pool(op: Op, relu: bool) -> Kernel:
     """MaxPool in NHWC on the bytes (the input's quantization kept); the Relu form clamps below at the
     zero point."""
@@ -466,6 +481,7 @@ def _max_pool(op: Op, relu: bool) -> Kernel:
         _keeps_quantization(op, x)
         if len(x.shape) != 4:
             raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must be 4-D NHWC, got {list(x.shape)}")
+        _not_one_by_one(op, resolve(op, geometry(op, pooling=True), x.shape[1:3]).kernel)
         y = inner(x.data.astype(jnp.float32)).astype(jnp.uint8)  # uint8 is exact in float32
         if relu:
             y = jnp.maximum(y, jnp.uint8(_quantize_uint8(x.scale, x.zero_point, 0.0)))
@@ -482,6 +498,63 @@ def int8_max_pool(op: Op) -> Kernel:
 @register("Int8MaxPoolRelu")
 def int8_max_pool_relu(op: Op) -> Kernel:
     return _max_pool(op, relu=True)
+
+
+def _average_pool(op: Op, relu: bool) -> Kernel:
+    """QNNPACK's average pooling (NHWC): the window sum with padding read as the input's zero point, less
+    `zero_point * kernel size`, times `X_scale / (Y_scale * kernel size)` in its fixed point (a 24-bit
+    multiplier and a shift, rounding half away from zero), plus Y_zero_point, clamped (below at
+    Y_zero_point for the Relu form). Global pooling takes the whole image as the window."""
+    _nhwc_only(op)
+    geo = geometry(op, pooling=True)
+    y_scale, y_zero_point = _y_quantization(op)
+    _zero_point_in_uint8(op, y_zero_point, "Y")
+    low = _quantize_uint8(y_scale, y_zero_point, 0.0) if relu else 0
+
+    def kernel(x: Any) -> Int8Tensor:
+        x = _int8(op, 0, x)
+        if len(x.shape) != 4:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must be 4-D NHWC, got {list(x.shape)}")
+        f32 = np.float32
+        ratio = f32(x.scale) / f32(y_scale)
+        if not 2.0**-8 <= ratio < 2.0**8:
+            raise BadArgumentError(
+                f"{op.where}: failed to create QNNPACK average pooling operator: input-to-output scale ratio "
+                f"{ratio:g} must be in [2**-8, 2**8)"
+            )
+        window = resolve(op, geo, x.shape[1:3])
+        if not geo.global_pooling:  # global pooling is QNNPACK's global-average operator, which takes any size
+            _not_one_by_one(op, window.kernel)
+        size = int(np.prod(window.kernel))
+        scale = f32(x.scale) / (f32(y_scale) * f32(size))
+        bits = int(np.asarray(scale, f32).view(np.uint32))
+        multiplier = (bits & 0x007FFFFF) | 0x00800000
+        shift = 127 + 23 - (bits >> 23)
+        padded = [(0, 0), *zip(window.low, window.high, strict=True), (0, 0)]
+        total = lax.reduce_window(
+            lax.pad(x.data.astype(jnp.int64), jnp.int64(x.zero_point), [(a, b, 0) for a, b in padded]),
+            jnp.int64(0),
+            lax.add,
+            (1, *window.kernel, 1),
+            (1, *window.strides, 1),
+            "VALID",
+        )
+        acc = total - x.zero_point * size
+        scaled = (jnp.abs(acc) * multiplier + (1 << (shift - 1))) >> shift
+        y = jnp.where(acc < 0, -scaled, scaled) + y_zero_point
+        return Int8Tensor(jnp.clip(y, low, 255).astype(jnp.uint8), y_scale, y_zero_point)
+
+    return kernel
+
+
+@register("Int8AveragePool")
+def int8_average_pool(op: Op) -> Kernel:
+    return _average_pool(op, relu=False)
+
+
+@register("Int8AveragePoolRelu")
+def int8_average_pool_relu(op: Op) -> Kernel:
+    return _average_pool(op, relu=True)
 
 
 __all__ = ["Int8Tensor", "int8_tensor"]

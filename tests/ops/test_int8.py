@@ -160,7 +160,8 @@ def draw_channel_shuffle(data):
     groups = data.draw(st.integers(1, 3))
     shape = (*data.draw(shapes(3, 3, max_side=3)), groups * data.draw(st.integers(1, 3)))
     x = int8(data, shape)
-    return make_op("Int8ChannelShuffle", ["x"], ["y"], group=groups, order="NHWC", **keep(x)), {"x": x}
+    kernel = {} if invalid(data) else {"kernel": 1}  # Caffe2's ConvPoolOpBase refuses an op without a kernel
+    return make_op("Int8ChannelShuffle", ["x"], ["y"], group=groups, order="NHWC", **kernel, **keep(x)), {"x": x}
 
 
 def draw_resize_nearest(data):
@@ -169,13 +170,29 @@ def draw_resize_nearest(data):
     return make_op("Int8ResizeNearest", ["x"], ["y"], **args, **keep(x)), {"x": x}
 
 
+def _pool_args(data, x: Int8Tensor) -> dict:
+    """A window that fits (1x1 is drawn now and then: QNNPACK refuses it), or global pooling."""
+    if data.draw(st.integers(0, 5)) == 0:
+        return {"global_pooling": 1, "order": "NHWC"}
+    kernel = data.draw(st.integers(1, min(3, x.shape[1] + 1, x.shape[2] + 1)))
+    pad = data.draw(st.integers(0, kernel - 1))
+    return {"kernel": kernel, "stride": data.draw(st.integers(1, 2)), "pad": pad, "order": "NHWC"}
+
+
 def draw_max_pool(op_type: str):
     def draw(data):
         x = int8(data, shapes(4, 4, max_side=5))
-        kernel = data.draw(st.integers(1, min(3, x.shape[1] + 1, x.shape[2] + 1)))
-        pad = data.draw(st.integers(0, kernel - 1))
-        args = {"kernel": kernel, "stride": data.draw(st.integers(1, 2)), "pad": pad, "order": "NHWC"}
-        return make_op(op_type, ["x"], ["y"], **args, **keep(x)), {"x": x}
+        return make_op(op_type, ["x"], ["y"], **_pool_args(data, x), **keep(x)), {"x": x}
+
+    return draw
+
+
+def draw_average_pool(op_type: str):
+    def draw(data):
+        x = int8(data, shapes(4, 4, max_side=5))
+        y_scale = float(np.float32(x.scale * data.draw(st.sampled_from([0.3, 1.0, 1.0, 2.5]))))
+        args = {"Y_scale": y_scale, "Y_zero_point": data.draw(st.integers(0, 255))}
+        return make_op(op_type, ["x"], ["y"], **_pool_args(data, x), **args), {"x": x}
 
     return draw
 
@@ -202,6 +219,8 @@ CASES = cases(
     Case("Int8ResizeNearest", draw_resize_nearest),
     Case("Int8MaxPool", draw_max_pool("Int8MaxPool")),
     Case("Int8MaxPoolRelu", draw_max_pool("Int8MaxPoolRelu")),
+    Case("Int8AveragePool", draw_average_pool("Int8AveragePool")),
+    Case("Int8AveragePoolRelu", draw_average_pool("Int8AveragePoolRelu")),
 )
 
 
