@@ -557,4 +557,65 @@ def int8_average_pool_relu(op: Op) -> Kernel:
     return _average_pool(op, relu=True)
 
 
+def _q31_parameters(op: Op, scale: float) -> tuple[int, int]:
+    """qnnp_compute_conv_quantization_params: a Q31 multiplier (the float32 mantissa << 7) and a shift."""
+    if not 0 < scale < 1:
+        raise BadArgumentError(
+            f"{op.where}: failed to create the QNNPACK operator: requantization scale {scale:g} (input scale * "
+            "weight scale / output scale) must be in (0, 1)"
+        )
+    bits = int(np.asarray(scale, np.float32).view(np.uint32))
+    shift = 126 - (bits >> 23)
+    if shift >= 32:
+        raise BadArgumentError(f"{op.where}: requantization scale {scale:g} is below what QNNPACK supports")
+    return ((bits & 0x007FFFFF) | 0x00800000) << 7, shift
+
+
+def _q31_requantize(acc: Any, multiplier: int, shift: int, zero_point: int, low: int = 0) -> Any:
+    """QNNPACK's Q31 requantization of int32 accumulators (the SSE2 kernels' arithmetic): a rounding
+    Q31 multiply, then a rounding arithmetic shift (ties away from zero), plus the zero point, clamped."""
+    q31 = ((acc.astype(jnp.int64) * multiplier + (1 << 30)) >> 31).astype(jnp.int32)
+    mask = (1 << shift) - 1
+    remainder = (q31 & jnp.int32(mask)) - (q31 < 0).astype(jnp.int32)
+    n = (q31 >> shift) + (remainder > (mask >> 1)).astype(jnp.int32)
+    return jnp.clip(n.astype(jnp.int64) + zero_point, low, 255).astype(jnp.uint8)
+
+
+@register("Int8FC", inputs=(3, 4), outputs=(1, 4))
+def int8_fc(op: Op) -> Kernel:
+    """QNNPACK's fully connected op: X [M, K] (dims after the first flattened) times W [N, K] (uint8, with its
+    own zero point) plus B [N] (int32) as int32 sums of zero-point-shifted products, requantized to
+    Y_scale/Y_zero_point."""
+    if len(op.inputs) == 4:
+        raise BadArgumentError(
+            f"{op.where}: the quantization-parameters input '{op.inputs[3]}' (an Int8QuantParams blob) is not supported"
+        )
+    y_scale, y_zero_point = _y_quantization(op)
+    _zero_point_in_uint8(op, y_zero_point, "Y")
+
+    def kernel(x: Any, w: Any, b: Any) -> Int8Tensor:
+        x, w, b = _int8(op, 0, x), _int8(op, 1, w), _int8(op, 2, b, np.int32)
+        if len(x.shape) < 1 or len(w.shape) != 2:
+            raise ShapeError(f"{op.where}: X {list(x.shape)} and W {list(w.shape)} (must be 2-D) do not fit")
+        k = math.prod(x.shape[1:])
+        n = w.shape[0]
+        if k != w.shape[1] or n != math.prod(b.shape):
+            raise ShapeError(
+                f"{op.where}: X {list(x.shape)}, W {list(w.shape)} and B {list(b.shape)} do not fit "
+                f"(K = {k} must be W's dim 1, N = W's dim 0 must be B's size)"
+            )
+        f32 = np.float32
+        for what, scale in (("input", x.scale), ("weight", w.scale), ("output", y_scale)):
+            if not (np.isfinite(scale) and f32(scale) >= np.finfo(np.float32).tiny):
+                raise BadArgumentError(f"{op.where}: failed to create QNNPACK fully connected operator: {what} scale")
+        multiplier, shift = _q31_parameters(op, float(f32(x.scale) * f32(w.scale) / f32(y_scale)))
+        m = math.prod(x.shape) // k if k else 0
+        xs = x.data.reshape(m, k).astype(jnp.int32) - x.zero_point
+        ws = w.data.astype(jnp.int32) - w.zero_point
+        acc = jnp.matmul(xs, ws.T, preferred_element_type=jnp.int32) + b.data.reshape(1, n)
+        return Int8Tensor(_q31_requantize(acc, multiplier, shift, y_zero_point), y_scale, y_zero_point)
+
+    return kernel
+
+
 __all__ = ["Int8Tensor", "int8_tensor"]

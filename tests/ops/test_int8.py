@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from differential import Case, arrays, cases, check_op, invalid, make_op, run_case, run_rnn2jax, shapes
+from differential import Case, arrays, cases, check_op, dims, invalid, make_op, run_case, run_rnn2jax, shapes
 from rnn2jax.errors import BadArgumentError, InputTypeError, Rnn2JaxError
 from rnn2jax.ir.int8 import Int8Tensor, int8_tensor
 
@@ -197,6 +197,18 @@ def draw_average_pool(op_type: str):
     return draw
 
 
+def draw_fc(data):
+    m, k, n = data.draw(dims(1, 4)), data.draw(dims(1, 9)), data.draw(dims(1, 5))
+    x = int8(data, (m, k))
+    w = int8(data, (n, k), scale=data.draw(st.sampled_from([0.003, 0.02, 0.1])))
+    b = int8_tensor(data.draw(arrays((n,), np.int32, -5000, 5000)), x.scale * w.scale, 0)
+    y_scale = float(np.float32(x.scale * w.scale * data.draw(st.sampled_from([1.5, 4.0, 30.0, 200.0]))))
+    if invalid(data):  # requantization scale >= 1: QNNPACK refuses
+        y_scale = float(np.float32(x.scale * w.scale / 2))
+    op = make_op("Int8FC", ["x", "w", "b"], ["y"], Y_scale=y_scale, Y_zero_point=data.draw(st.integers(0, 255)))
+    return op, {"x": x, "w": w, "b": b}
+
+
 CASES = cases(
     Case("Int8Quantize", draw_quantize),
     Case("Int8Dequantize", draw_dequantize),
@@ -221,6 +233,7 @@ CASES = cases(
     Case("Int8MaxPoolRelu", draw_max_pool("Int8MaxPoolRelu")),
     Case("Int8AveragePool", draw_average_pool("Int8AveragePool")),
     Case("Int8AveragePoolRelu", draw_average_pool("Int8AveragePoolRelu")),
+    Case("Int8FC", draw_fc),
 )
 
 
