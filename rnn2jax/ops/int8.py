@@ -618,4 +618,68 @@ def int8_fc(op: Op) -> Kernel:
     return kernel
 
 
+def _conv(op: Op, relu: bool) -> Kernel:
+    """QNNPACK's NHWC convolution: W [M, KH, KW, C/group] (uint8, its own zero point), B [M] (int32); int32
+    sums of zero-point-shifted products (padding reads the input's zero point, so adds nothing), plus B,
+    Q31-requantized to Y_scale/Y_zero_point (clamped below at Y_zero_point for the Relu form)."""
+    if op.str("order", "NCHW") != "NHWC":
+        raise BadArgumentError(f"{op.where}: Int8Conv only supports NHWC order")
+    geo = geometry(op)
+    groups = op.int("group", 1)
+    y_scale, y_zero_point = _y_quantization(op)
+    _zero_point_in_uint8(op, y_zero_point, "Y")
+    low = _quantize_uint8(y_scale, y_zero_point, 0.0) if relu else 0
+
+    def kernel(*inputs: Any) -> Int8Tensor:
+        if len(inputs) != 3:
+            raise BadArgumentError(f"{op.where}: {op.type} needs 3 inputs (X, W, B), got {len(inputs)}")
+        x, w, b = _int8(op, 0, inputs[0]), _int8(op, 1, inputs[1]), _int8(op, 2, inputs[2], np.int32)
+        if len(x.shape) != 4 or len(w.shape) != 4:
+            raise ShapeError(f"{op.where}: X {list(x.shape)} and W {list(w.shape)} must be 4-D (NHWC)")
+        window = resolve(op, geo, x.shape[1:3])
+        m, kh, kw, kc = w.shape
+        c = x.shape[3]
+        if groups <= 0 or c % groups or m % groups:
+            raise ShapeError(f"{op.where}: {c} input and {m} output channels must be divisible by group {groups}")
+        if (kh, kw) != tuple(window.kernel) or kc != c // groups or math.prod(b.shape) != m:
+            raise ShapeError(
+                f"{op.where}: W {list(w.shape)} and B {list(b.shape)} do not fit X {list(x.shape)} with kernel "
+                f"{list(window.kernel)} and group {groups}"
+            )
+        f32 = np.float32
+        for what, scale in (("input", x.scale), ("weight", w.scale), ("output", y_scale)):
+            if not (np.isfinite(scale) and f32(scale) >= np.finfo(np.float32).tiny):
+                raise BadArgumentError(f"{op.where}: failed to create QNNPACK convolution object: {what} scale")
+        multiplier, shift = _q31_parameters(op, float(f32(x.scale) * f32(w.scale) / f32(y_scale)))
+        xs = x.data.astype(jnp.int32) - x.zero_point
+        padded = lax.pad(
+            xs, jnp.int32(0), [(0, 0, 0), *((a, z, 0) for a, z in zip(window.low, window.high, strict=True)), (0, 0, 0)]
+        )
+        ws = jnp.transpose(w.data.astype(jnp.int32) - w.zero_point, (1, 2, 3, 0))  # HWIO
+        acc = lax.conv_general_dilated(
+            padded,
+            ws,
+            window.strides,
+            "VALID",
+            rhs_dilation=window.dilations,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            feature_group_count=groups,
+            preferred_element_type=jnp.int32,
+        )
+        acc = acc + b.data.reshape(m)
+        return Int8Tensor(_q31_requantize(acc, multiplier, shift, y_zero_point, low), y_scale, y_zero_point)
+
+    return kernel
+
+
+@register("Int8Conv", inputs=(2, 3))
+def int8_conv(op: Op) -> Kernel:
+    return _conv(op, relu=False)
+
+
+@register("Int8ConvRelu", inputs=(2, 3))
+def int8_conv_relu(op: Op) -> Kernel:
+    return _conv(op, relu=True)
+
+
 __all__ = ["Int8Tensor", "int8_tensor"]

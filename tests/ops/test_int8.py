@@ -209,6 +209,24 @@ def draw_fc(data):
     return op, {"x": x, "w": w, "b": b}
 
 
+def draw_conv(op_type: str):
+    def draw(data):
+        groups = data.draw(st.integers(1, 3))
+        c, m = groups * data.draw(dims(1, 3)), groups * data.draw(dims(1, 2))
+        k, dilation = data.draw(dims(1, 3)), data.draw(dims(1, 2))
+        pad = data.draw(st.integers(0, k - 1))
+        side = data.draw(st.integers(max(1, dilation * (k - 1) + 1 - 2 * pad), 5))
+        x = int8(data, (data.draw(dims(1, 2)), side, data.draw(st.integers(side, 5)), c))
+        w = int8(data, (m, k, k, c // groups), scale=data.draw(st.sampled_from([0.003, 0.02, 0.1])))
+        b = int8_tensor(data.draw(arrays((m,), np.int32, -5000, 5000)), x.scale * w.scale, 0)
+        y_scale = float(np.float32(x.scale * w.scale * data.draw(st.sampled_from([1.5, 4.0, 30.0, 200.0]))))
+        args = {"kernel": k, "pad": pad, "stride": data.draw(dims(1, 2)), "dilation": dilation, "group": groups}
+        args.update(order="NHWC", Y_scale=y_scale, Y_zero_point=data.draw(st.integers(0, 255)))
+        return make_op(op_type, ["x", "w", "b"], ["y"], **args), {"x": x, "w": w, "b": b}
+
+    return draw
+
+
 CASES = cases(
     Case("Int8Quantize", draw_quantize),
     Case("Int8Dequantize", draw_dequantize),
@@ -234,6 +252,8 @@ CASES = cases(
     Case("Int8AveragePool", draw_average_pool("Int8AveragePool")),
     Case("Int8AveragePoolRelu", draw_average_pool("Int8AveragePoolRelu")),
     Case("Int8FC", draw_fc),
+    Case("Int8Conv", draw_conv("Int8Conv")),
+    Case("Int8ConvRelu", draw_conv("Int8ConvRelu")),
 )
 
 
