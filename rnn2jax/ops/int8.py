@@ -431,7 +431,9 @@ def int8_channel_shuffle(op: Op) -> Kernel:
         if len(x.shape) < 4:
             raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must be 4-D NHWC, got {list(x.shape)}")
         channels = x.shape[3]
-        if groups <= 0 or channels % groups:
+        if groups < 2:
+            raise BadArgumentError(f"{op.where}: QNNPACK's channel shuffle needs at least two groups, got {groups}")
+        if channels % groups:
             raise ShapeError(f"{op.where}: {channels} channels do not split into {groups} groups")
         rows = x.data.reshape(-1, groups, channels // groups)
         return Int8Tensor(jnp.swapaxes(rows, 1, 2).reshape(x.shape), x.scale, x.zero_point)
@@ -680,6 +682,72 @@ def int8_conv(op: Op) -> Kernel:
 @register("Int8ConvRelu", inputs=(2, 3))
 def int8_conv_relu(op: Op) -> Kernel:
     return _conv(op, relu=True)
+
+
+def _pair_arg(op: Op, name: str, default: int) -> tuple[int, int]:
+    """ConvTransposeUnpoolBase's `name` (one value for both dims) or `name`_h and `name`_w."""
+    value = op.int(name, default)
+    return op.int(f"{name}_h", value), op.int(f"{name}_w", value)
+
+
+@register("Int8ConvTranspose", inputs=3)
+def int8_conv_transpose(op: Op) -> Kernel:
+    """QNNPACK's NHWC deconvolution: each input pixel scatters its zero-point-shifted channels times the
+    kernel (W is [IC, KH, KW, OC]) into the output at `input * stride - pad + k`, no groups nor dilation
+    (Caffe2 passes 1); then B, then Q31 requantization."""
+    if op.str("order", "NCHW") != "NHWC":
+        raise BadArgumentError(f"{op.where}: Int8ConvTransposeOp only supports NHWC order")
+    stride = _pair_arg(op, "stride", 1)
+    adj = _pair_arg(op, "adj", 0)
+    pad = op.int("pad", 0)
+    pads = op.ints("pads", ()) or (
+        op.int("pad_t", pad),
+        op.int("pad_l", pad),
+        op.int("pad_b", pad),
+        op.int("pad_r", pad),
+    )
+    if len(pads) != 4 or min(pads) < 0 or min(stride) < 1 or min(adj) < 0:
+        raise BadArgumentError(f"{op.where}: pads {list(pads)}, strides {list(stride)}, adj {list(adj)} are invalid")
+    pad_t, pad_l, pad_b, pad_r = pads
+    y_scale, y_zero_point = _y_quantization(op)
+    _zero_point_in_uint8(op, y_zero_point, "Y")
+
+    def kernel(x: Any, w: Any, b: Any) -> Int8Tensor:
+        x, w, b = _int8(op, 0, x), _int8(op, 1, w), _int8(op, 2, b, np.int32)
+        if len(x.shape) != 4 or len(w.shape) != 4 or w.shape[0] != x.shape[3]:
+            raise ShapeError(f"{op.where}: X {list(x.shape)} and W {list(w.shape)} (IC, KH, KW, OC) do not fit")
+        ic, kh, kw, oc = w.shape
+        if op.has("kernel") and (op.int("kernel"), op.int("kernel")) != (kh, kw):
+            raise ShapeError(f"{op.where}: kernel {op.int('kernel')} differs from W's {kh}x{kw}")
+        if math.prod(b.shape) != oc:
+            raise ShapeError(f"{op.where}: B {list(b.shape)} must hold one bias per output channel ({oc})")
+        n, ih, iw, _ = x.shape
+        oh = (ih - 1) * stride[0] - pad_t - pad_b + kh + adj[0]
+        ow = (iw - 1) * stride[1] - pad_l - pad_r + kw + adj[1]
+        if oh <= 0 or ow <= 0:
+            raise ShapeError(f"{op.where}: output size {oh}x{ow} is not positive")
+        f32 = np.float32
+        for what, scale in (("input", x.scale), ("weight", w.scale), ("output", y_scale)):
+            if not (np.isfinite(scale) and f32(scale) >= np.finfo(np.float32).tiny):
+                raise BadArgumentError(f"{op.where}: failed to create QNNPACK convolution object: {what} scale")
+        multiplier, shift = _q31_parameters(op, float(f32(x.scale) * f32(w.scale) / f32(y_scale)))
+        xs = x.data.astype(jnp.int32) - x.zero_point
+        weights = jnp.transpose(w.data.astype(jnp.int32) - w.zero_point, (3, 1, 2, 0))  # [OC, KH, KW, IC]
+        flipped = jnp.transpose(weights[:, ::-1, ::-1, :], (1, 2, 3, 0))  # HWIO
+        padding = [(kh - 1 - pad_t, kh - 1 - pad_b + adj[0]), (kw - 1 - pad_l, kw - 1 - pad_r + adj[1])]
+        acc = lax.conv_general_dilated(
+            xs,
+            flipped,
+            (1, 1),
+            padding,
+            lhs_dilation=stride,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            preferred_element_type=jnp.int32,
+        )
+        acc = acc + b.data.reshape(oc)
+        return Int8Tensor(_q31_requantize(acc, multiplier, shift, y_zero_point), y_scale, y_zero_point)
+
+    return kernel
 
 
 __all__ = ["Int8Tensor", "int8_tensor"]

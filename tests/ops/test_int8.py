@@ -227,6 +227,23 @@ def draw_conv(op_type: str):
     return draw
 
 
+def draw_conv_transpose(data):
+    ic, oc, k = data.draw(dims(1, 4)), data.draw(dims(1, 4)), data.draw(dims(1, 3))
+    stride = data.draw(dims(1, 2))
+    x = int8(data, (data.draw(dims(1, 2)), data.draw(dims(1, 4)), data.draw(dims(1, 4)), ic))
+    w = int8(data, (ic, k, k, oc), scale=data.draw(st.sampled_from([0.003, 0.02, 0.1])))
+    b = int8_tensor(data.draw(arrays((oc,), np.int32, -5000, 5000)), x.scale * w.scale, 0)
+    y_scale = float(np.float32(x.scale * w.scale * data.draw(st.sampled_from([1.5, 4.0, 30.0, 200.0]))))
+    args = {
+        "kernel": k,
+        "stride": stride,
+        "pad": data.draw(st.integers(0, k - 1)),
+        "adj": data.draw(st.integers(0, stride - 1)),
+    }
+    args.update(order="NHWC", Y_scale=y_scale, Y_zero_point=data.draw(st.integers(0, 255)))
+    return make_op("Int8ConvTranspose", ["x", "w", "b"], ["y"], **args), {"x": x, "w": w, "b": b}
+
+
 CASES = cases(
     Case("Int8Quantize", draw_quantize),
     Case("Int8Dequantize", draw_dequantize),
@@ -254,6 +271,7 @@ CASES = cases(
     Case("Int8FC", draw_fc),
     Case("Int8Conv", draw_conv("Int8Conv")),
     Case("Int8ConvRelu", draw_conv("Int8ConvRelu")),
+    Case("Int8ConvTranspose", draw_conv_transpose),
 )
 
 
@@ -295,9 +313,12 @@ def test_layout_ops_refuse_a_requantization():
             run_rnn2jax([op], {"x": x}, ["y"])
 
 
-def test_sigmoid_output_quantization_is_fixed(caffe2):
+def test_sigmoid_and_softmax_output_quantization_is_fixed():
+    """Caffe2 CHECKs (and aborts) that Int8Sigmoid's and Int8Softmax's output is 1/256, 0; rnn2jax refuses."""
     x = int8_tensor(np.arange(6, dtype=np.uint8), 0.5, 3)
-    assert check_op(caffe2, make_op("Int8Sigmoid", ["x"], ["y"], Y_scale=0.5), {"x": x}) is None
+    for op_type in ("Int8Sigmoid", "Int8Softmax"):
+        with pytest.raises(BadArgumentError, match="1/256"):
+            run_rnn2jax([make_op(op_type, ["x"], ["y"], Y_scale=0.5)], {"x": x}, ["y"])
 
 
 def test_quantize_dequantize_through_the_workspace_and_caffe2_api():
