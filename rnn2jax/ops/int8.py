@@ -716,21 +716,23 @@ def int8_conv_transpose(op: Op) -> Kernel:
         x, w, b = _int8(op, 0, x), _int8(op, 1, w), _int8(op, 2, b, np.int32)
         if len(x.shape) != 4 or len(w.shape) != 4 or w.shape[0] != x.shape[3]:
             raise ShapeError(f"{op.where}: X {list(x.shape)} and W {list(w.shape)} (IC, KH, KW, OC) do not fit")
-        ic, kh, kw, oc = w.shape
+        _, kh, kw, oc = w.shape
         if op.has("kernel") and (op.int("kernel"), op.int("kernel")) != (kh, kw):
             raise ShapeError(f"{op.where}: kernel {op.int('kernel')} differs from W's {kh}x{kw}")
         if math.prod(b.shape) != oc:
             raise ShapeError(f"{op.where}: B {list(b.shape)} must hold one bias per output channel ({oc})")
-        n, ih, iw, _ = x.shape
+        _, ih, iw, _ = x.shape
         oh = (ih - 1) * stride[0] - pad_t - pad_b + kh + adj[0]
         ow = (iw - 1) * stride[1] - pad_l - pad_r + kw + adj[1]
-        if oh <= 0 or ow <= 0:
-            raise ShapeError(f"{op.where}: output size {oh}x{ow} is not positive")
+        if oh < 0 or ow < 0:
+            raise ShapeError(f"{op.where}: output size {oh}x{ow} is negative")
         f32 = np.float32
         for what, scale in (("input", x.scale), ("weight", w.scale), ("output", y_scale)):
             if not (np.isfinite(scale) and f32(scale) >= np.finfo(np.float32).tiny):
                 raise BadArgumentError(f"{op.where}: failed to create QNNPACK convolution object: {what} scale")
         multiplier, shift = _q31_parameters(op, float(f32(x.scale) * f32(w.scale) / f32(y_scale)))
+        if oh == 0 or ow == 0:  # the pads eat the whole output: Caffe2 returns it empty
+            return Int8Tensor(jnp.zeros((x.shape[0], oh, ow, oc), jnp.uint8), y_scale, y_zero_point)
         xs = x.data.astype(jnp.int32) - x.zero_point
         weights = jnp.transpose(w.data.astype(jnp.int32) - w.zero_point, (3, 1, 2, 0))  # [OC, KH, KW, IC]
         flipped = jnp.transpose(weights[:, ::-1, ::-1, :], (1, 2, 3, 0))  # HWIO
