@@ -752,4 +752,122 @@ def int8_conv_transpose(op: Op) -> Kernel:
     return kernel
 
 
+def _gemmlowp_multiplier(real: float) -> tuple[int, int]:
+    """QuantizeMultiplierSmallerThanOne (int8_utils.h): a Q31 multiplier and a right shift for `real` in [0, 1)."""
+    if real == 0:
+        return 0, 0
+    q, exponent = math.frexp(real)
+    q_fixed = int(np.rint(q * (1 << 31)))
+    if q_fixed == 1 << 31:
+        q_fixed //= 2
+        exponent += 1
+    return q_fixed, -exponent
+
+
+def _gemmlowp_requantize(acc: Any, multiplier: int, shift: int) -> Any:
+    """MultiplyByQuantizedMultiplierSmallerThanOne: gemmlowp's SaturatingRoundingDoublingHighMul (a division
+    truncating toward zero) then RoundingDivideByPOT, on int32 accumulators."""
+    product = acc.astype(jnp.int64) * multiplier
+    nudge = jnp.where(product >= 0, 1 << 30, 1 - (1 << 30))
+    total = product + nudge
+    high = jnp.where(total >= 0, total >> 31, -((-total) >> 31)).astype(jnp.int32)
+    mask = (1 << shift) - 1
+    remainder = high & jnp.int32(mask)
+    threshold = (mask >> 1) + (high < 0).astype(jnp.int32)
+    return (high >> shift) + (remainder > threshold).astype(jnp.int32)
+
+
+def _roi_samples(roi: np.ndarray, spatial_scale: float, height: int, width: int, pooled: tuple[int, int], ratio: int):
+    """One RoI's bilinear taps (pre_calc_for_bilinear_interpolate, in float32 as Caffe2 computes them): for
+    each output cell, the flat positions and uint8 weights (x255) of every sample, and the sample count."""
+    f32 = np.float32
+    start_w, start_h, end_w, end_h = (f32(v) * f32(spatial_scale) for v in roi)
+    roi_w, roi_h = max(end_w - start_w, f32(1)), max(end_h - start_h, f32(1))
+    bin_h, bin_w = roi_h / f32(pooled[0]), roi_w / f32(pooled[1])
+    grid_h = ratio if ratio > 0 else int(math.ceil(roi_h / pooled[0]))
+    grid_w = ratio if ratio > 0 else int(math.ceil(roi_w / pooled[1]))
+    positions = np.zeros((pooled[0], pooled[1], grid_h * grid_w, 4), np.int64)
+    weights = np.zeros((pooled[0], pooled[1], grid_h * grid_w, 4), np.int64)
+    for ph in range(pooled[0]):
+        for pw in range(pooled[1]):
+            for iy in range(grid_h):
+                yy = start_h + f32(ph) * bin_h + f32(iy + 0.5) * bin_h / f32(grid_h)
+                for ix in range(grid_w):
+                    xx = start_w + f32(pw) * bin_w + f32(ix + 0.5) * bin_w / f32(grid_w)
+                    y, x = f32(yy), f32(xx)
+                    if y < -1.0 or y > height or x < -1.0 or x > width:
+                        continue  # weights stay 0
+                    y, x = max(y, f32(0)), max(x, f32(0))
+                    y_low, x_low = int(y), int(x)
+                    if y_low >= height - 1:
+                        y_low = y_high = height - 1
+                        y = f32(y_low)
+                    else:
+                        y_high = y_low + 1
+                    if x_low >= width - 1:
+                        x_low = x_high = width - 1
+                        x = f32(x_low)
+                    else:
+                        x_high = x_low + 1
+                    ly, lx = f32(y - f32(y_low)), f32(x - f32(x_low))
+                    hy, hx = f32(1.0 - float(ly)), f32(1.0 - float(lx))
+                    taps = (hy * hx, hy * lx, ly * hx, ly * lx)
+                    i = iy * grid_w + ix
+                    weights[ph, pw, i] = [int(np.rint(f32(t) * f32(255.0))) & 0xFF for t in taps]
+                    positions[ph, pw, i] = [
+                        y_low * width + x_low,
+                        y_low * width + x_high,
+                        y_high * width + x_low,
+                        y_high * width + x_high,
+                    ]
+    return positions, weights, grid_h * grid_w
+
+
+@register("Int8RoIAlign", inputs=2, static_inputs=(1,))
+def int8_roi_align(op: Op) -> Kernel:
+    """Caffe2's integer RoIAlign (NHWC): bilinear taps with weights rounded to uint8 (x255), summed as int32
+    less the input zero point per tap, requantized with gemmlowp's fixed point to Y_scale/Y_zero_point.
+    The RoIs decide each cell's sampling grid, so they must be known when the net is compiled."""
+    if op.str("order", "NHWC") != "NHWC":
+        raise BadArgumentError(f"{op.where}: Int8RoIAlign only supports NHWC order")
+    spatial_scale = float(np.float32(op.float("spatial_scale", 1.0)))
+    pooled = (op.int("pooled_h", 1), op.int("pooled_w", 1))
+    ratio = op.int("sampling_ratio", -1)
+    if min(pooled) <= 0 or spatial_scale <= 0:
+        raise BadArgumentError(f"{op.where}: pooled_h, pooled_w and spatial_scale must be positive")
+    y_scale, y_zero_point = _y_quantization(op)
+
+    def kernel(x: Any, rois: Any) -> Int8Tensor:
+        x = _int8(op, 0, x)
+        if len(x.shape) != 4:
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must be 4-D NHWC, got {list(x.shape)}")
+        n, height, width, channels = x.shape
+        r = np.asarray(rois)
+        if r.size == 0:
+            return Int8Tensor(jnp.zeros((0, *pooled, channels), jnp.uint8), y_scale, y_zero_point)
+        if r.dtype != np.float32 or r.ndim != 2 or r.shape[1] not in (4, 5):
+            raise ShapeError(
+                f"{op.where}: RoIs '{op.inputs[1]}' must be float32 [R, 4 or 5], got {r.dtype}{list(r.shape)}"
+            )
+        flat = x.data.reshape(n, height * width, channels).astype(jnp.int32)
+        cells = []
+        for roi in r:
+            batch = int(roi[0]) if r.shape[1] == 5 else 0
+            if not 0 <= batch < n:
+                raise ShapeError(f"{op.where}: RoI batch index {batch} is outside the input's {n} images")
+            positions, weights, count = _roi_samples(roi[-4:], spatial_scale, height, width, pooled, ratio)
+            real = float(np.float32(x.scale)) / (float(np.float32(y_scale)) * 255.0 * count)
+            if not real < 1:
+                raise BadArgumentError(f"{op.where}: the requantization multiplier {real:g} must be below 1")
+            multiplier, shift = _gemmlowp_multiplier(real)
+            taps = flat[batch][jnp.asarray(positions)]  # [ph, pw, samples, 4, C]
+            acc = (taps * jnp.asarray(weights, jnp.int32)[..., None]).sum(axis=(2, 3))
+            acc = acc - jnp.int32(x.zero_point * 255 * count)
+            y = _gemmlowp_requantize(acc, multiplier, shift) + y_zero_point
+            cells.append(jnp.clip(y, 0, 255).astype(jnp.uint8))
+        return Int8Tensor(jnp.stack(cells), y_scale, y_zero_point)
+
+    return kernel
+
+
 __all__ = ["Int8Tensor", "int8_tensor"]

@@ -244,6 +244,22 @@ def draw_conv_transpose(data):
     return make_op("Int8ConvTranspose", ["x", "w", "b"], ["y"], **args), {"x": x, "w": w, "b": b}
 
 
+def draw_roi_align(data):
+    x = int8(data, (data.draw(dims(1, 2)), data.draw(dims(1, 6)), data.draw(dims(1, 6)), data.draw(dims(1, 3))))
+    count = data.draw(dims(0, 3))
+    corners = data.draw(arrays((count, 4), np.float32, -2.0, 8.0))
+    if data.draw(st.booleans()):
+        batch = data.draw(arrays((count, 1), np.int64, 0, x.shape[0] - 1)).astype(np.float32)
+        corners = np.concatenate([batch, corners], axis=1)
+    args = {"pooled_h": data.draw(dims(1, 3)), "pooled_w": data.draw(dims(1, 3)), "order": "NHWC"}
+    args.update(
+        sampling_ratio=data.draw(st.sampled_from([-1, 0, 1, 2])), spatial_scale=data.draw(st.sampled_from([0.5, 1.0]))
+    )
+    args.update(Y_scale=float(np.float32(x.scale * data.draw(st.sampled_from([0.05, 0.3, 1.0])))))
+    args.update(Y_zero_point=data.draw(st.integers(0, 255)))
+    return make_op("Int8RoIAlign", ["x", "rois"], ["y"], **args), {"x": x, "rois": corners}
+
+
 CASES = cases(
     Case("Int8Quantize", draw_quantize),
     Case("Int8Dequantize", draw_dequantize),
@@ -272,6 +288,7 @@ CASES = cases(
     Case("Int8Conv", draw_conv("Int8Conv")),
     Case("Int8ConvRelu", draw_conv("Int8ConvRelu")),
     Case("Int8ConvTranspose", draw_conv_transpose),
+    Case("Int8RoIAlign", draw_roi_align),
 )
 
 
