@@ -784,8 +784,8 @@ def _roi_samples(roi: np.ndarray, spatial_scale: float, height: int, width: int,
     start_w, start_h, end_w, end_h = (f32(v) * f32(spatial_scale) for v in roi)
     roi_w, roi_h = max(end_w - start_w, f32(1)), max(end_h - start_h, f32(1))
     bin_h, bin_w = roi_h / f32(pooled[0]), roi_w / f32(pooled[1])
-    grid_h = ratio if ratio > 0 else int(math.ceil(roi_h / pooled[0]))
-    grid_w = ratio if ratio > 0 else int(math.ceil(roi_w / pooled[1]))
+    grid_h = ratio if ratio > 0 else math.ceil(roi_h / pooled[0])
+    grid_w = ratio if ratio > 0 else math.ceil(roi_w / pooled[1])
     positions = np.zeros((pooled[0], pooled[1], grid_h * grid_w, 4), np.int64)
     weights = np.zeros((pooled[0], pooled[1], grid_h * grid_w, 4), np.int64)
     for ph in range(pooled[0]):
