@@ -26,6 +26,7 @@ import rnn2jax
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.checking.oracle import Caffe2Error, Caffe2Oracle
 from rnn2jax.errors import Rnn2JaxError
+from rnn2jax.ir.int8 import Int8Tensor
 from rnn2jax.ir.loader import load
 from rnn2jax.lowering.interpreter import lower
 from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op, has_gradient_maker
@@ -50,11 +51,18 @@ def run_rnn2jax(
     net = create_net("differential", list(ops))
     if jit:
         fn = rnn2jax.compile(net, outputs=outputs)
-        result = fn({name: np.asarray(inputs[name]) for name in fn.input_names if name in inputs})
+        result = fn({name: _host(inputs[name]) for name in fn.input_names if name in inputs})
     else:
-        env = lower(load(net))({name: np.asarray(value) for name, value in inputs.items()}, key=jax.random.key(0))
+        env = lower(load(net))({name: _host(value) for name, value in inputs.items()}, key=jax.random.key(0))
         result = {name: env[name] for name in outputs}
-    return {name: np.asarray(value) for name, value in result.items()}
+    return {name: _host(value) for name, value in result.items()}
+
+
+def _host(value: Any) -> Any:
+    """A blob's value as NumPy: an array, or an Int8Tensor with NumPy data."""
+    if isinstance(value, Int8Tensor):
+        return Int8Tensor(np.asarray(value.data), value.scale, value.zero_point)
+    return np.asarray(value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -68,7 +76,13 @@ def _tolerance(dtype: np.dtype) -> float:
 def assert_blob_equal(
     name: str, got: np.ndarray, want: np.ndarray, rtol: float | None = None, atol: float = 0.0
 ) -> None:
-    """One blob of rnn2jax (`got`) against real Caffe2 (`want`)."""
+    """One blob of rnn2jax (`got`) against real Caffe2 (`want`). Int8 blobs: the same scale and zero point
+    (float32 and int32, as Caffe2 holds them), the data exactly."""
+    if isinstance(want, Int8Tensor):
+        assert isinstance(got, Int8Tensor), f"{name}: rnn2jax gives {type(got).__name__}, Caffe2 an Int8 tensor"
+        assert np.float32(got.scale) == np.float32(want.scale), f"{name}: scale {got.scale}, Caffe2 {want.scale}"
+        assert got.zero_point == want.zero_point, f"{name}: zero point {got.zero_point}, Caffe2 {want.zero_point}"
+        got, want = np.asarray(got.data), np.asarray(want.data)
     assert got.shape == want.shape, f"{name}: shape {got.shape}, Caffe2 gives {want.shape}"
     if want.dtype.kind in "SOU":
         assert got.dtype.kind in "SOU", f"{name}: dtype {got.dtype}, Caffe2 gives strings"

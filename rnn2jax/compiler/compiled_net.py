@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from ..errors import Advice, InputTypeError, MissingBlobError, ParseError, ResourceError
 from ..ir.budget import check_array, format_bytes, memory_budget
 from ..ir.dtypes import caffe2_dtypes, check_not_narrowed, device_array, in_caffe2_dtypes
+from ..ir.int8 import Int8Tensor
 from ..ir.loader import load
 from ..ir.netdef import Net, Op, Plan
 from ..lowering.interpreter import LoweredNet, lower, specialisation_key
@@ -175,7 +176,7 @@ class CompiledNet:
     def _array(self, name: str, value: Any, what: str) -> Any:
         """A jax.Array (or tracer) as it is; anything else as an array. The values of static blobs stay
         NumPy constants, so the ops computing shapes from them fold, even under jax.jit."""
-        if isinstance(value, jax.Array):
+        if isinstance(value, jax.Array | Int8Tensor):
             return value
         if name in self.static_inputs or name in self.static_params:
             try:
@@ -346,6 +347,8 @@ def _as_array(value: Any, what: str) -> jax.Array:
     numbers."""
     if isinstance(value, Mapping | str | bytes) or value is None:
         raise InputTypeError(f"{what} must be an array (NumPy or JAX), got a {type(value).__name__}")
+    if isinstance(value, Int8Tensor):  # a quantized blob: its data on the device, its scale and zero point static
+        return Int8Tensor(_as_array(value.data, what), value.scale, value.zero_point)  # type: ignore[return-value]
     try:
         return device_array(value)
     except (TypeError, ValueError) as error:

@@ -20,6 +20,7 @@ from . import (  # noqa: F401
     embedding,
     fill,
     image,
+    int8,
     linear,
     loss,
     math,

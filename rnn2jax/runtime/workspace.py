@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import BadArgumentError, InputTypeError, MissingBlobError, WorkspaceError
 from ..ir.dtypes import device_array, in_caffe2_dtypes
+from ..ir.int8 import Int8Tensor
 from ..ir.loader import load
 from ..ir.netdef import Net, Plan
 from . import plan as plan_runner
@@ -117,6 +118,8 @@ class Workspace:
         value = self.get(_check_name(name))
         if isinstance(value, jax.Array):
             return np.asarray(value)
+        if isinstance(value, Int8Tensor):
+            return Int8Tensor(np.asarray(value.data), value.scale, value.zero_point)
         return value
 
     def blobs(self) -> list[str]:
@@ -329,6 +332,8 @@ def _as_blob(name: str, value: Any) -> Any:
     """What `feed` stores: JAX arrays for numbers, object arrays of bytes for strings, bytes for bytes."""
     if isinstance(value, jax.Array):
         return value
+    if isinstance(value, Int8Tensor):  # a quantized blob (Int8TensorCPU)
+        return Int8Tensor(_as_blob(name, value.data), value.scale, value.zero_point)
     if isinstance(value, str):
         return value.encode("utf-8")
     if isinstance(value, bytes):

@@ -11,6 +11,7 @@ type Caffe2's C++ errors had in Python.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -20,6 +21,7 @@ import jax
 import numpy as np
 
 from ...errors import InputTypeError, Rnn2JaxError, WorkspaceError
+from ...ir.int8 import Int8Tensor as _Int8Value
 from ...ir.netdef import DATA_TYPES
 from ...ir.wire import parse_binary
 from ...runtime.workspace import CompileCache
@@ -244,7 +246,31 @@ def FetchBlob(name: Any) -> Any:
         value = _ws().fetch(StringifyBlobName(name))
     if isinstance(value, np.ndarray):
         return np.array(value, copy=True)
+    if isinstance(value, _Int8Value):
+        raise TypeError(f"Use FetchInt8Blob to fetch Int8 Blob {StringifyBlobName(name)}")
     return value
+
+
+Int8Tensor = collections.namedtuple("Int8Tensor", ["data", "scale", "zero_point"])
+
+
+def _fetch_int8(name: Any) -> Int8Tensor:
+    with _caffe2_errors():
+        value = _ws().fetch(StringifyBlobName(name))
+    if not isinstance(value, _Int8Value):
+        raise AssertionError(f"You are not fetching an Int8Blob {StringifyBlobName(name)}. Please use FetchBlob")
+    return Int8Tensor(np.array(value.data, copy=True), value.scale, value.zero_point)
+
+
+def FetchInt8Blob(name: Any) -> Int8Tensor:
+    """An Int8 blob (Int8TensorCPU) as Caffe2's namedtuple `Int8Tensor(data, scale, zero_point)`."""
+    return _fetch_int8(name)
+
+
+def FetchInt8BlobRealVal(name: Any) -> np.ndarray:
+    """An Int8 blob's real values, `(data - zero_point) * scale` as float32."""
+    blob = _fetch_int8(name)
+    return (blob.data.astype(np.int32) - int(blob.zero_point)).astype(np.float32) * blob.scale
 
 
 def FetchBlobs(names: Iterable[Any]) -> list[Any]:

@@ -26,9 +26,26 @@ from typing import Any
 import numpy as np
 
 from ...errors import Rnn2JaxError
+from ...ir.int8 import Int8Tensor
 from ...proto import caffe2_pb2 as pb
 
 WORKER = Path(__file__).with_name("worker.py")
+
+
+def _int8_fill(name: str, value: Int8Tensor) -> pb.OperatorDef:
+    """The Int8GivenTensorFill (uint8 data) or Int8GivenIntTensorFill (int32) that makes blob `name` = `value`."""
+    data = np.asarray(value.data)
+    op = pb.OperatorDef(type="Int8GivenIntTensorFill" if data.dtype == np.int32 else "Int8GivenTensorFill")
+    op.output.append(name)
+    values = op.arg.add(name="values")
+    if data.dtype == np.int32:
+        values.ints.extend(int(v) for v in data.ravel())
+    else:
+        values.s = data.astype(np.uint8).tobytes()
+    op.arg.add(name="shape").ints.extend(data.shape)
+    op.arg.add(name="Y_scale", f=float(value.scale))
+    op.arg.add(name="Y_zero_point", i=int(value.zero_point))
+    return op
 
 
 class OracleError(Rnn2JaxError):
@@ -249,6 +266,10 @@ class Caffe2Oracle:
         """
         request = _Request()
         encoded = []
+        feeds = dict(feeds or {})
+        # Caffe2's FeedBlob takes no Int8TensorCPU: such a feed becomes the fill op that makes it.
+        fills = [_int8_fill(name, feeds.pop(name)) for name in list(feeds) if isinstance(feeds[name], Int8Tensor)]
+        steps = [("op", fill) for fill in fills] + list(steps)
         for kind, value in steps:
             if kind == "ops":
                 encoded.append({"kind": kind, "protos": [request.proto(v) for v in value]})
@@ -260,7 +281,7 @@ class Caffe2Oracle:
         header = {
             "workspace": workspace,
             "reset": reset,
-            "feeds": {name: request.add(value) for name, value in (feeds or {}).items()},
+            "feeds": {name: request.add(value) for name, value in feeds.items()},
             "steps": encoded,
             "fetch": None if fetch is None else list(fetch),
         }
@@ -276,7 +297,10 @@ class Caffe2Oracle:
                 answer, arrays = self.request("run", header, request)
             except OracleCrashedError as again:
                 raise again from crash
-        return {name: arrays[i] for name, i in answer["blobs"].items()}
+        blobs = {name: arrays[i] for name, i in answer["blobs"].items()}
+        for name, (scale, zero_point) in answer.get("int8", {}).items():  # Int8TensorCPU blobs
+            blobs[name] = Int8Tensor(blobs[name], scale, zero_point)
+        return blobs
 
     def run_op(
         self, op: pb.OperatorDef, inputs: Mapping[str, Any], fetch: Iterable[str] | None = None

@@ -298,20 +298,24 @@ def cmd_run(request, arrays, out):
         _run_step(step, arrays)
     wanted = request.get("fetch")
     names = workspace.Blobs() if wanted in (None, "*") else wanted
-    fetched, skipped = {}, []
+    fetched, skipped, int8 = {}, [], {}
     for name in names:
         if not workspace.HasBlob(name):
             skipped.append(name)
             continue
         try:
             value = _from_blob(workspace.FetchBlob(name), name)
+        except TypeError:  # an Int8TensorCPU: "Use FetchInt8Blob to fetch Int8 Blob"
+            quantized = workspace.FetchInt8Blob(name)
+            value = np.ascontiguousarray(quantized.data).reshape(quantized.data.shape)
+            int8[name] = [float(quantized.scale), int(quantized.zero_point)]
         except Exception:  # a blob of a type the Python binding cannot fetch (a mutex, a DB cursor)
             value = None
         if value is None:
             skipped.append(name)
         else:
             fetched[name] = out.add(value)
-    return {"blobs": fetched, "skipped": skipped}
+    return {"blobs": fetched, "skipped": skipped, "int8": int8}
 
 
 def _gradient_names(g_input):
