@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     elementwise,
     embedding,
     fill,
+    half,
     image,
     linear,
     loss,
