@@ -34,6 +34,7 @@ from . import (  # noqa: F401
     shape,
     sparse,
     storage,
+    strings,
 )
 from .registry import REGISTRY, OpDef, check_supported, lookup, register, supported, unsupported_ops
 
