@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     embedding,
     fill,
     half,
+    histogram,
     image,
     linear,
     loss,
