@@ -25,6 +25,7 @@ from . import (  # noqa: F401
     norm,
     optimizer,
     pool,
+    positions,
     printing,
     recurrent,
     reduce,
