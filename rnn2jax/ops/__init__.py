@@ -9,6 +9,7 @@ ops the workspace that runs them.
 
 from . import (  # noqa: F401
     activation,
+    aliasing,
     array,
     compare,
     conv,
@@ -29,6 +30,7 @@ from . import (  # noqa: F401
     printing,
     recurrent,
     reduce,
+    rnn_internal,
     rnn_units,
     segment,
     sequence,
