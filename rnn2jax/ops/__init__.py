@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     distributed,
     elementwise,
     embedding,
+    features,
     fill,
     half,
     histogram,
