@@ -24,6 +24,7 @@ from . import (  # noqa: F401
     linear,
     loss,
     math,
+    metrics,
     norm,
     optimizer,
     pool,
