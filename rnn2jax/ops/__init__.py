@@ -34,6 +34,7 @@ from . import (  # noqa: F401
     reduce,
     rnn_internal,
     rnn_units,
+    sampling,
     segment,
     sequence,
     sequence_packing,
