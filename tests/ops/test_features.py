@@ -44,7 +44,89 @@ def draw_interaction(data):
     return op, {"i": indices, **inputs}
 
 
+# Feature maps: N examples, F features, each value array drawn of one of the value types
+VALUE_TYPES = [np.float32, np.float64, np.int32, np.int64, np.bool_]
+
+
+def values_of(data, n, dtype):
+    return data.draw(arrays((n,), dtype, -9, 9))
+
+
+def draw_merge_dense(data):
+    n, f = data.draw(st.integers(0, 3)), data.draw(st.integers(1, 3))
+    dtype = data.draw(st.sampled_from(VALUE_TYPES))
+    presence = np.asarray(data.draw(st.lists(st.booleans(), min_size=n * f, max_size=n * f)), bool).reshape(n, f)
+    op = make_op("MergeDenseFeatureTensors", ["data", "presence"], ["l", "k", "v"], feature_ids=list(range(10, 10 + f)))
+    return op, {"data": data.draw(arrays((n, f), dtype, -9, 9)), "presence": presence}
+
+
+def draw_merge_single(kind):
+    def draw(data):
+        n, f = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+        dtype = data.draw(st.sampled_from(VALUE_TYPES[:2]))  # float: the gradient flows
+        inputs, names = {}, []
+        for i in range(f):
+            presence = np.asarray(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool)
+            if kind == "Scalar":
+                group = {f"v{i}": values_of(data, n, dtype), f"p{i}": presence}
+            else:
+                lengths = np.asarray(data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)), np.int32)
+                total = int(lengths[presence].sum())
+                group = {f"l{i}": lengths}
+                if kind == "Map":
+                    group[f"k{i}"] = values_of(data, total, np.int64)
+                group[f"v{i}"] = values_of(data, total, dtype)
+                group[f"p{i}"] = presence
+            inputs.update(group)
+            names += list(group)
+        outputs = {"Scalar": ["l", "k", "v"], "List": ["l", "k", "vl", "vv"], "Map": ["l", "k", "vl", "vk", "vv"]}[kind]
+        op = make_op(f"MergeSingle{kind}FeatureTensors", names, outputs, feature_ids=list(range(20, 20 + f)))
+        return op, inputs
+
+    return draw
+
+
+def draw_merge_multi(kind):
+    def draw(data):
+        n, f = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+        dtype = data.draw(st.sampled_from(VALUE_TYPES[:2]))
+        inputs, names = {}, []
+        for i in range(f):
+            lengths = np.asarray(data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)), np.int32)
+            features = int(lengths.sum())
+            group = {f"l{i}": lengths, f"k{i}": values_of(data, features, np.int64)}
+            if kind == "Scalar":
+                group[f"v{i}"] = values_of(data, features, dtype)
+            else:
+                value_lengths = np.asarray(
+                    data.draw(st.lists(st.integers(0, 2), min_size=features, max_size=features)), np.int32
+                )
+                group[f"vl{i}"] = value_lengths
+                if kind == "Map":
+                    group[f"vk{i}"] = values_of(data, int(value_lengths.sum()), np.int32)
+                group[f"vv{i}"] = values_of(data, int(value_lengths.sum()), dtype)
+            inputs.update(group)
+            names += list(group)
+        outputs = {"Scalar": ["l", "k", "v"], "List": ["l", "k", "vl", "vv"], "Map": ["l", "k", "vl", "vk", "vv"]}[kind]
+        return make_op(f"MergeMulti{kind}FeatureTensors", names, outputs), inputs
+
+    return draw
+
+
 CASES = cases(
+    Case("MergeDenseFeatureTensors", draw_merge_dense, jit=False),
+    *(
+        Case(f"MergeSingle{kind}FeatureTensors", draw_merge_single(kind), (f"MergeSingle{kind}FeatureTensorsGradient",))
+        for kind in ("Scalar", "List", "Map")
+    ),
+    *(
+        Case(f"MergeMulti{kind}FeatureTensors", draw_merge_multi(kind), (gradient,))
+        for kind, gradient in (
+            ("Scalar", "MergeMultiScalarFeatureTensorsGradient"),
+            ("List", "MergeMultiListFeatureTensorsGradient"),
+            ("Map", "MergeMultiMapFeatureTensorsGradient"),
+        )
+    ),
     Case("NGramFromCategorical", draw_ngram),
     Case("DenseVectorToIdList", draw_dense_to_ids),
     Case("KeySplit", draw_key_split),
