@@ -94,8 +94,8 @@ def copy_rows_to_tensor(op: Op) -> Kernel:
                 raise ShapeError(f"{op.where}: '{name}' should be {rank}-d, got shape {list(value.shape)}")
         if row.shape[0] != x.shape[1]:
             raise ShapeError(
-                f"{op.where}: width of input tensor '{op.inputs[0]}' ({x.shape[1]}) should match the length of "
-                f"row '{op.inputs[2]}' ({row.shape[0]})"
+                f"{op.where}: width of input tensor should match lengths of row ('{op.inputs[0]}' is "
+                f"{x.shape[1]} wide, row '{op.inputs[2]}' has {row.shape[0]})"
             )
         if indices.size:
             bad = (indices < 0) | (indices >= x.shape[0])
