@@ -58,10 +58,21 @@ def _flat_all(xs: Sequence[Any]) -> jax.Array:
     return jnp.concatenate([jnp.ravel(x) for x in xs]) if xs else jnp.zeros((0,))
 
 
+_SMALL = 64  # up to this many bins, compare with every bin: XLA compiles that faster than a search or scatter
+
+
 def _bincount(bucket: jax.Array, size: int) -> jax.Array:
-    """int64 counts of each bucket in [0, size) (others, -1, not counted), as a comparison with every bucket:
-    XLA compiles it several times faster than a scatter for the small histograms these ops make."""
-    return jnp.sum(bucket[:, None] == jnp.arange(size)[None, :], axis=0, dtype=jnp.int64)
+    """int64 counts of each bucket in [0, size) (others, -1, not counted)."""
+    if size <= _SMALL:
+        return jnp.sum(bucket[:, None] == jnp.arange(size)[None, :], axis=0, dtype=jnp.int64)
+    inside = (bucket >= 0) & (bucket < size)
+    return jnp.zeros(size, jnp.int64).at[jnp.where(inside, bucket, 0)].add(inside.astype(jnp.int64))
+
+
+def _search(edges: jax.Array, values: jax.Array, side: str) -> jax.Array:
+    """jnp.searchsorted, comparing with every edge for few edges and bisecting for many."""
+    method = "compare_all" if edges.shape[0] <= _SMALL else "scan"
+    return jnp.searchsorted(edges, values, side=side, method=method)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -81,9 +92,7 @@ def histogram(op: Op) -> Kernel:
     def kernel(*xs: jax.Array) -> jax.Array:
         dtype = _same_dtype(op, xs)
         values = _flat_all(xs).astype(dtype)
-        index = jnp.searchsorted(
-            jnp.asarray(edges, dtype), values, side="right", method="compare_all"
-        )  # std::upper_bound
+        index = _search(jnp.asarray(edges, dtype), values, "right")  # std::upper_bound
         inside = (index > 0) & (index < edges.size)
         return _bincount(jnp.where(inside, index - 1, -1), edges.size - 1)
 
@@ -126,7 +135,7 @@ def self_binning_histogram(op: Op) -> Kernel:
             scaled_max = low + (high - low) * scaling
             edges = low * jnp.exp((jnp.log(scaled_max) - jnp.log(low)) * ratio)
         degenerate = edges[-1] <= high  # min == max (or underflow): every value counts in bin 0
-        index = jnp.searchsorted(edges, values, side="right", method="compare_all")
+        index = _search(edges, values, "right")
         bucket = jnp.where(index == 0, 0, index - 1)
         counts = _bincount(jnp.where(index < edges_n, bucket, -1), edges_n)
         everything = jnp.zeros(edges_n, jnp.int64).at[0].set(values.size)
@@ -360,7 +369,7 @@ def _piecewise(x: jax.Array, bounds: jax.Array, slopes: jax.Array, intercepts: j
     """One group's transform: below the first bound, the first piece at that bound; above the last, the
     last piece at that bound; else the piece whose [bound i, bound i+1) holds x (std::lower_bound - 1)."""
     pieces = slopes.shape[0]
-    index = jnp.clip(jnp.searchsorted(bounds, x, side="left", method="compare_all") - 1, 0, pieces - 1)
+    index = jnp.clip(_search(bounds, x, "left") - 1, 0, pieces - 1)
     y = slopes[index] * x + intercepts[index]
     y = jnp.where(x >= bounds[pieces], slopes[pieces - 1] * bounds[pieces] + intercepts[pieces - 1], y)
     return jnp.where(x <= bounds[0], slopes[0] * bounds[0] + intercepts[0], y)
