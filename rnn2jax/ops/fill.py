@@ -421,3 +421,64 @@ def msra_fill(op: Op) -> Kernel:
         return _normal(key, shape, 0.0, np.sqrt(np.float32(2) / np.float32(numel // shape[1])))
 
     return _filler(op, fill, _needs_rank(op, 2))
+
+
+_UNIQUE_DTYPES = {2: np.dtype(np.int32), 10: np.dtype(np.int64)}  # TensorProto INT32, INT64
+
+
+def _unique_dtype(op: Op) -> np.dtype:
+    code = op.int("dtype", 2) if op.has("dtype") and op.args["dtype"].kind == "i" else None
+    if code is None and op.has("dtype"):
+        dtype = data_type_arg(op, "dtype")
+        code = {np.dtype(np.int32): 2, np.dtype(np.int64): 10}.get(np.dtype(dtype), -1)
+    dtype = _UNIQUE_DTYPES.get(2 if code is None else code)
+    if dtype is None:
+        raise BadArgumentError(f"{op.where}: Unexpected 'dtype' argument value: {code} (INT32 or INT64)")
+    return dtype
+
+
+@register("UniqueUniformFill", inputs=(0, 2), random=True, static_inputs=_input_as_shape, gradient=no_gradient)
+def unique_uniform_fill(op: Op) -> Kernel:
+    """Distinct integers drawn uniformly from [min, max] (both required, int arguments), none of them in the
+    second input (`avoid`), int32 or (`dtype` INT64) int64, in the output shape; as many as asked must fit in
+    the range, or Caffe2 refuses ("Cannot satisfy the unique requirement"). Drawn one at a time, redrawing a
+    value already taken, as Caffe2's RandUniformUnique does."""
+    dtype = _unique_dtype(op)
+    for name in ("min", "max"):
+        if not op.has(name) or op.args[name].kind != "i":
+            raise BadArgumentError(f"{op.where}: UniqueUniformFill needs an integer '{name}' argument")
+    low, high = op.int("min"), op.int("max")
+    _convert(op, "min/max", [low, high], dtype)
+    if not low < high:
+        raise BadArgumentError(f"{op.where}: Max value should be bigger than min value ({low} vs {high})")
+
+    def fill(shape: Shape, key: jax.Array, *avoid: Any) -> jax.Array:
+        count = math.prod(shape)
+        avoided = jnp.ravel(avoid[0]).astype(dtype) if avoid else jnp.zeros((0,), dtype)
+        if avoid and np.dtype(avoid[0].dtype) != dtype:
+            raise ShapeError(f"{op.where}: avoid '{op.inputs[1]}' must be {dtype}, got {avoid[0].dtype}")
+        if count > high - low - avoided.size + 1:
+            raise ShapeError(
+                f"{op.where}: Cannot satisfy the unique requirement: {count} values from [{low}, {high}] "
+                f"avoiding {avoided.size}"
+            )
+        if count == 0:
+            return jnp.zeros(shape, dtype)
+        slots = jnp.arange(count)
+
+        def draw(carry: tuple) -> tuple:
+            taken, out, key = carry
+            key, sub = jax.random.split(key)
+            if dtype == np.int32:
+                value = _randint_inclusive(sub, (), low, high)
+            else:
+                value = jax.random.randint(sub, (), low, high + 1, jnp.int64)
+            seen = jnp.any((out == value) & (slots < taken)) | jnp.any(avoided == value)
+            out = jnp.where(seen, out, out.at[taken].set(value))
+            return taken + jnp.where(seen, 0, 1), out, key
+
+        start = (jnp.int32(0), jnp.zeros(count, dtype), key)
+        _, out, _ = jax.lax.while_loop(lambda carry: carry[0] < count, draw, start)
+        return out.reshape(shape)
+
+    return _filler(op, fill, dtype=dtype)

@@ -229,8 +229,3 @@ def concat_of_output_gradients(g: GradientContext) -> GradientOps:
     if not grads:
         return []
     return [gradient_op("Concat", grads, [g.GI(0), "_" + g.GI(0) + "_dims"])]
-
-
-# UniqueUniformFill has no lowering, so no record to hold its maker; Caffe2's NO_GRADIENT for it is kept here
-# so that the backward pass of a net using it (candidate sampling) builds as Caffe2's did.
-register_gradient("UniqueUniformFill")(no_gradient)

@@ -183,6 +183,7 @@ def facet(name: str, *types: str, module: str | None = None) -> Callable[[Any], 
 
     return decorate
 
+
 # Ops given to one `compile(..., custom_ops=)` call: they take precedence while that net is lowered.
 _OVERLAY: ContextVar[Mapping[str, OpDef]] = ContextVar("rnn2jax_custom_ops", default=MappingProxyType({}))
 
@@ -348,10 +349,22 @@ def lookup(op: Op) -> OpDef:
     opdef = find(op.type)
     if opdef is None:
         raise UnsupportedOpError(
-            f"{op.where}: op type '{op.type}' is not supported", ((op.where, op.type),), advice=REGISTER_ADVICE
+            f"{op.where}: op type '{op.type}' is not supported{_host_only(op.type)}",
+            ((op.where, op.type),),
+            advice=REGISTER_ADVICE,
         )
     _check_arity(op, opdef)
     return opdef
+
+
+def _host_only(op_type: str) -> str:
+    """Why a host op's type cannot run here: it has no lowering (string ops: JAX has no strings)."""
+    if find_host(op_type) is None:
+        return ""
+    return (
+        f" inside jitted code: {op_type} is a host op, which only a Workspace runs, at the top level of a net "
+        "(between jitted segments)"
+    )
 
 
 def _count_text(low: int, high: int, what: str) -> str:
@@ -410,6 +423,9 @@ def check_supported(*nets: Net) -> None:
     if missing:
         types = sorted({t for _, t in missing})
         lines = "\n".join(f"  {where}" for where, _ in missing)
+        hosts = [t for t in types if find_host(t) is not None]
+        if hosts:  # host ops run only in a Workspace, at the top level of a net, between jitted segments
+            lines += f"\n{', '.join(hosts)}: host op(s), which only a Workspace runs, at the top level of a net"
         raise UnsupportedOpError(
             f"{len(missing)} op(s) of {len(types)} unsupported type(s) ({', '.join(types)}):\n{lines}",
             tuple(missing),

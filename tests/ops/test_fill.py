@@ -90,9 +90,7 @@ def test_constant_fill_shape_of_input(jit, x, extra, value):
     assert_exact(y, np.full(x.shape + tuple(extra), value, np.float32))
 
 
-@given(
-    dims=st.lists(st.integers(0, 4), min_size=1, max_size=3), extra=st.lists(st.integers(1, 3), max_size=2)
-)
+@given(dims=st.lists(st.integers(0, 4), min_size=1, max_size=3), extra=st.lists(st.integers(1, 3), max_size=2))
 def test_constant_fill_input_as_shape(jit, dims, extra):
     shape_blob = np.array(dims, np.int32)
     if jit:  # the blob's values become shapes: under jit they are traced
@@ -283,9 +281,7 @@ def test_uniform_fill_range_inputs_with_shape_of_input(jit, x, seed):
 
 
 @RANDOM_EXAMPLES
-@given(
-    shape=fill_shapes, low=st.integers(-(2**31), 2**31 - 2), width=st.integers(1, 5), seed=st.integers(0, 2**16)
-)
+@given(shape=fill_shapes, low=st.integers(-(2**31), 2**31 - 2), width=st.integers(1, 5), seed=st.integers(0, 2**16))
 def test_uniform_int_fill(jit, shape, low, width, seed):
     high = min(low + width, 2**31 - 1)
     y = run_random("UniformIntFill", jit, seed, shape=list(shape), min=low, max=high)
@@ -553,8 +549,45 @@ def check_random(caffe2, case, data):
         assert y.size == 0 or (y.min() >= low - tol and y.max() <= high + tol), (name, y.min(), y.max(), low, high)
 
 
+def draw_unique_uniform(data):
+    """Distinct values: as many as fit in [min, max] less those avoided (more: both refuse)."""
+    low = data.draw(st.integers(-5, 5))
+    high = low + data.draw(st.integers(1, 8))
+    dtype = data.draw(st.sampled_from([np.int32, np.int64]))
+    args = {"min": low, "max": high}
+    if dtype == np.int64 or data.draw(st.booleans()):
+        args["dtype"] = DT.INT64 if dtype == np.int64 else DT.INT32
+    avoid = np.asarray(data.draw(st.lists(st.integers(low, high), max_size=3, unique=True)), dtype)
+    room = high - low + 1 - avoid.size
+    shape = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=2).filter(lambda s: math.prod(s) <= room + 1))
+    if data.draw(st.booleans()):
+        inputs = {"like": np.zeros(shape, np.float32), "avoid": avoid}
+        return make_op("UniqueUniformFill", ["like", "avoid"], ["y"], **args), inputs
+    return make_op("UniqueUniformFill", [], ["y"], shape=shape, **args), {}
+
+
+def check_unique_uniform(caffe2, case, data):
+    """Values cannot match Caffe2's draws: shape and dtype must, and both draw distinct, in-range values
+    that avoid the second input."""
+    op, inputs = case.draw(data)
+    try:
+        want = caffe2.run_op(op, inputs)["y"]
+    except Caffe2Error:
+        with pytest.raises(ShapeError, match="unique requirement"):
+            run_rnn2jax([op], inputs, ["y"])
+        return
+    got = run_rnn2jax([op], inputs, ["y"])["y"]
+    assert (got.shape, got.dtype) == (want.shape, want.dtype), (got.shape, got.dtype, want.shape, want.dtype)
+    low, high = arg(op, "min", 0), arg(op, "max", 0)
+    avoid = set(inputs.get("avoid", np.zeros(0)).tolist())
+    for y in (want, got):
+        values = y.ravel().tolist()
+        assert len(set(values)) == len(values) and all(low <= v <= high and v not in avoid for v in values), values
+
+
 CASES = cases(
     Case("ConstantFill", draw_constant_fill),
+    Case("UniqueUniformFill", draw_unique_uniform, note="random: shape, dtype, distinct values in range"),
     *(Case(name, draw_given(name)) for name in GIVEN),
     Case("GivenTensorByteStringToUInt8Fill", draw_byte_string),
     Case("GivenTensorStringFill", draw_string_fill, note="strings: rnn2jax refuses clearly"),
@@ -572,6 +605,8 @@ CASES = cases(
 def test_matches_caffe2(caffe2, case, data):
     if case.op_type in RANDOM:
         check_random(caffe2, case, data)
+    elif case.op_type == "UniqueUniformFill":
+        check_unique_uniform(caffe2, case, data)
     elif case.op_type == "GivenTensorStringFill":
         # Caffe2 makes a string tensor; JAX has no strings, so rnn2jax refuses the op clearly.
         op, inputs = case.draw(data)
