@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     elementwise,
     embedding,
     fill,
+    hsoftmax,
     image,
     linear,
     loss,
