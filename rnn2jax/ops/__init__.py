@@ -20,6 +20,7 @@ from . import (  # noqa: F401
     hsoftmax,
     image,
     linear,
+    locally_connected,
     loss,
     math,
     norm,
