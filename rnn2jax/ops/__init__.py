@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     distributed,
     elementwise,
     embedding,
+    encoding,
     fill,
     hsoftmax,
     image,
