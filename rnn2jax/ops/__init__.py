@@ -20,6 +20,7 @@ from . import (  # noqa: F401
     fill,
     hsoftmax,
     image,
+    inference_lstm,
     linear,
     locally_connected,
     loss,
