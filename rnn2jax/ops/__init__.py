@@ -38,6 +38,7 @@ from . import (  # noqa: F401
     shape,
     sparse,
     storage,
+    tensor_train,
 )
 from .registry import REGISTRY, OpDef, check_supported, lookup, register, supported, unsupported_ops
 

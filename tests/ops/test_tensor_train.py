@@ -1,0 +1,52 @@
+"""The tensor-train family (rnn2jax/ops/tensor_train.py): TT against real Caffe2 (see tests/differential.py), and
+its gradient, which neither Caffe2's maker nor its TTLinearGradient op gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from differential import Case, arrays, cases, check_op, invalid, make_op, run_case
+
+
+def draw_tt(data):
+    d = data.draw(st.integers(1, 3))
+    inp = [data.draw(st.integers(1, 3)) for _ in range(d)]
+    out = [data.draw(st.integers(1, 3)) for _ in range(d)]
+    ranks = [1] + [data.draw(st.integers(1, 2)) for _ in range(d - 1)] + [1]
+    size = sum(inp[i] * ranks[i + 1] * ranks[i] * out[i] for i in range(d))
+    batch = data.draw(st.integers(1, 3))
+    width = int(np.prod(inp)) + (1 if invalid(data) else 0)
+    inputs = {
+        "x": data.draw(arrays((batch, width))),
+        "b": data.draw(arrays((int(np.prod(out)),))),
+        "cores": data.draw(arrays((size,))),
+    }
+    return make_op("TT", ["x", "b", "cores"], ["y"], inp_sizes=inp, out_sizes=out, tt_ranks=ranks), inputs
+
+
+CASES = cases(Case("TT", draw_tt, rtol=1e-4, note="Caffe2's maker refuses: its gradient is not implemented"))
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@given(data=st.data())
+def test_matches_caffe2(caffe2, case, data):
+    run_case(caffe2, case, data)
+
+
+def test_tt_matches_a_dense_reference():
+    """d = 1, ranks 1: the core is the weight matrix itself."""
+    from differential import run_rnn2jax
+
+    x, core, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((3, 2), np.float32), np.ones(2, np.float32)
+    op = make_op("TT", ["x", "b", "cores"], ["y"], inp_sizes=[3], out_sizes=[2], tt_ranks=[1, 1])
+    got = run_rnn2jax([op], {"x": x, "b": b, "cores": core.ravel()}, ["y"])["y"]
+    np.testing.assert_allclose(got, x @ core + b)
+
+
+def test_gradient_is_refused_as_in_caffe2(caffe2):
+    inputs = {"x": np.ones((1, 2), np.float32), "b": np.ones(2, np.float32), "cores": np.ones(4, np.float32)}
+    op = make_op("TTLinearGradient", ["x", "b", "cores"], ["dx"])
+    assert check_op(caffe2, op, inputs) is None
