@@ -23,7 +23,16 @@ import numpy as np
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from ..proto import hsm_pb2
-from .facets import GRADIENT_OP, HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Roles
+from .facets import (
+    GRADIENT_OP,
+    HOST_OP_NO_EMITTER,
+    HOST_OP_NO_SHAPE_RULE,
+    NO_EMITTER,
+    NO_ROLES,
+    NO_SHAPE_RULE,
+    Absent,
+    Roles,
+)
 from .gradient_makers import should_not_do_gradient, single_gradient
 from .registry import HostWorkspace, Kernel, declare_family, host_op, register
 
@@ -404,6 +413,10 @@ def huffman_tree(counts: list[int]) -> bytes:
     return message.SerializeToString()
 
 
+# Caffe2's SHOULD_NOT_DO_GRADIENT for it names HuffmanTreeHierarchyOp, a type that does not exist
+_NO_MAKER = Absent("Caffe2 registers no gradient maker for it (its SHOULD_NOT_DO_GRADIENT names another type)")
+
+
 def _check_huffman(op: Op) -> None:
     if op.int("num_classes", -1) < 1:
         raise BadArgumentError(f"{op.where}: argument 'num_classes' must be >= 1")
@@ -414,7 +427,7 @@ def _check_huffman(op: Op) -> None:
     check=_check_huffman,
     roles=Roles(integers=(0,)),
     shape_rule=HOST_OP_NO_SHAPE_RULE,
-    gradient=should_not_do_gradient,
+    gradient=_NO_MAKER,
     emitter=HOST_OP_NO_EMITTER,
 )
 def huffman_tree_hierarchy(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:

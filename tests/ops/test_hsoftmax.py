@@ -156,3 +156,19 @@ def test_hsoftmax_search_matches_caffe2(caffe2, data):
     op = make_op("HSoftmaxSearch", ["x", "w", "b"], ["names", "scores"], **args)
     got, want = run_both(caffe2, [op], inputs, ["names", "scores"])
     assert_blobs_equal(got, want, rtol=1e-4)
+
+
+def test_gradient_makers_match_caffe2(caffe2):
+    """HSoftmaxSearch refuses a gradient; HuffmanTreeHierarchy has no maker at all (Caffe2's
+    SHOULD_NOT_DO_GRADIENT names another type)."""
+    from rnn2jax.checking.oracle import Caffe2Error
+    from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op, has_gradient_maker
+
+    search = make_op("HSoftmaxSearch", ["x", "w", "b"], ["names", "scores"])
+    with pytest.raises(Caffe2Error, match="should not call gradient"):
+        caffe2.gradient_for_op(search, ["names_grad", "scores_grad"])
+    with pytest.raises(GradientError, match="should not call gradient"):
+        get_gradient_for_op(search, ["names_grad", "scores_grad"])
+    with pytest.raises(Caffe2Error, match="GradientRegistry"):
+        caffe2.gradient_for_op(make_op("HuffmanTreeHierarchy", ["labels"], ["tree"]), ["tree_grad"])
+    assert not has_gradient_maker("HuffmanTreeHierarchy")
