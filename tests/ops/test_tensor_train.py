@@ -27,7 +27,23 @@ def draw_tt(data):
     return make_op("TT", ["x", "b", "cores"], ["y"], inp_sizes=inp, out_sizes=out, tt_ranks=ranks), inputs
 
 
-CASES = cases(Case("TT", draw_tt, rtol=1e-4, note="Caffe2's maker refuses: its gradient is not implemented"))
+def draw_tt_sparse_lengths_sum(data):
+    factor_i = [data.draw(st.integers(1, 3)) for _ in range(3)]
+    factor_j = [data.draw(st.integers(1, 2)) for _ in range(3)]
+    ranks = [1, data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)), 1]
+    inputs = {f"core{k}": data.draw(arrays((factor_i[k], ranks[k], factor_j[k], ranks[k + 1]))) for k in range(3)}
+    lengths = data.draw(arrays((data.draw(st.integers(0, 3)),), np.int32, 0, 3))
+    inputs["indices"] = data.draw(arrays((int(lengths.sum()),), np.int64, 0, int(np.prod(factor_i)) - 1))
+    inputs["lengths"] = lengths
+    args = {"factor_i": factor_i, "factor_j": factor_j, "ranks": ranks, "emb_size": int(np.prod(factor_j))}
+    outputs = ["y", "core0_out", "core1_out", "index_out"]
+    return make_op("TTSparseLengthsSum", list(inputs), outputs, **args), inputs
+
+
+CASES = cases(
+    Case("TT", draw_tt, rtol=1e-4, note="Caffe2's maker refuses: its gradient is not implemented"),
+    Case("TTSparseLengthsSum", draw_tt_sparse_lengths_sum, gradient_ops=("TTSparseLengthsSumGradient",), rtol=1e-4),
+)
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
@@ -50,3 +66,17 @@ def test_gradient_is_refused_as_in_caffe2(caffe2):
     inputs = {"x": np.ones((1, 2), np.float32), "b": np.ones(2, np.float32), "cores": np.ones(4, np.float32)}
     op = make_op("TTLinearGradient", ["x", "b", "cores"], ["dx"])
     assert check_op(caffe2, op, inputs) is None
+
+
+def test_tt_sparse_lengths_sum_refuses_what_caffe2_reads_out_of_bounds():
+    from differential import run_rnn2jax
+    from rnn2jax.errors import Rnn2JaxError
+
+    cores = {f"core{k}": np.ones((2, 1, 1, 1), np.float32) for k in range(3)}
+    args = {"factor_i": [2, 2, 2], "factor_j": [1, 1, 1], "ranks": [1, 1, 1, 1], "emb_size": 1}
+    op = make_op("TTSparseLengthsSum", [*cores, "indices", "lengths"], ["y", "a", "b", "c"], **args)
+    for indices, lengths, match in (([8], [1], "INDICES 'indices' holds 8"), ([1], [2], "sum to the 1 indices")):
+        inputs = {**cores, "indices": np.array(indices, np.int64), "lengths": np.array(lengths, np.int32)}
+        for jit in (True, False):
+            with pytest.raises(Rnn2JaxError, match=match):
+                run_rnn2jax([op], inputs, ["y"], jit=jit)
