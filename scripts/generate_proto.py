@@ -1,4 +1,4 @@
-"""Regenerate rnn2jax/proto/caffe2_pb2.py and metanet_pb2.py from their .proto files with grpcio-tools'
+"""Regenerate rnn2jax/proto/caffe2_pb2.py, metanet_pb2.py and hsm_pb2.py from their .proto files with grpcio-tools'
 bundled protoc.
 
 Run from anywhere: `python scripts/generate_proto.py [OUT_DIR]`. With OUT_DIR the modules are written
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOS = (Path("rnn2jax/proto/caffe2.proto"), Path("rnn2jax/proto/metanet.proto"))
+PROTOS = (Path("rnn2jax/proto/caffe2.proto"), Path("rnn2jax/proto/metanet.proto"), Path("rnn2jax/proto/hsm.proto"))
 
 
 def generate(out_dir: Path) -> list[Path]:

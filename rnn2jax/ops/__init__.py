@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     control_flow,
     conv,
     dataset,
+    decoding,
     detection,
     distributed,
     elementwise,
@@ -23,9 +24,12 @@ from . import (  # noqa: F401
     fill,
     half,
     histogram,
+    hsoftmax,
     image,
+    inference_lstm,
     int8,
     linear,
+    locally_connected,
     loss,
     math,
     metrics,
@@ -46,6 +50,7 @@ from . import (  # noqa: F401
     sparse,
     storage,
     strings,
+    tensor_train,
 )
 from .registry import REGISTRY, OpDef, check_supported, lookup, register, supported, unsupported_ops
 

@@ -1,4 +1,4 @@
-"""The committed caffe2_pb2.py and metanet_pb2.py are what their .proto files generate, and the schemas
+"""The committed caffe2_pb2.py, metanet_pb2.py and hsm_pb2.py are what their .proto files generate, and the schemas
 are Caffe2's."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from rnn2jax.proto import caffe2_pb2 as pb
-from rnn2jax.proto import metanet_pb2
+from rnn2jax.proto import hsm_pb2, metanet_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = {"caffe2_pb2.py": pb, "metanet_pb2.py": metanet_pb2}
+MODULES = {"caffe2_pb2.py": pb, "metanet_pb2.py": metanet_pb2, "hsm_pb2.py": hsm_pb2}
 
 
 def _gencode_version(source: str) -> str:
@@ -189,3 +189,20 @@ def test_metanet_fields_match_caffe2():
     fields = metanet_pb2.MetaNetDef.DESCRIPTOR.fields_by_name
     assert fields["tensorBoundShapes"].message_type is pb.TensorBoundShapes.DESCRIPTOR
     assert fields["aotConfig"].message_type is pb.AOTConfig.DESCRIPTOR
+
+
+def test_hsm_fields_match_caffe2():
+    # (number, type, label) from caffe2/proto/hsm.proto (5 int32, 9 string, 2 float, 11 message; 1 optional,
+    # 3 repeated).
+    strip = lambda cls: {k: v[:3] for k, v in _fields(cls).items()}  # noqa: E731
+    assert strip(hsm_pb2.NodeProto) == {
+        "children": (1, 11, 3),
+        "word_ids": (2, 5, 3),
+        "offset": (3, 5, 1),
+        "name": (4, 9, 1),
+        "scores": (5, 2, 3),
+    }
+    assert strip(hsm_pb2.TreeProto) == {"root_node": (1, 11, 1)}
+    assert strip(hsm_pb2.HierarchyProto) == {"size": (1, 5, 1), "paths": (2, 11, 3)}
+    assert strip(hsm_pb2.PathProto) == {"word_id": (1, 5, 1), "path_nodes": (2, 11, 3)}
+    assert strip(hsm_pb2.PathNodeProto) == {"index": (1, 5, 1), "length": (2, 5, 1), "target": (3, 5, 1)}
