@@ -24,6 +24,7 @@ from . import (  # noqa: F401
     optimizer,
     pool,
     printing,
+    queues,
     recurrent,
     reduce,
     rnn_units,

@@ -149,6 +149,16 @@ class Workspace:
         blob the parent workspace holds is written there."""
         self._owner(name)._set(name, value)
 
+    def exists(self, name: str) -> bool:
+        """Whether blob `name` exists, empty or not (Caffe2's HasBlob)."""
+        return self._exists(name)
+
+    def reset(self, name: str) -> None:
+        """Empty blob `name`, which goes on existing (Caffe2's Blob::Reset)."""
+        owner = self._owner(name)
+        owner._values.pop(name, None)
+        owner._created.add(name)
+
     # -- nets ----------------------------------------------------------------------------------------
 
     @in_caffe2_dtypes
