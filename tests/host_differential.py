@@ -15,7 +15,7 @@ from rnn2jax.caffe2.opdef import create_net
 from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import Rnn2JaxError
 from rnn2jax.proto import caffe2_pb2 as pb
-from rnn2jax.runtime.workspace import Workspace
+from rnn2jax.runtime.workspace import CompileCache, Workspace
 from tests.differential import assert_blob_equal
 
 
@@ -30,8 +30,12 @@ def array_blobs(workspace: Workspace, skip: Iterable[str] = ()) -> dict[str, np.
     return out
 
 
+_CACHE = CompileCache()  # one for every test, so a net compiles once however many examples run it
+
+
 def run_rnn2jax_net(ops: Sequence[pb.OperatorDef], feeds: Mapping[str, Any]) -> Workspace | Rnn2JaxError:
-    workspace = Workspace()
+    """Run `ops` as one net in a fresh workspace fed `feeds`: the workspace, or the error it raised."""
+    workspace = Workspace(cache=_CACHE)
     for name, value in feeds.items():
         workspace.feed(name, value)
     try:
@@ -48,10 +52,12 @@ def check_net(
     *,
     values_of: Iterable[str] | None = None,
     fails: bool | None = None,
+    placeholders: Iterable[str] = (),
 ) -> tuple[Workspace | None, dict[str, np.ndarray] | None]:
     """Run `ops` as one net in both; the same tensor blobs, of the same dtypes and shapes, and the same
     values for `values_of` (every blob when None: timers and clocks compare by shape and dtype only).
-    `fails` asserts whether Caffe2 fails. Returns rnn2jax's workspace and Caffe2's blobs (None on failure)."""
+    `fails` asserts whether Caffe2 fails; `placeholders` are rnn2jax's tensors standing for Caffe2 objects
+    (CreateMutex's mutex). Returns rnn2jax's workspace and Caffe2's blobs (None on failure)."""
     feeds = dict(feeds or {})
     try:
         want = caffe2.run([("net", create_net("host_ops", list(ops)))], feeds, None)
@@ -65,7 +71,7 @@ def check_net(
         return None, None
     if isinstance(got, Rnn2JaxError):
         raise AssertionError(f"Caffe2 succeeds, rnn2jax fails: {got}")
-    ours = array_blobs(got)
+    ours = array_blobs(got, placeholders)
     assert set(ours) == set(want), f"tensor blobs: rnn2jax {sorted(ours)}, Caffe2 {sorted(want)}"
     compared = set(want) if values_of is None else set(values_of)
     for name, value in want.items():

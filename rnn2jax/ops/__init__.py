@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     array,
     compare,
     conv,
+    counters,
     distributed,
     elementwise,
     embedding,
