@@ -34,6 +34,7 @@ from . import (  # noqa: F401
     sequence_packing,
     shape,
     sparse,
+    stats,
     storage,
 )
 from .registry import REGISTRY, OpDef, check_supported, lookup, register, supported, unsupported_ops
