@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     activation,
     array,
     compare,
+    containers,
     conv,
     counters,
     distributed,
