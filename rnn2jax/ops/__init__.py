@@ -22,6 +22,7 @@ from . import (  # noqa: F401
     linear,
     loss,
     math,
+    misc,
     norm,
     optimizer,
     pool,
