@@ -1,5 +1,5 @@
-"""Host ops that read and write Caffe2 databases: Load, Save, Checkpoint, DBExists, CreateDB and
-TensorProtosDBInput, following `caffe2/operators/load_save_op.h`, `caffe2/db/create_db_op.h` and
+"""Host ops that read and write Caffe2 databases: Load, Save, Checkpoint (and its alias Snapshot), DBExists,
+CreateDB and TensorProtosDBInput, following `caffe2/operators/load_save_op.h`, `caffe2/db/create_db_op.h` and
 `caffe2/operators/tensor_protos_db_input.h`.
 
 Paths resolve as Caffe2 resolves them against its workspace's root folder: Load, Save, Checkpoint and
@@ -414,6 +414,7 @@ def checkpoint(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
 
 
 register_host_op("Checkpoint", checkpoint, check=_check_checkpoint)
+register_host_op("Snapshot", checkpoint, check=_check_checkpoint)  # Caffe2 registers CheckpointOp under both names
 
 
 # --------------------------------------------------------------------------------------------------

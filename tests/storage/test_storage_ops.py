@@ -225,8 +225,10 @@ def test_save_failing_midway_leaves_no_partial_file(tmp_path, monkeypatch):
     every=st.integers(1, 4),
     iterations=st.lists(st.integers(0, 12), min_size=1, max_size=4, unique=True),
     pattern=st.sampled_from(["ck_%d", "ck_%05d.minidb", "%d/../ck%i", "fixed"]),
+    op_type=st.sampled_from(["Checkpoint", "Snapshot"]),
 )
-def test_checkpoint_writes_the_files_caffe2_writes(caffe2, tmp_path_factory, every, iterations, pattern):
+def test_checkpoint_writes_the_files_caffe2_writes(caffe2, tmp_path_factory, every, iterations, pattern, op_type):
+    """Checkpoint and Snapshot (Caffe2's other name for it) write the files Caffe2 writes."""
     if "/" in pattern:
         pattern = "ck_%03i"
     mine, caffe2s = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("caffe2")
@@ -234,10 +236,8 @@ def test_checkpoint_writes_the_files_caffe2_writes(caffe2, tmp_path_factory, eve
     for iteration in iterations:
         feeds = {"iter": np.array([iteration], np.int64), "w": w + iteration}
         args = dict(db_type="minidb", every=every)
-        ours([create_net("n", [op("Checkpoint", ["iter", "w"], [], db=pattern, **args)])], db_root=mine, feeds=feeds)
-        theirs(
-            caffe2, [op("Checkpoint", ["iter", "w"], [], db=str(caffe2s / pattern), absolute_path=1, **args)], feeds, []
-        )
+        ours([create_net("n", [op(op_type, ["iter", "w"], [], db=pattern, **args)])], db_root=mine, feeds=feeds)
+        theirs(caffe2, [op(op_type, ["iter", "w"], [], db=str(caffe2s / pattern), absolute_path=1, **args)], feeds, [])
     assert sorted(os.listdir(mine)) == sorted(os.listdir(caffe2s))
     assert sorted(os.listdir(mine)) == sorted({checkpoint_name(pattern, i) for i in iterations if i % every == 0})
     for name in os.listdir(mine):  # real Caffe2 reads ours: the iteration and the blob, as its own holds them
