@@ -489,3 +489,39 @@ def test_verify_and_export_read_the_init_nets_databases_under_db_root(tmp_path, 
     assert main(["verify", net, "--init", init, *shape_args]) == 2
     error = capsys.readouterr().err
     assert "weights.minidb" in error and "--db-root" in error and error.count("\n") == 1
+
+
+# -- StoreSet, StoreGet, StoreWait, StoreAdd -----------------------------------------------------------------------
+
+
+@given(
+    value=st.sampled_from(
+        [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, -2], np.int64), np.zeros(0, np.int32), b"bytes"]
+    ),
+    renamed=st.booleans(),
+)
+def test_store_set_and_get_round_trip_as_in_caffe2(caffe2, tmp_path_factory, value, renamed):
+    """A blob through a file store comes back as Caffe2's comes back (strings: Caffe2 fetches no std::string)."""
+    key = {"blob_name": "key"} if renamed else {}
+    ops = lambda path: [  # noqa: E731
+        op("FileStoreHandlerCreate", [], ["store"], path=str(path)),
+        op("StoreSet", ["store", "x"], [], **key),
+        op("StoreWait", ["store"], [], blob_names=["key" if renamed else "x"]),
+        op("StoreGet", ["store"], ["y"], blob_name="key" if renamed else "x"),
+    ]
+    got, workspace = ours([create_net("n", ops(tmp_path_factory.mktemp("ours")))], feeds={"x": value})
+    if isinstance(value, bytes):
+        assert workspace.fetch("y") == value
+        return
+    want = theirs(caffe2, ops(tmp_path_factory.mktemp("caffe2")), {"x": value}, ["y"])
+    assert_same_blobs(got, want, ["y"])
+
+
+def test_store_ops_refuse_what_they_cannot_do(tmp_path):
+    store = op("FileStoreHandlerCreate", [], ["store"], path=str(tmp_path))
+    with pytest.raises(Rnn2JaxError, match=r"StoreAdd.*no counters"):
+        ours([create_net("n", [store, op("StoreAdd", ["store"], ["n"], blob_name="c")])])
+    with pytest.raises(Rnn2JaxError, match=r"blob 'x'.*not a store handler"):
+        ours([create_net("n", [op("StoreGet", ["x"], ["y"])])], feeds={"x": np.ones(1)})
+    with pytest.raises(BadArgumentError, match="blob_names"):
+        ours([create_net("n", [store, op("StoreWait", ["store"], [])])])
