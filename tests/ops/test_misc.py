@@ -82,3 +82,40 @@ def test_last_n_window_collector_refusals_and_quirks_match_caffe2(caffe2):
     check_net(caffe2, [op], {"buffer": np.ones((2, 3), np.float32), "next": np.zeros((), np.int32), "d": d}, fails=True)
     feeds = {"buffer": np.zeros((0, 4), np.float32), "next": np.zeros(1, np.int32), "d": np.ones((1, 4), np.float32)}
     check_net(caffe2, [op], feeds, fails=True)  # next must be 0-d
+
+
+@given(
+    keep=st.integers(1, 6),
+    batches=st.lists(st.integers(0, 4), min_size=1, max_size=4),
+    dedupe=st.booleans(),
+    dtype=st.sampled_from([np.float32, np.int64]),
+    data=st.data(),
+)
+def test_reservoir_sampling_matches_caffe2(caffe2, keep, batches, dedupe, dtype, data):
+    """Rows and bookkeeping agree while the reservoir has room; once it draws, sizes and counts agree. With
+    object ids, one batch only: Caffe2 leaves the pos_to_object rows a later batch adds uninitialized (its
+    memset is misplaced), and may crash on it."""
+    if dedupe:
+        batches = batches[:1]
+    feeds = {"reservoir": np.zeros((0, 2), dtype), "visited": np.zeros(1, np.int64), "positions": np.zeros(0, np.int64)}
+    ops = [make_op("CreateMutex", [], ["mutex"])]
+    if dedupe:
+        ops.append(make_op("CreateMap", [], ["map"], key_dtype=10, value_dtype=2))  # INT64 -> INT32
+    start, seen = 1, set()
+    for i, rows in enumerate(batches):
+        feeds[f"d{i}"] = (np.arange(rows * 2) + start).astype(dtype).reshape(rows, 2)
+        start += rows * 2
+        if dedupe:
+            ids = data.draw(st.lists(st.integers(0, 5), min_size=rows, max_size=rows))
+            feeds[f"id{i}"] = np.array(ids, np.int64)
+            seen.update(ids)
+            inputs = ["reservoir", "visited", f"d{i}", "mutex", f"id{i}", "map", "positions"]
+            outputs = ["reservoir", "visited", "map", "positions"]
+        else:
+            seen.update(f"row{start + j}" for j in range(rows))
+            inputs, outputs = ["reservoir", "visited", f"d{i}", "mutex"], ["reservoir", "visited"]
+        ops.append(make_op("ReservoirSampling", inputs, outputs, num_to_collect=keep))
+    # past keep rows, Caffe2 draws its own rows (and with ids, which objects are in, so what counts as new)
+    drawn = [*([] if dedupe else ["visited"]), *(name for name in feeds if name[0] in "di" and name != "visited")]
+    values = None if len(seen) <= keep else drawn
+    check_net(caffe2, ops, feeds, placeholders=["mutex"], values_of=values)
