@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rnn2jax.errors import BadArgumentError, InputTypeError
-from tests.differential import make_op
+from tests.differential import Case, assert_blobs_equal, cases, make_op, run_rnn2jax
 from tests.host_differential import check_net, run_rnn2jax_net
 
 COUNTER_OPS = ("CountUp", "CountDown", "RetrieveCount", "CheckCounterDone", "ResetCounter")
@@ -38,12 +38,35 @@ def test_atomic_bool_matches_caffe2(caffe2, conditions):
     check_net(caffe2, ops, feeds)
 
 
-@pytest.mark.parametrize("op_type, dtype", [("AtomicFetchAdd", np.int32), ("AtomicFetchAdd64", np.int64)])
-@given(a=st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=3), b=st.integers(-(2**31), 2**31 - 1))
-def test_atomic_fetch_add_matches_caffe2(caffe2, op_type, dtype, a, b):
-    feeds = {"a": np.array(a, dtype), "b": np.array([b], dtype)}
-    ops = [make_op("CreateMutex", [], ["m"]), make_op(op_type, ["m", "a", "b"], ["a", "fetched"])]
-    check_net(caffe2, ops, feeds, placeholders=["m"])
+def draw_fetch_add(op_type: str, dtype: type):
+    def draw(data):
+        """The op under test runs after CreateMutex (a mutex cannot be fed); in place on a, as Caffe2's users run it."""
+        bound = 2**31 - 1 if dtype == np.int32 else 2**61
+        a = data.draw(st.lists(st.integers(-bound - 1, bound), min_size=1, max_size=3))
+        b = data.draw(st.integers(-bound - 1, bound))
+        return make_op(op_type, ["mutex", "a", "b"], ["a", "fetched"]), {
+            "a": np.array(a, dtype),
+            "b": np.array([b], dtype),
+        }
+
+    return draw
+
+
+CASES = cases(
+    Case("AtomicFetchAdd", draw_fetch_add("AtomicFetchAdd", np.int32), note="run after CreateMutex"),
+    Case("AtomicFetchAdd64", draw_fetch_add("AtomicFetchAdd64", np.int64), note="run after CreateMutex"),
+)
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@given(data=st.data())
+def test_matches_caffe2(caffe2, case, data):
+    """Jitted (rnn2jax.compile) against Caffe2, int32 wrapping included; the mutex blob is CreateMutex's."""
+    op, inputs = case.draw(data)
+    ops = [make_op("CreateMutex", [], ["mutex"]), op]
+    want = caffe2.run([("ops", ops)], inputs, fetch=["a", "fetched"])
+    assert_blobs_equal(run_rnn2jax(ops, inputs, ["a", "fetched"]), want)
+    check_net(caffe2, ops, inputs, placeholders=["mutex"])  # and in a workspace
 
 
 @pytest.mark.parametrize(
