@@ -16,11 +16,12 @@ FUZZ_SECONDS ?= 600
 # The last four hold serialized goldens of ops whose inputs Caffe2 requires as int64 (Expand's shape,
 # FlexibleTopK's k, NumpyTile's repeats, SegmentOneHot's indices): they pass only if int64 stays int64.
 CAFFE2_UPSTREAM_TESTS := rnn_cell_test recurrent_network_test gru_test basic_rnn_test pack_rnn_sequence_op_test \
-	layer_norm_op_test expand_op_test flexible_top_k_test numpy_tile_op_test one_hot_ops_test
+	layer_norm_op_test expand_op_test flexible_top_k_test numpy_tile_op_test one_hot_ops_test \
+	dataset_ops_test text_file_reader_test
 # and Caffe2's neural machine translation tests (caffe2/python/models/seq2seq/): beam search decoding against training
 CAFFE2_UPSTREAM_SEQ2SEQ_TESTS := seq2seq_beam_search_test seq2seq_model_helper_test
 
-.PHONY: demo test test-explore test-caffe2-api lint fuzz clean bench
+.PHONY: demo test test-explore test-caffe2-api test-caffe2-suite lint fuzz clean bench
 BENCH_ARGS ?=
 SINGLE_THREAD_BENCH_ARGS ?=
 
@@ -52,6 +53,8 @@ test: $(STAMP) $(CAFFE2_STAMP)
 	$(BIN)/ruff check rnn2jax tests scripts benchmarks examples
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-caffe2-api
+	@if [ -x $(CAFFE2_VENV)/bin/python ]; then $(BIN)/python scripts/caffe2_suite.py ci; \
+	else echo "make: real Caffe2 is unavailable, so Caffe2's test suite is not run"; fi
 
 # `make test-explore [EXPLORE=tests/ops] [EXPLORE_EXAMPLES=50]`: fresh hypothesis draws, EXPLORE_EXAMPLES per test,
 # over EXPLORE (default: the whole suite but the Caffe2-style tests). Each failing example hypothesis keeps is
@@ -75,7 +78,17 @@ test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 	for name in $(CAFFE2_UPSTREAM_TESTS); do cp "$$src/python/operator_test/$$name.py" "$$tmp/"; done; \
 	for name in $(CAFFE2_UPSTREAM_SEQ2SEQ_TESTS); do cp "$$src/python/models/seq2seq/$$name.py" "$$tmp/"; done; \
 	$(BIN)/python -m pytest -q -n 2 --rootdir=. -c pyproject.toml -p rnn2jax.caffe2.pytest_plugin \
-		-p tests.caffe2_upstream --caffe2-source "$$src" tests/caffe2_style "$$tmp"
+		-p tests.caffe2_upstream --caffe2-source "$$src" --caffe2-own-tests "$$tmp" tests/caffe2_style "$$tmp"
+
+# Caffe2's whole Python test suite (every *_test.py of the torch 1.10.2 wheel), unmodified, on real Caffe2 (cached
+# per file in .cache/caffe2-suite) and on rnn2jax, one pytest process per file and side, SUITE_EXAMPLES hypothesis
+# examples per test: writes docs/caffe2-suite.json and the scoreboard docs/caffe2-suite.md (`SUITE_ONLY='python/*'`
+# runs some files, and still rewrites the page from them alone). `make test` runs the tests it records as passing.
+SUITE_EXAMPLES ?= 10
+SUITE_JOBS ?= 2
+test-caffe2-suite: $(STAMP) $(CAFFE2_STAMP)
+	$(BIN)/python scripts/caffe2_suite.py run --examples $(SUITE_EXAMPLES) --jobs $(SUITE_JOBS) \
+		$(if $(SUITE_ONLY),--only $(SUITE_ONLY))
 
 # Both fuzzers side by side for FUZZ_SECONDS (`make fuzz FUZZ_SECONDS=1800 FUZZ_SEED=7`): atheris over the
 # corpus in tests/fuzz/corpus (grown in place), and the hypothesis mutation fuzzer, both seeded with FUZZ_SEED

@@ -280,3 +280,19 @@ def uninstall() -> None:
     sys.meta_path.remove(finder)
     for name in [n for n in sys.modules if n == "caffe2" or n.startswith("caffe2.")]:
         del sys.modules[name]
+
+
+def load_source_tree_file(name: str, path: str | os.PathLike[str]) -> ModuleType:
+    """Run one file of Caffe2's as the module `name`, with the views its source tree's modules get (a test file of
+    Caffe2's own suite, written for NumPy before 1.24, run unmodified from a copy)."""
+    loader = _SourceTreeLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module

@@ -14,6 +14,8 @@ deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set a
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +35,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=int(os.environ.get("RNN2JAX_CAFFE2_EXAMPLES", "10")),
         help="hypothesis examples per test in the rnn2jax profile (Caffe2's dev profile ran 10)",
+    )
+    parser.addoption(
+        "--caffe2-own-tests",
+        metavar="DIR",
+        default=None,
+        help="the test files under DIR are Caffe2's own: they see NumPy and past.builtins as the modules of Caffe2's "
+        "source tree do (NumPy's aliases removed in 1.24, such as np.float, added back), instead of as they are",
     )
 
 
@@ -55,3 +64,31 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     os.environ.setdefault("CAFFE2_HYPOTHESIS_PROFILE", PROFILE)
     install(config.getoption("--caffe2-source"))
+
+
+class _Caffe2TestModule(pytest.Module):
+    """A test file of Caffe2's own, run with the views its source tree's modules get (`--caffe2-own-tests`)."""
+
+    def _getobj(self) -> object:
+        from .import_hook import load_source_tree_file
+
+        if self.config.getoption("importmode") == "importlib":
+            relative = self.path.relative_to(self.config.rootpath).with_suffix("")
+            name = "caffe2_own_tests." + ".".join(relative.parts)
+        else:
+            name = self.path.stem
+            if str(self.path.parent) not in sys.path:
+                sys.path.insert(0, str(self.path.parent))  # as pytest's prepend mode: its siblings import
+        try:
+            return load_source_tree_file(name, self.path)
+        except pytest.skip.Exception:
+            raise
+        except BaseException as error:
+            raise self.CollectError(f"{type(error).__name__}: {error}") from error
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    own = parent.config.getoption("--caffe2-own-tests")
+    if own and module_path.resolve().is_relative_to(Path(own).resolve()):
+        return _Caffe2TestModule.from_parent(parent, path=module_path)
+    return None

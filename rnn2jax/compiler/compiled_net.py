@@ -67,7 +67,7 @@ def run_init_net(init_net: Any, seed: int = 0, db_root: PathLike | None = None) 
         )
     with xla_out_of_memory(net.where):
         env = lowered({}, key=jax.random.key(seed))
-    written = {name for op in net.ops for name in op.outputs}
+    written = set(lowered.writes())
     return {name: value for name, value in env.items() if name in written}
 
 
@@ -137,7 +137,7 @@ class CompiledNet:
         self._executables: OrderedDict[tuple, Callable[..., Any]] = OrderedDict()
 
     def _check_outputs(self) -> None:
-        known = {n for op in self.net.ops for n in op.outputs} | set(self.input_names) | set(self.params)
+        known = set(self._lowered.writes()) | set(self.input_names) | set(self.params)
         missing = [n for n in self.output_names if n not in known]
         if missing:
             raise MissingBlobError(
@@ -157,6 +157,9 @@ class CompiledNet:
                 check_not_narrowed(f"{self.net.where}: apply's params", name, held.dtype, value.dtype)
         with caffe2_dtypes():
             env = self._lowered({**self._arrays(params, "params"), **self._arrays(inputs, "inputs")}, key=key)
+            unset = [name for name in self.output_names if name not in env]
+            if unset:  # an If or While whose nets did not write it (Caffe2 leaves it unset too)
+                raise MissingBlobError(f"{self.net.where}: output(s) {', '.join(unset)} left unset by the net")
             return {name: env[name] for name in self.output_names}
 
     def _arrays(self, given: Any, what: str) -> Mapping[str, Any]:

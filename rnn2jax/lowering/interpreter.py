@@ -134,6 +134,26 @@ class LoweredNet:
                 need.setdefault(name, op)
         return need, tuple(reversed(positions))
 
+    def writes(self) -> tuple[str, ...]:
+        """Every blob the net may write: its ops' outputs, and what ops that run nets in their workspace (If,
+        While, Do) write there undeclared (`scope_writes`)."""
+        names: dict[str, None] = {}
+        for step in self._steps:
+            names.update(dict.fromkeys(step.op.outputs))
+            names.update(dict.fromkeys(getattr(step.kernel, "scope_writes", ())))
+        return tuple(names)
+
+    def optional_reads(self) -> tuple[str, ...]:
+        """Blobs ops read when they exist before anything in the net writes them (`optional_reads`: what an
+        If's untaken branch or a While's step leaves as it was): a workspace passes them in when it has them."""
+        written: set[str] = set()
+        names: dict[str, None] = {}
+        for step in self._steps:
+            names.update(dict.fromkeys(n for n in getattr(step.kernel, "optional_reads", ()) if n not in written))
+            written.update(step.op.outputs)
+            written.update(getattr(step.kernel, "scope_writes", ()))
+        return tuple(n for n in names if n not in self.reads_before_writes())
+
     def reads_before_writes(self) -> dict[str, Op]:
         """Blobs the net reads before any of its ops writes them, in first-read order, each with the
         op that first reads it. A scoped op (RecurrentNetwork) also reads, by name, what its step
@@ -145,6 +165,7 @@ class LoweredNet:
                 if name not in written:
                     needed.setdefault(name, step.op)
             written.update(step.op.outputs)
+            written.update(getattr(step.kernel, "scope_writes", ()))  # If/While/Do: blobs their nets write
         return needed
 
 
@@ -195,6 +216,8 @@ def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_
     except (TypeError, ValueError, IndexError) as error:
         inputs = ", ".join(f"{n}: {_describe(v)}" for n, v in zip(op.inputs, args, strict=True))
         raise ShapeError(f"{op.where}: {error} (inputs: {inputs})") from error
+    if getattr(step.kernel, "binds_outputs", False):
+        return  # it bound what it wrote itself (If, While: Caffe2 leaves an output their nets skip unset)
     outputs = result if isinstance(result, tuple) else (result,)
     for name, value in zip(op.outputs, outputs, strict=False):
         check_value(op.where, name, value)  # under jit this runs at trace time, before XLA allocates

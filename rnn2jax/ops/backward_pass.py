@@ -211,7 +211,7 @@ class _IR:
                         )
                     parts[k].append(g.gradient[k])
                 else:
-                    op.output[idx] = f"_{op.output[idx]}_autosplit_{counts[k]}"
+                    _rename_output(op, idx, f"_{op.output[idx]}_autosplit_{counts[k]}")
                     counts[k] += 1
                     parts[k].append(op.output[idx])
         ops = []
@@ -252,7 +252,7 @@ class _IR:
                 inputs.append(gen.grad_op.output[gen.idx])
             else:
                 renamed = f"_{gen.grad_op.output[gen.idx]}_autosplit_{count}"
-                gen.grad_op.output[gen.idx] = renamed
+                _rename_output(gen.grad_op, gen.idx, renamed)
                 count += 1
                 inputs.append(renamed)
         if out in inputs:  # in-place Sum only works on its first input
@@ -372,3 +372,17 @@ def get_ssa(
 def get_undefined_blobs(ssa: Iterable[tuple[list[tuple[str, int]], list[tuple[str, int]]]]) -> set[str]:
     """Blobs read before any op of the net wrote them (inputs at version 0)."""
     return {name for inputs, _ in ssa for name, version in inputs if version == 0}
+
+
+def _rename_output(grad_op: pb.OperatorDef, idx: int, new: str) -> None:
+    """core.py `_DisambiguateGradOpOutput`: a gradient If also renames the blob in its branches' ops
+    (control_ops_grad's `disambiguate_grad_if_op_output`), which write it in the If's workspace."""
+    old = grad_op.output[idx]
+    if grad_op.type == "If":
+        for arg in grad_op.arg:
+            if arg.name in ("then_net", "else_net") and arg.HasField("n"):
+                for op in arg.n.op:
+                    for i, out in enumerate(op.output):
+                        if out == old:
+                            op.output[i] = new
+    grad_op.output[idx] = new

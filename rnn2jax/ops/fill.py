@@ -22,7 +22,7 @@ from .common import TRACED_SHAPE_HINT, Dims, data_type_arg, shape_arg
 from .emit import Call, EmitWriter, Raw, Unsupported, call, literal
 from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .gradient_makers import no_gradient
-from .registry import Kernel, declare_family, facet, register
+from .registry import HostWorkspace, Kernel, declare_family, facet, register, register_host_op
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 
@@ -199,6 +199,31 @@ def constant_fill(op: Op) -> Kernel:
         return jnp.full(shape, fill_value, dtype=target)
 
     return _filler(op, fill, dtype=target)
+
+
+def _string_constant_fill(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """ConstantFill of dtype STRING, run on the host (JAX has no string arrays): every element is the
+    string `value` (default ""), or the single string of a second input; strings are bytes, as in Caffe2."""
+    arg = op.args.get("value")
+    if arg is not None and arg.kind != "s":
+        raise BadArgumentError(f"{op.where}: argument 'value' of a STRING fill must be a string (field s)")
+    shape_of = _shape_source(op)
+    first = np.asarray(workspace.get(op.inputs[0], op)) if op.inputs else None
+    shape = shape_of(first)
+    check_array(op.where, op.outputs[0], shape, np.dtype(object))
+    value = b"" if arg is None else arg.value
+    value = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    if len(op.inputs) > 1:
+        given = np.asarray(workspace.get(op.inputs[1], op))
+        if given.size != 1 or given.dtype != object:
+            raise ShapeError(f"{op.where}: input '{op.inputs[1]}' must hold exactly one string")
+        value = given.reshape(-1)[0]
+    out = np.empty(shape, dtype=object)
+    out.fill(value)
+    workspace.put(op.outputs[0], out)
+
+
+register_host_op("ConstantFill", _string_constant_fill, check=_shape_source, applies=_is_string_dtype)
 
 
 @facet("emitter", "ConstantFill")

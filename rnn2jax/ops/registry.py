@@ -72,11 +72,17 @@ class HostOp:
     """An op run on the host: `run(workspace, op, state)` between the jitted segments around it, where
     `state` lives as long as the created net (Print's `every_n` counter), and `check(op)`, which validates
     the op's arguments when its net is created (so a bad argument is reported before anything runs).
-    `module` registered it."""
+    `module` registered it. `applies(op)`, where given, says which ops of a type that is also lowered run on
+    the host (ConstantFill of strings, which JAX has no arrays for); the others run in jitted segments."""
 
     run: HostRun
     check: HostCheck | None = None
     module: str = ""
+    applies: Callable[[Op], bool] | None = None
+
+    def runs(self, op: Op) -> bool:
+        """Whether this op runs on the host (rather than in a jitted segment)."""
+        return self.applies is None or self.applies(op)
 
 
 class NetFunction(Protocol):
@@ -101,7 +107,11 @@ class OpDef:
     A `random` kernel takes a `key=` keyword (a JAX PRNG key derived from the net's key and the op);
     a `scoped` kernel takes `scope=`, the blob environment at the op (step nets read it by name).
     An op that `carries_nets` (RecurrentNetwork) is built with `build(op, lower)`: `lower` turns its nested
-    nets into `NetFunction`s, so op families never import the interpreter above them.
+    nets into `NetFunction`s, so op families never import the interpreter above them. A scoped kernel says
+    what it reads by name (`scope_reads`); one running nets in the enclosing workspace (If, While) may also
+    say what it writes there undeclared (`scope_writes`), what it reads only when it exists
+    (`optional_reads`), and that it binds its outputs in `scope` itself (`binds_outputs`: one left unset
+    stays unset).
     `static_inputs` are the positions of inputs whose VALUES decide the output's shape (lengths, sizes,
     starts): the compiler makes the net inputs they come from static, so the kernel receives them as
     concrete arrays (`np.asarray` works on them) and is specialised per value. A `shape_only` op's outputs
@@ -218,7 +228,8 @@ def kind(op_type: str) -> Literal["lowered", "host", "user"] | None:
     opdef = record(op_type)
     if opdef is None:
         return None
-    if find_host(op_type) is not None:
+    host = find_host(op_type)
+    if host is not None and (host.applies is None or opdef.build is None):
         return "host"
     return "user" if opdef.user else "lowered"
 
@@ -280,12 +291,19 @@ def register(
     return decorate
 
 
-def register_host_op(op_type: str, run: HostRun, check: HostCheck | None = None, **facets: Any) -> HostRun:
+def register_host_op(
+    op_type: str,
+    run: HostRun,
+    check: HostCheck | None = None,
+    applies: Callable[[Op], bool] | None = None,
+    **facets: Any,
+) -> HostRun:
     """Register `run` as the host op of `op_type` (`check` validates an op when its net is created), with
     any facets over the registering module's declared defaults. A type may also have a lowering (from
-    `register`, in either order): the host op wins when a workspace runs it."""
+    `register`, in either order): the host op wins when a workspace runs it, for every op of the type or,
+    with `applies`, for the ops it accepts."""
     module = _caller_module(1)
-    return _register_host_op(module, op_type, HostOp(run, check, module), facets)
+    return _register_host_op(module, op_type, HostOp(run, check, module, applies), facets)
 
 
 def host_op(*types: str, check: HostCheck | None = None, **facets: Any) -> Callable[[HostRun], HostRun]:

@@ -45,7 +45,15 @@ from ..proto import caffe2_pb2 as pb
 from ..proto.tensor import DATA_TYPES, tensor_values
 from ..storage.blobs import write_blobs
 from ..storage.db import DBAccessError, backend, db_type_info, describe, open_cursor
-from ..storage.serialization import BlobAssembler, blob_name, serialize_blob
+from ..storage.serialization import (
+    BlobAssembler,
+    BlobType,
+    blob_name,
+    blob_type_of,
+    register_blob_type,
+    serialize_blob,
+)
+from .dataset import CURSOR_TYPE, TreeCursor, deserialize_cursor, serialize_cursor
 from .distributed import StoreHandler
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
 from .registry import HostWorkspace, declare_family, register_host_op
@@ -57,6 +65,9 @@ declare_family(
     gradient=Absent("a host op: Caffe2 says NO_GRADIENT or SHOULD_NOT_DO_GRADIENT; the builder has no maker"),
     emitter=HOST_OP_NO_EMITTER,
 )
+
+# The host objects other families keep in blobs that Caffe2 can Save (its REGISTER_BLOB_SERIALIZER)
+register_blob_type(BlobType(CURSOR_TYPE, TreeCursor, serialize_cursor, deserialize_cursor))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,7 +361,7 @@ def save_blobs(workspace: HostWorkspace, op: Op, db: str) -> str:
     blobs: dict[str, Any] = {}
     for source, name in zip(op.inputs, names, strict=True):
         value = _array(workspace, source, op)
-        if not isinstance(value, np.ndarray | bytes):
+        if not isinstance(value, np.ndarray | bytes) and blob_type_of(value) is None:
             raise StorageError(
                 f"{op.where}: {describe(path, db_type)}: blob '{source}' holds a {type(value).__name__}, "
                 "which cannot be saved (Save writes tensors and strings)"

@@ -99,18 +99,25 @@ class PureSegment:
                 if name not in self.first_reader
             )
         )
-        self.outputs: tuple[str, ...] = tuple(dict.fromkeys(name for op in ops for name in op.outputs))
+        # Ops that run nets in their own workspace (If, While, Do) read what their nets may leave as it was
+        # when it exists, and may write blobs they do not declare
+        self.optional += tuple(n for n in self.lowered.optional_reads() if n not in self.optional)
+        self.outputs: tuple[str, ...] = self.lowered.writes()
         # Random ops draw a fresh key per run; so may ops that run nets of their own.
         self.random = any(lookup(op).random or next(op.nested_nets(), None) is not None for op in ops)
         self._seed = seed
         # Blobs whose values decide shapes are read on the host: one executable per distinct value.
         self.static: tuple[str, ...] = tuple(self.lowered.static_inputs())
+        # Blobs only shape-only ops read (IsEmpty, Shape, Size): a string tensor there is read by its shape.
+        self.shape_read: tuple[str, ...] = tuple(
+            name for name in self.inputs if all(lookup(op).shape_only for op in ops if name in op.inputs)
+        )
         self.code = SharedCode()
 
     def _apply(self, env: dict[str, Any], counter: Any) -> dict[str, Any]:
         key = jax.random.fold_in(jax.random.key(self._seed), counter) if self.random else None
         out = self.lowered(env, key=key)
-        return {name: out[name] for name in self.outputs}
+        return {name: out[name] for name in self.outputs if name in out}  # If/While may leave one unset
 
     def run(self, workspace: SegmentWorkspace, counter: int) -> None:
         values = workspace._values
@@ -121,6 +128,10 @@ class PureSegment:
         for name in self.optional:
             if workspace.has_blob(name):
                 env[name] = workspace.get(name)
+        for name in self.shape_read:
+            value = env.get(name)
+            if isinstance(value, np.ndarray) and value.dtype == object:  # strings: only their shape is read
+                env[name] = np.zeros(value.shape, np.bool_)
         static = {name: np.asarray(env.pop(name)) for name in self.static if name in env}
         key = specialisation_key(static)
         try:
@@ -178,7 +189,7 @@ class Executor:
         pending: list[Op] = []
         for op in ops:
             host = find_host(op.type)
-            if host is None:
+            if host is None or not host.runs(op):
                 pending.append(op)
                 continue
             if pending:

@@ -13,7 +13,7 @@ Errors are `ValueError`s describing the record; the blob layer names the DB.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,35 @@ STRING_TYPE = "std::string"
 CHUNK_SEPARATOR = "#%"  # kChunkIdSeparator
 DEFAULT_CHUNK_SIZE = 1_000_000  # --caffe2_tensor_chunk_size, what Save uses unless told otherwise
 
-Blob = np.ndarray | bytes
+Blob = Any  # an array, bytes (a string blob) or a host object of a registered blob type
+
+
+@dataclass(frozen=True)
+class BlobType:
+    """A blob type other than tensors and strings that Caffe2 serializes (its REGISTER_BLOB_SERIALIZER), kept
+    in a blob as a host object of class `cls`: `serialize(name, value)` makes its one BlobProto (of type
+    `type_name`), `deserialize(proto)` the object again (ValueError when the proto is not one)."""
+
+    type_name: str
+    cls: type
+    serialize: Callable[[str, Any], pb.BlobProto]
+    deserialize: Callable[[pb.BlobProto], Any]
+
+
+BLOB_TYPES: dict[str, BlobType] = {}  # BlobProto type -> its serializer, registered by the op families
+
+
+def register_blob_type(blob_type: BlobType) -> None:
+    """Let Save write, and Load read, blobs of `blob_type` (a TreeCursor, say)."""
+    BLOB_TYPES[blob_type.type_name] = blob_type
+
+
+def blob_type_of(value: Any) -> BlobType | None:
+    """The registered blob type of a host object, or None."""
+    for blob_type in BLOB_TYPES.values():
+        if isinstance(value, blob_type.cls):
+            return blob_type
+    return None
 
 
 def blob_name(key: bytes) -> str:
@@ -117,6 +145,10 @@ def serialize_blob(name: str, value: Any, chunk_size: int | None = None) -> Iter
     if isinstance(value, bytes | str):
         content = value.encode("utf-8") if isinstance(value, str) else value
         yield name.encode("utf-8"), pb.BlobProto(name=name, type=STRING_TYPE, content=content).SerializeToString()
+        return
+    blob_type = blob_type_of(value)
+    if blob_type is not None:
+        yield name.encode("utf-8"), blob_type.serialize(name, value).SerializeToString()
         return
     array = _as_tensor(value)
     flat = array.reshape(-1)
@@ -209,7 +241,7 @@ def parse_blob(value: bytes) -> pb.BlobProto:
 
 def _unreadable(proto: pb.BlobProto) -> str | None:
     """Why a blob cannot be read, or None."""
-    if proto.type == STRING_TYPE:
+    if proto.type == STRING_TYPE or proto.type in BLOB_TYPES:
         return None
     if proto.type != TENSOR_TYPE:
         kind = proto.type or ("QTensor" if proto.HasField("qtensor") else "untyped")
@@ -296,6 +328,11 @@ class BlobAssembler:
                 raise ValueError("is a second record for the same blob")
             self.blobs[name] = bytes(proto.content)
             return
+        if proto.type in BLOB_TYPES:
+            if name in self.blobs or name in self.partial:
+                raise ValueError("is a second record for the same blob")
+            self.blobs[name] = BLOB_TYPES[proto.type].deserialize(proto)
+            return
         dims, dtype, begin, end = tensor_header(proto)
         undefined = proto.tensor.data_type == pb.TensorProto.UNDEFINED
         values = np.zeros(0, dtype) if undefined else packed_values(value, proto.tensor)
@@ -352,7 +389,7 @@ def describe_record(key: bytes, value: bytes) -> BlobInfo:
     name = blob_name(key)
     if proto.type == STRING_TYPE:
         return BlobInfo(name, STRING_TYPE, None, None, 1, len(value))
-    if _unreadable(proto):
+    if proto.type in BLOB_TYPES or _unreadable(proto):
         return BlobInfo(name, proto.type or "untyped", None, None, 1, len(value))
     dims, dtype, _, _ = tensor_header(proto)
     kind = "string" if dtype.kind == "O" else str(dtype)

@@ -182,6 +182,25 @@ def control_ops_util():
 
 
 @case
+def control_ops_gradients():
+    # control_ops_grad's makers (If, Do), which core registers: the gradient net, and its values when run
+    from caffe2.python import control_ops_util
+    net, then_net, else_net = core.Net("grad_if_net"), core.Net("then"), core.Net("else")
+    then_net.Mul(["a", "w"], "out")
+    else_net.Add(["a", "w"], "out")
+    control_ops_util.add_if_op(net, "cond", {"cond", "a", "w", "out"}, then_net, else_net)
+    net.AddGradientOperators(["out"])
+    values = {}
+    for flag in (True, False):
+        workspace.FeedBlob("cond", np.array(flag))
+        workspace.FeedBlob("a", np.array([1.5, -2.0], np.float32))
+        workspace.FeedBlob("w", np.array([0.5, 3.0], np.float32))
+        workspace.RunNetOnce(net)
+        values[str(flag)] = [value(workspace.FetchBlob(b)) for b in ("out", "a_grad", "w_grad")]
+    return {"net": proto(net), "values": values}
+
+
+@case
 def schema_records():
     from caffe2.python import schema
     s = schema.Struct(
@@ -432,18 +451,19 @@ for name, f in CASES.items():
     except Exception:
         report["cases"][name] = {"error": traceback.format_exc()}
 
+import caffe2.python._import_c_extension as C
+checks["flags"] = [C.is_asan, C.has_mkldnn, C.use_mkldnn, C.has_cuda_support, C.num_cuda_devices()]
+checks["workspace_C"] = workspace.C is C
 if side == "real":
     checks["operator_types"] = sorted({o for o in workspace.RegisteredOperators() if "_ENGINE_" not in o})
 else:
     import numpy
-    import caffe2.python._import_c_extension as C
     from caffe2.python import schema
     from past.builtins import basestring
     checks["numpy_object_in_user_code"] = hasattr(numpy, "object")
     checks["numpy_untouched"] = [schema.np is not numpy, schema.np.float32 is numpy.float32, schema.np.object is object]
     checks["basestring"] = [isinstance(core.BlobReference("x"), basestring), isinstance(core.BlobReference("x"),
                             schema.basestring), isinstance("x", schema.basestring)]
-    checks["flags"] = [C.is_asan, C.has_mkldnn, C.use_mkldnn, C.has_cuda_support, C.num_cuda_devices()]
     try:
         C.add_observer_to_net("relu_net", "TimeObserver")
     except Rnn2JaxError as error:
@@ -513,7 +533,7 @@ def _renumbered_shared_blobs(net: pb.NetDef) -> None:
         op.output[:] = [names.get(b, b) for b in op.output]
 
 
-CONTROL_OP_CASES = {"net_builder_control_ops", "control_ops_util"}
+CONTROL_OP_CASES = {"net_builder_control_ops", "control_ops_util", "control_ops_gradients"}
 
 
 def _message(item: dict, case: str, real: bool) -> Any:
@@ -560,6 +580,7 @@ CASES = [
     "net_builder_control_ops",
     "net_builder_task",
     "control_ops_util",
+    "control_ops_gradients",
     "schema_records",
     "dataset_nets",
     "crf",
@@ -601,7 +622,8 @@ def test_the_numpy_and_basestring_views_stay_inside_caffe2s_modules(reports: tup
 
 def test_the_c_extension_is_a_cpu_build_and_refuses_what_rnn2jax_cannot_do(reports: tuple[dict, dict]) -> None:
     checks = reports[1]["checks"]
-    assert checks["flags"] == [False, False, False, False, 0]
+    assert checks["flags"] == reports[0]["checks"]["flags"]  # the torch 1.10.2 CPU wheel's
+    assert checks["workspace_C"] is reports[0]["checks"]["workspace_C"] is True
     assert checks["unavailable"].startswith("caffe2_pybind11_state.add_observer_to_net (Caffe2's C++) is not available")
     assert checks["core_C"] is True
     assert "brew.conv is Caffe2's own helpers/conv.py" in checks["conv_without_tree"]

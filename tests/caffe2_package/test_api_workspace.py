@@ -60,6 +60,18 @@ def test_named_workspaces_are_isolated():
     np.testing.assert_array_equal(workspace.FetchBlob("x"), [7.0])
 
 
+def test_workspace_guard_runs_a_block_in_another_workspace():
+    """Caffe2's WorkspaceGuard (dataio's readers use it): switch, creating if missing, and switch back."""
+    other = unique("guarded")
+    with workspace.WorkspaceGuard(other):
+        assert workspace.CurrentWorkspace() == other
+        workspace.FeedBlob("y", np.array([3], np.int32))
+    assert workspace.CurrentWorkspace() == "default" and not workspace.HasBlob("y")
+    with pytest.raises(ValueError), workspace.WorkspaceGuard(other):
+        raise ValueError("the block fails")
+    assert workspace.CurrentWorkspace() == "default"
+
+
 def test_switching_to_an_unknown_workspace_is_an_error_naming_it():
     name = unique("missing")
     with pytest.raises(WorkspaceError, match=name) as info:

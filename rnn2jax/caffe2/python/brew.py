@@ -16,7 +16,7 @@ from typing import Any
 
 from ...errors import Rnn2JaxError
 from .core import BlobReference
-from .helpers.arg_scope import arg_scope, get_current_scope  # noqa: F401  (brew.arg_scope)
+from .helpers.arg_scope import arg_scope, get_current_scope
 from .model_helper import BIAS, COMPUTED_PARAM, WEIGHT, ModelHelper
 
 
@@ -187,3 +187,57 @@ _TREE_HELPERS = {
     "quantization": ("fused_8bit_rowwise_quantized_to_float",),
 }
 globals().update({name: _tree_helper(module, name) for module, names in _TREE_HELPERS.items() for name in names})
+
+
+# -- Caffe2's brew is a `HelperWrapper` whose registry holds every helper: `brew.Register(f)` adds a user's own,
+# called as `brew.f(model, ...)` with the same arg-scope merging; a second helper of one name is refused.
+
+_BUILTIN = (
+    "fc", "sum", "concat", "transpose", "softmax", "batch_mat_mul", "layer_norm", "dropout", "relu", "tanh", "prelu",
+    "reduce_sum", "sub", "mat_mul", "arg_min", "depth_concat", "iter", "accuracy", "add_weight_decay",
+    *(name for names in _TREE_HELPERS.values() for name in names),
+)  # fmt: skip
+_registry: dict[str, Callable[..., Any]] = {"arg_scope": arg_scope, **{name: globals()[name] for name in _BUILTIN}}
+
+
+def _registered(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A user's helper as brew calls it: the model's arg scope (only the helper's own parameters when it takes no
+    `**kwargs`), then `brew.arg_scope`'s defaults for it, then the caller's keywords."""
+    name = function.__name__
+
+    def helper(*args: Any, **kwargs: Any) -> Any:
+        model = args[0] if args and isinstance(args[0], ModelHelper) else kwargs.get("model")
+        if model is None:
+            raise RuntimeError(
+                "The first input of helper function should be model. Or you can provide it in kwargs as "
+                "model=<your_model>."
+            )
+        merged = dict(model.arg_scope)
+        parameters = inspect.signature(function).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            merged = {k: v for k, v in merged.items() if k in parameters}
+        merged.update(get_current_scope().get(name, {}))
+        merged.update(kwargs)
+        return function(*args, **merged)
+
+    helper.__name__ = helper.__qualname__ = name
+    return helper
+
+
+def Register(helper: Callable[..., Any]) -> None:
+    """Caffe2's `brew.Register`: `brew.<helper.__name__>(model, ...)` calls `helper` from now on."""
+    name = helper.__name__
+    if name in _registry:
+        raise AttributeError(f"Helper {name} already exists. Please change your helper name.")
+    _registry[name] = _registered(helper)
+
+
+def has_helper(helper_or_helper_name: str | Callable[..., Any]) -> bool:
+    name = helper_or_helper_name if isinstance(helper_or_helper_name, str) else helper_or_helper_name.__name__
+    return name in _registry
+
+
+def __getattr__(name: str) -> Callable[..., Any]:
+    if name in _registry:
+        return _registry[name]
+    raise AttributeError(f"Helper function {name} not registered.")

@@ -32,7 +32,7 @@ from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
 
 is_asan = False
 has_mkldnn = False
-use_mkldnn = False
+use_mkldnn = True  # as the torch 1.10.2 CPU wheel reports (built with USE_MKLDNN, has_mkldnn False)
 use_trt = False
 use_rocm = False
 define_caffe2_no_operator_schema = False
@@ -73,7 +73,7 @@ def registered_operators() -> list[str]:
 
 
 def op_registry_key(op_type: str, engine: str) -> str:
-    return workspace.C.op_registry_key(op_type, engine)
+    return op_type if engine in ("", "DEFAULT") else f"{op_type}_ENGINE_{engine}"
 
 
 def _edit_distance(a: str, b: str) -> int:
@@ -92,7 +92,7 @@ def nearby_opnames(name: str) -> list[str]:
     return sorted(op for op in known if abs(len(op) - len(name)) <= 3 and _edit_distance(op, name) <= 3)
 
 
-OpSchema = workspace.C.OpSchema
+OpSchema = workspace._OpSchema
 
 
 class GradientWrapper:
@@ -148,7 +148,7 @@ def infer_op_input_output_device(op: bytes) -> tuple[list[bytes], list[bytes]]:
 # ------------------------------------------------------------------------------------------------
 # Workspaces, blobs, nets and plans (the current workspace's, as in Caffe2)
 
-Workspace = workspace.C.Workspace
+Workspace = workspace._CWorkspace
 Blob = workspace._Blob
 Net = workspace._NetHandle
 TensorCPU = python_op.TensorCPU

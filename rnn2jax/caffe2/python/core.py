@@ -312,6 +312,8 @@ class GradientRegistry:
                         (str(g[0]), str(g[1])) if isinstance(g, tuple) else (None if g is None else str(g))
                         for g in g_input
                     ]
+                    # a maker may answer fewer (control_ops_grad's `return [], []`): Caffe2's zip stops short
+                    ctx.g_input += [None] * (len(ctx.op.input) - len(ctx.g_input))
                     if ops is None:
                         return []
                     return list(ops) if isinstance(ops, list | tuple) else [ops]
@@ -343,6 +345,40 @@ class GradientRegistry:
 
 def _builtin_maker(op_type: str) -> Callable | None:
     return gradient_maker(op_type)
+
+
+class IR:
+    """Caffe2's `core.IR` for what Caffe2's own Python modules ask of it: the backward pass of some operators
+    (control_ops_grad builds the gradient nets of If, Do and While with `IR(net.op).GetBackwardPass`)."""
+
+    def __init__(self, operators: Iterable[caffe2_pb2.OperatorDef]):
+        self.ssa = list(operators)
+
+    def GetBackwardPass(self, ys: Any) -> tuple[list, dict]:
+        return GradientRegistry.GetBackwardPass(self.ssa, ys)
+
+
+def _control_ops_gradient(name: str) -> Callable:
+    """Caffe2's Python maker `name` of caffe2/python/control_ops_grad.py (If, Do, While), which Caffe2's
+    core.py registers: that module is Caffe2's own, run from the Caffe2 source tree on this API, imported
+    when a gradient is first asked for."""
+
+    def maker(op: caffe2_pb2.OperatorDef, g_output: Sequence[Any]) -> tuple[list, list]:
+        try:
+            from caffe2.python import control_ops_grad
+        except ImportError as error:
+            raise GradientError(
+                f"the gradient of {op.type} is Caffe2's control_ops_grad.{name}, a module of Caffe2's source "
+                f"tree, which could not be imported ({error}); rnn2jax.caffe2.install() finds the tree"
+            ) from None
+        return getattr(control_ops_grad, name)(op, g_output)
+
+    maker.__name__ = name
+    return maker
+
+
+for _type, _name in (("Do", "gen_do_gradient"), ("If", "gen_if_gradient"), ("While", "gen_while_gradient")):
+    GradientRegistry.RegisterGradient(_type)(_control_ops_gradient(_name))
 
 
 def _plain(grad: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -222,19 +223,24 @@ class ModelHelper:
     def get_param_info(self, param: str) -> ParameterInfo | None:
         return self._parameters_info.get(str(param))
 
-    def GetParams(self, namescope: str | None = None, top_scope: bool = False) -> list[core.BlobReference]:
-        """The parameters under `namescope` (the current name scope by default)."""
+    @staticmethod
+    def _NormalizeNamescope(namescope: str | None) -> str:
+        """The current name scope for None; '' (every scope) as it is; else the scope with its separator."""
         if namescope is None:
-            namescope = scope.CurrentNameScope()
-        elif not namescope.endswith(scope._NAMESCOPE_SEPARATOR):
-            namescope += scope._NAMESCOPE_SEPARATOR
-        if namescope == "":
-            return self.params[:]
+            return scope.CurrentNameScope()
+        if namescope == "" or namescope.endswith(scope._NAMESCOPE_SEPARATOR):
+            return namescope
+        return namescope + scope._NAMESCOPE_SEPARATOR
+
+    def GetParams(self, namescope: str | None = None, top_scope: bool = False) -> list[core.BlobReference]:
+        """The parameters under `namescope` (the current name scope by default; '' for all)."""
+        namescope = self._NormalizeNamescope(namescope)
         return [p for p in self.params if p.GetNameScope().startswith(namescope)]
 
     def GetComputedParams(self, namescope: str | None = None) -> list[core.BlobReference]:
-        prefix = scope.CurrentNameScope() if namescope is None else namescope
-        return [p for p in self._computed_params if p.startswith(prefix)]
+        """The computed parameters (running statistics, not optimized) under `namescope`, as GetParams."""
+        namescope = self._NormalizeNamescope(namescope)
+        return [p for p in self._computed_params if p.GetNameScope().startswith(namescope)]
 
     def GetAllParams(self, namescope: str | None = None) -> list[core.BlobReference]:
         return self.GetParams(namescope) + self.GetComputedParams(namescope)
@@ -274,9 +280,14 @@ class ModelHelper:
             raise AssertionError("Use data_parallel_model to run model on multiple GPUs.")
         return self._devices
 
+    def _Validate(self) -> list[str]:
+        """The parameters added more than once, sorted."""
+        names = sorted(str(p) for p in self.params)
+        return sorted({a for a, b in itertools.pairwise(names) if a == b})
+
     def Validate(self) -> None:
-        """Caffe2 checked that no blob is written by two ops in different ways; nets here are checked
-        when they are created in a workspace."""
+        dupes = self._Validate()
+        assert dupes == [], f"Duplicate params: {dupes}"
 
     def __getattr__(self, op_type: str) -> Any:
         """`model.Copy(...)` etc.: ops called on the model go to `net`."""

@@ -52,17 +52,31 @@ def __getattr__(name: str) -> Any:
         value = _gpu_count() > 0
         globals().update(has_cuda_support=value, has_gpu_support=value)
         return value
+    if name == "C":  # Caffe2's `workspace.C` is its C extension; that module imports this one
+        from . import _import_c_extension
+
+        return _import_c_extension
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "has_cuda_support", "has_gpu_support"})
+    return sorted({*globals(), "C", "has_cuda_support", "has_gpu_support"})
 
 
 has_hip_support = False
 has_fbgemm = False
 is_asan = False
 GpuDeviceType = caffe2_pb2.CUDA
+
+
+def GetCUDAVersion() -> int:
+    """0, as Caffe2's CPU build reports: rnn2jax runs GPUs through XLA, never through CUDA's runtime itself."""
+    return 0
+
+
+def GetCuDNNVersion() -> int:
+    """0, as Caffe2's CPU build reports (rnn2jax never calls cuDNN)."""
+    return 0
 
 
 def NumCudaDevices() -> int:
@@ -181,6 +195,17 @@ def SwitchWorkspace(name: str | bytes, create_if_missing: bool = False) -> bool:
         _workspaces[name] = _RuntimeWorkspace(cache=_cache)
     _current = name
     return True
+
+
+@contextlib.contextmanager
+def WorkspaceGuard(workspace_name: str | bytes) -> Iterator[None]:
+    """Run the block in workspace `workspace_name` (created if missing), then return to the current one."""
+    current = CurrentWorkspace()
+    SwitchWorkspace(workspace_name, True)
+    try:
+        yield
+    finally:
+        SwitchWorkspace(current)
 
 
 def ResetWorkspace(root_folder: str | None = None) -> bool:
@@ -596,17 +621,6 @@ class _OpSchema:
         from ...ops.gradient_makers import has_gradient_maker
 
         return "rnn2jax" if has_gradient_maker(op_type) else ""
-
-
-class C:
-    """The parts of Caffe2's pybind module `caffe2_pybind11_state` that scripts and tests touch."""
-
-    Workspace = _CWorkspace
-    OpSchema = _OpSchema
-
-    @staticmethod
-    def op_registry_key(op_type: str, engine: str) -> str:
-        return op_type if engine in ("", "DEFAULT") else f"{op_type}_ENGINE_{engine}"
 
 
 def RegisteredOperators() -> list[str]:

@@ -1,0 +1,54 @@
+"""CI's run of Caffe2's whole test suite on rnn2jax (a pytest plugin: `-p tests.caffe2_suite`).
+
+`scripts/caffe2_suite.py ci` collects every file of the suite (so a file that stops importing fails the run) and
+runs, at one derandomized example per hypothesis test, the tests `docs/caffe2-suite.json` records as passing on
+both real Caffe2 and rnn2jax: each of them must pass. The tests recorded as failing are deselected; they are
+what the page lists by cause, and `make test-caffe2-suite` runs them all.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--caffe2-suite-results", metavar="JSON", help="the scoreboard's results (docs/caffe2-suite.json)")
+
+
+def suite_key(rel: str, cls: str, name: str) -> str:
+    """A test's key in the results: `file::Class::test[params]`, the file relative to the wheel's `caffe2/`."""
+    return "::".join(p for p in (rel, cls, name) if p)
+
+
+def recorded_passing(results: dict) -> set[str]:
+    """The tests both real Caffe2 and rnn2jax passed in the recorded run."""
+    keys = set()
+    for sides in results["files"].values():
+        real = sides["caffe2"]["tests"]
+        for key, test in sides["rnn2jax"]["tests"].items():
+            if test["outcome"] == "passed" and real.get(key, {}).get("outcome") == "passed":
+                keys.add(key)
+    return keys
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    path = config.getoption("--caffe2-suite-results")
+    if not path:
+        return
+    passing = recorded_passing(json.loads(Path(path).read_text()))
+    root = Path(config.rootpath)
+    keep, drop = [], []
+    for item in items:
+        rel = item.path.relative_to(root).as_posix()
+        key = suite_key(rel, item.cls.__name__ if item.cls else "", item.name)
+        (keep if key in passing else drop).append(item)
+    missing = passing - {
+        suite_key(i.path.relative_to(root).as_posix(), i.cls.__name__ if i.cls else "", i.name) for i in keep
+    }
+    if missing:
+        raise pytest.UsageError(f"{len(missing)} recorded passing tests were not collected: {sorted(missing)[:5]}")
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
