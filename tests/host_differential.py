@@ -80,3 +80,33 @@ def check_net(
         else:
             assert ours[name].shape == value.shape and ours[name].dtype == value.dtype, name
     return got, want
+
+
+def check_save_load(caffe2: Any, tmp_path: Any, make: Sequence[pb.OperatorDef], read: Sequence[pb.OperatorDef],
+                    blob: str, fetch: Sequence[str], feeds: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    """A host object made by `make` and saved to a minidb by one side, loaded by the other and read by `read`
+    into the tensors `fetch`: each side reads the other's file as it reads its own."""
+    from rnn2jax.caffe2.opdef import create_operator
+
+    feeds = dict(feeds or {})
+
+    def save(path: str) -> Any:
+        return create_operator("Save", [blob], [], db=path, db_type="minidb", absolute_path=1)
+
+    def load(path: str) -> Any:
+        return create_operator("Load", [], [blob], db=path, db_type="minidb", absolute_path=1)
+
+    ours, theirs = str(tmp_path / "ours.minidb"), str(tmp_path / "caffe2.minidb")
+    workspace = run_rnn2jax_net([*make, save(ours)], feeds)
+    assert not isinstance(workspace, Rnn2JaxError), workspace
+    caffe2.run([("net", create_net("save", [*make, save(theirs)]))], feeds, [])
+    results = {}
+    for path in (ours, theirs):
+        want = caffe2.run([("net", create_net("load", [load(path), *read]))], feeds, list(fetch))
+        got = run_rnn2jax_net([load(path), *read], feeds)
+        assert not isinstance(got, Rnn2JaxError), got
+        for name in fetch:
+            assert_blob_equal(f"{name} ({path})", np.asarray(got.fetch(name)), want[name])
+        results[path] = want
+    for name in fetch:
+        assert_blob_equal(name, results[ours][name], results[theirs][name])

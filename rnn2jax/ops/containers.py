@@ -348,3 +348,78 @@ def map_to_key_value(workspace: HostWorkspace, op: Op, state: dict[str, Any]) ->
     keys = sorted(mapping.items)
     workspace.put(op.outputs[0], np.array(keys, dtype=mapping.key_dtype))
     workspace.put(op.outputs[1], np.array([mapping.items[k] for k in keys], dtype=mapping.value_dtype))
+
+
+# --------------------------------------------------------------------------------------------------
+# Saving and loading indices and maps (Caffe2's IndexSerializer and MapSerializer; ops/storage.py registers these)
+
+INDEX_TYPE = "std::unique_ptr<caffe2::IndexBase>"
+_C_TYPES = {"int32": "int32_t", "int64": "int64_t"}
+MAP_TYPES = tuple(f"(std::unordered_map<{_C_TYPES[k]}, {_C_TYPES[v]}>)" for k in _C_TYPES for v in _C_TYPES)
+
+
+def _keys_tensor(tensor: pb.TensorProto, kind: str, keys: list[Any]) -> None:
+    tensor.dims.append(len(keys))
+    if kind == "string":
+        tensor.data_type = pb.TensorProto.STRING
+        tensor.string_data.extend(keys)
+    elif kind == "int64":
+        tensor.data_type = pb.TensorProto.INT64
+        tensor.int64_data.extend(keys)
+    else:
+        tensor.data_type = pb.TensorProto.INT32
+        tensor.int32_data.extend(keys)
+    tensor.device_detail.device_type = 0
+    tensor.segment.begin, tensor.segment.end = 0, len(keys)
+
+
+def _tensor_keys(tensor: pb.TensorProto) -> tuple[str, list[Any]]:
+    if tensor.data_type == pb.TensorProto.STRING:
+        return "string", [bytes(k) for k in tensor.string_data]
+    if tensor.data_type == pb.TensorProto.INT64:
+        return "int64", [int(k) for k in tensor.int64_data]
+    if tensor.data_type == pb.TensorProto.INT32:
+        return "int32", [int(k) for k in tensor.int32_data]
+    raise ValueError("holds keys of a type an index cannot (int32, int64 or strings)")
+
+
+def serialize_index(name: str, index: Index) -> pb.BlobProto:
+    """The keys in id order as a tensor; `content` is "<max_elements> <frozen>"."""
+    proto = pb.BlobProto(name=name, type=INDEX_TYPE, content=f"{index.max_elements} {int(index.frozen)}".encode())
+    _keys_tensor(proto.tensor, index.kind, list(index.ids))
+    return proto
+
+
+def deserialize_index(proto: pb.BlobProto) -> Index:
+    kind, keys = _tensor_keys(proto.tensor)
+    try:
+        max_elements, frozen = (int(word) for word in proto.content.decode().split())
+    except ValueError:
+        raise ValueError(f"is an index blob whose content {proto.content!r} is not '<max_elements> <frozen>'") from None
+    if len(keys) > max_elements or len(set(keys)) != len(keys):
+        raise ValueError("is an index blob with repeated keys or more than max_elements")
+    return Index(kind, max_elements, {key: i + 1 for i, key in enumerate(keys)}, bool(frozen))
+
+
+def serialize_map(name: str, mapping: Map) -> pb.BlobProto:
+    """`content` is a TensorProtos of the keys and the values (sorted by key here, hash order in Caffe2)."""
+    kind = f"(std::unordered_map<{_C_TYPES[mapping.key_dtype]}, {_C_TYPES[mapping.value_dtype]}>)"
+    protos = pb.TensorProtos()
+    keys = sorted(mapping.items)
+    _keys_tensor(protos.protos.add(), mapping.key_dtype, keys)
+    _keys_tensor(protos.protos.add(), mapping.value_dtype, [mapping.items[k] for k in keys])
+    return pb.BlobProto(name=name, type=kind, content=protos.SerializeToString())
+
+
+def deserialize_map(proto: pb.BlobProto) -> Map:
+    protos = pb.TensorProtos()
+    try:
+        protos.ParseFromString(proto.content)
+    except Exception:
+        raise ValueError("is a map blob whose content is not a TensorProtos") from None
+    if len(protos.protos) != 2:
+        raise ValueError("is a map blob without its keys and values")
+    (key_kind, keys), (value_kind, values) = (_tensor_keys(t) for t in protos.protos)
+    if key_kind == "string" or value_kind == "string" or len(keys) != len(values):
+        raise ValueError("is a map blob whose keys and values do not pair up")
+    return Map(key_kind, value_kind, dict(zip(keys, values, strict=True)))

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import BadArgumentError, InputTypeError, ShapeError
 from ..ir.netdef import Op
+from ..proto import caffe2_pb2 as pb
 from .facets import (
     HOST_OP_NO_EMITTER,
     HOST_OP_NO_SHAPE_RULE,
@@ -211,3 +212,25 @@ def _fetch_add(dtype: Any) -> Any:
 _LOWERED = {"shape_rule": NO_SHAPE_RULE, "emitter": NO_EMITTER}
 register("AtomicFetchAdd", inputs=3, outputs=2, gradient=should_not_do_gradient, **_LOWERED)(_fetch_add(jnp.int32))
 register("AtomicFetchAdd64", inputs=3, outputs=2, gradient=NO_GRADIENT, **_LOWERED)(_fetch_add(jnp.int64))
+
+
+# --------------------------------------------------------------------------------------------------
+# Saving and loading a counter (Caffe2's CounterSerializer; ops/storage.py registers these)
+
+COUNTER_TYPE = "std::unique_ptr<Counter<int64_t>>"
+
+
+def serialize_counter(name: str, counter: Counter) -> pb.BlobProto:
+    """The count as an int64 [1] tensor."""
+    proto = pb.BlobProto(name=name, type=COUNTER_TYPE)
+    proto.tensor.dims.append(1)
+    proto.tensor.data_type = pb.TensorProto.INT64
+    proto.tensor.name = name
+    proto.tensor.int64_data.append(counter.count)
+    return proto
+
+
+def deserialize_counter(proto: pb.BlobProto) -> Counter:
+    if len(proto.tensor.int64_data) != 1:
+        raise ValueError("is a counter blob without its one int64 count")
+    return Counter(int(proto.tensor.int64_data[0]))

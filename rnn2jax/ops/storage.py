@@ -53,6 +53,17 @@ from ..storage.serialization import (
     register_blob_type,
     serialize_blob,
 )
+from .containers import (
+    INDEX_TYPE,
+    MAP_TYPES,
+    Index,
+    Map,
+    deserialize_index,
+    deserialize_map,
+    serialize_index,
+    serialize_map,
+)
+from .counters import COUNTER_TYPE, Counter, deserialize_counter, serialize_counter
 from .dataset import CURSOR_TYPE, TreeCursor, deserialize_cursor, serialize_cursor
 from .distributed import StoreHandler
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
@@ -68,6 +79,10 @@ declare_family(
 
 # The host objects other families keep in blobs that Caffe2 can Save (its REGISTER_BLOB_SERIALIZER)
 register_blob_type(BlobType(CURSOR_TYPE, TreeCursor, serialize_cursor, deserialize_cursor))
+register_blob_type(BlobType(COUNTER_TYPE, Counter, serialize_counter, deserialize_counter))
+register_blob_type(BlobType(INDEX_TYPE, Index, serialize_index, deserialize_index))
+for _map_type in MAP_TYPES:
+    register_blob_type(BlobType(_map_type, Map, serialize_map, deserialize_map))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -671,7 +686,7 @@ def store_set(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     already set must get the same value here (rnn2jax's stores are set-once; Caffe2's file store overwrites)."""
     name = op.str("blob_name", "") or op.inputs[1]
     value = _array(workspace, op.inputs[1], op)
-    if not isinstance(value, np.ndarray | bytes):
+    if not isinstance(value, np.ndarray | bytes) and blob_type_of(value) is None:
         raise StorageError(
             f"{op.where}: blob '{op.inputs[1]}' holds a {type(value).__name__}, which cannot be serialized"
         )

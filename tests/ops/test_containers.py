@@ -14,7 +14,7 @@ from rnn2jax.errors import Rnn2JaxError
 from rnn2jax.proto import caffe2_pb2 as pb
 from rnn2jax.runtime.workspace import Workspace
 from tests.differential import assert_blob_equal, make_op
-from tests.host_differential import check_net, run_rnn2jax_net
+from tests.host_differential import check_net, check_save_load, run_rnn2jax_net
 
 
 def run_repeatedly(caffe2, init, ops, feeds, runs, fetch):
@@ -151,3 +151,32 @@ def test_map_refusals_match_caffe2(caffe2):
         [make_op("MapToKeyValue", ["ints"], ["k", "v"])],
     ):
         check_net(caffe2, ops, {"floats": floats, "ints": ints}, fails=True)
+
+
+@pytest.mark.parametrize("create", sorted(INDEX_TYPES))
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_saved_index_loads_in_caffe2_and_back(caffe2, tmp_path, create, frozen):
+    dtype = INDEX_TYPES[create]
+    feeds = {"k": keys_of(dtype, [4, 2, 4, 9]), "q": keys_of(dtype, [9, 7, 2])}
+    make = [make_op(create, [], ["i"], max_elements=7), make_op("IndexGet", ["i", "k"], ["ids"])]
+    if frozen:
+        make.append(make_op("IndexFreeze", ["i"], ["i"]))
+    read = [
+        make_op("IndexGet", ["i", "q"], ["got"]),
+        make_op("IndexStore", ["i"], ["items"]),
+        make_op("IndexSize", ["i"], ["n"]),
+    ]
+    check_save_load(caffe2, tmp_path, make, read, "i", ["got", "items", "n"], feeds)
+
+
+@pytest.mark.parametrize("key_type, value_type", [(np.int32, np.int64), (np.int64, np.int32)])
+def test_a_saved_map_loads_in_caffe2_and_back(caffe2, tmp_path, key_type, value_type):
+    feeds = {"k": np.array([3, 1, 7], key_type), "v": np.array([30, 10, 70], value_type)}
+    make = [make_op("KeyValueToMap", ["k", "v"], ["m"])]
+    # each side lists the map in its own order: compare what does not depend on it
+    read = [
+        make_op("MapToKeyValue", ["m"], ["keys", "values"]),
+        make_op("ReduceSum", ["keys"], ["key_total"], keepdims=0),
+        make_op("ReduceSum", ["values"], ["value_total"], keepdims=0),
+    ]
+    check_save_load(caffe2, tmp_path, make, read, "m", ["key_total", "value_total"], feeds)

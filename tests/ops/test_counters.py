@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rnn2jax.errors import BadArgumentError, InputTypeError
 from tests.differential import Case, assert_blobs_equal, cases, make_op, run_rnn2jax
-from tests.host_differential import check_net, run_rnn2jax_net
+from tests.host_differential import check_net, check_save_load, run_rnn2jax_net
 
 COUNTER_OPS = ("CountUp", "CountDown", "RetrieveCount", "CheckCounterDone", "ResetCounter")
 
@@ -101,3 +101,8 @@ def test_errors_name_the_op_and_blob():
         {"a": np.ones(0, np.int32)},
     )
     assert isinstance(error, Exception) and "empty" in str(error)
+
+
+def test_a_saved_counter_loads_in_caffe2_and_back(caffe2, tmp_path):
+    make = [make_op("CreateCounter", [], ["c"], init_count=5), make_op("CountUp", ["c"], ["u"])]
+    check_save_load(caffe2, tmp_path, make, [make_op("RetrieveCount", ["c"], ["n"])], "c", ["n"])
