@@ -67,6 +67,7 @@ from .counters import COUNTER_TYPE, Counter, deserialize_counter, serialize_coun
 from .dataset import CURSOR_TYPE, TreeCursor, deserialize_cursor, serialize_cursor
 from .distributed import StoreHandler
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
+from .queues import BlobsQueue
 from .registry import HostWorkspace, declare_family, register_host_op
 
 declare_family(
@@ -768,3 +769,84 @@ register_host_op("StoreSet", store_set, check=_check_store_set)
 register_host_op("StoreGet", store_get, check=_check_store_get)
 register_host_op("StoreAdd", store_add, check=_check_store_add)
 register_host_op("StoreWait", store_wait, check=_check_store_wait)
+
+
+# --------------------------------------------------------------------------------------------------
+# CreateBlobsQueueDB (caffe2/queue/blobs_queue_db.h): a DB reader whose records a blobs queue holds
+
+
+class BlobsQueueReader(DBReader):
+    """Caffe2's BlobsQueueDB cursor: each read dequeues one record of the queue, whose blob at
+    value_blob_index (a string, or a string tensor's first element) is the record's value and, with
+    key_blob_index >= 0, the blob there its key. It cannot seek, so Load cannot read it."""
+
+    def __init__(self, workspace: HostWorkspace, queue: BlobsQueue, key_index: int, value_index: int, op: Op):
+        self.workspace, self.queue, self.key_index, self.value_index, self.op = (
+            workspace,
+            queue,
+            key_index,
+            value_index,
+            op,
+        )
+        self.where = f"blobs queue DB over queue '{queue.name}'"
+        self._stack = self._records = self._current = None
+
+    def _string(self, value: Any, index: int) -> bytes:
+        if isinstance(value, bytes):
+            return value
+        if isinstance(value, np.ndarray) and value.dtype == object and value.size:
+            return bytes(value.reshape(-1)[0])
+        raise StorageError(f"{self.where}: the record's blob #{index} holds a {type(value).__name__}, not a string")
+
+    def read(self) -> tuple[bytes, bytes]:
+        queue = self.queue
+        if not queue.can_read():
+            if queue.closed:
+                raise StorageError(f"{self.where}: the queue is closed and empty (Caffe2: 'it is closed')")
+            raise StorageError(
+                f"{self.where}: the queue is empty and open: Caffe2 would wait for another thread to fill it, and "
+                "nothing runs beside a host op here"
+            )
+        row = queue.slots[queue.reader % len(queue.slots)]
+        values = [self.workspace.get(slot) if self.workspace.has_blob(slot) else None for slot in row]
+        for slot in row[:1]:  # Caffe2 swaps the first blob out with an empty one
+            self.workspace.reset(slot)
+        queue.reader += 1
+        key = self._string(values[self.key_index], self.key_index) if self.key_index >= 0 else b""
+        return key, self._string(values[self.value_index], self.value_index)
+
+    @contextlib.contextmanager
+    def remaining(self) -> Iterator[Iterator[tuple[bytes, bytes]]]:
+        raise StorageError(f"{self.where} cannot seek: read it with TensorProtosDBInput, not Load")
+        yield iter(())
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"BlobsQueueReader({self.queue.name!r})"
+
+
+def _check_create_blobs_queue_db(op: Op) -> None:
+    if len(op.inputs) != 1 or len(op.outputs) != 1:
+        raise BadArgumentError(f"{op.where}: CreateBlobsQueueDB takes 1 input (the queue) and 1 output (the reader)")
+    if op.int("value_blob_index", 0) < 0:
+        raise BadArgumentError(f"{op.where}: value_blob_index must not be negative")
+    op.int("key_blob_index", -1)
+    op.float("timeout_secs", 0.0)
+
+
+def create_blobs_queue_db(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """A DB reader over the queue's records (TensorProtosDBInput reads it)."""
+    queue = workspace.get(op.inputs[0], op)
+    if not isinstance(queue, BlobsQueue):
+        raise InputTypeError(f"{op.where}: blob '{op.inputs[0]}' holds a {type(queue).__name__}, not a blobs queue")
+    key, value = op.int("key_blob_index", -1), op.int("value_blob_index", 0)
+    if max(key, value) >= queue.num_blobs:
+        raise BadArgumentError(
+            f"{op.where}: queue '{queue.name}' has {queue.num_blobs} blobs a record; index {max(key, value)}"
+        )
+    workspace.put(op.outputs[0], BlobsQueueReader(workspace, queue, key, value, op))
+
+
+register_host_op("CreateBlobsQueueDB", create_blobs_queue_db, check=_check_create_blobs_queue_db)
