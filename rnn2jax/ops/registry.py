@@ -40,7 +40,9 @@ Builder = Callable[..., Kernel]  # build(op), or build(op, lower) for an op that
 class HostWorkspace(Protocol):
     """What a host op is handed: the workspace running its net (`rnn2jax.runtime.Workspace`). `get` names
     the reading op in its errors; `put` stores any value unconverted (DB cursors); `feed` converts as
-    `Workspace.feed` does; `db_root` is where relative DB names resolve (None: Caffe2's ".")."""
+    `Workspace.feed` does; `db_root` is where relative DB names resolve (None: Caffe2's "."). `exists` and
+    `all_blobs` count empty blobs too (Caffe2's HasBlob, Blobs()), and `reset` empties a blob that stays
+    (Caffe2's Blob::Reset: Free, and the queues, which swap blobs)."""
 
     db_root: str | None
 
@@ -51,6 +53,12 @@ class HostWorkspace(Protocol):
     def feed(self, name: str, value: Any) -> None: ...
 
     def has_blob(self, name: str) -> bool: ...
+
+    def exists(self, name: str) -> bool: ...
+
+    def all_blobs(self, shared: bool = True) -> list[str]: ...
+
+    def reset(self, name: str) -> None: ...
 
     def blobs(self) -> list[str]: ...
 

@@ -1,5 +1,6 @@
-"""Host ops that read and write Caffe2 databases: Load, Save, Checkpoint, DBExists, CreateDB and
-TensorProtosDBInput, following `caffe2/operators/load_save_op.h`, `caffe2/db/create_db_op.h` and
+"""Host ops that read and write Caffe2 databases: Load, Save, Checkpoint (and its alias Snapshot), DBExists,
+CreateDB, TensorProtosDBInput, and StoreSet/StoreGet/StoreAdd/StoreWait (blobs through a store handler of
+ops/distributed.py), following `caffe2/operators/load_save_op.h`, `caffe2/db/create_db_op.h` and
 `caffe2/operators/tensor_protos_db_input.h`.
 
 Paths resolve as Caffe2 resolves them against its workspace's root folder: Load, Save, Checkpoint and
@@ -30,15 +31,43 @@ import jax
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ..errors import Advice, BadArgumentError, MissingBlobError, Rnn2JaxError, StorageError
+from ..errors import (
+    Advice,
+    BadArgumentError,
+    DistributedError,
+    InputTypeError,
+    MissingBlobError,
+    Rnn2JaxError,
+    StorageError,
+)
 from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from ..proto.tensor import DATA_TYPES, tensor_values
 from ..storage.blobs import write_blobs
 from ..storage.db import DBAccessError, backend, db_type_info, describe, open_cursor
-from ..storage.serialization import BlobAssembler, BlobType, blob_name, blob_type_of, register_blob_type
+from ..storage.serialization import (
+    BlobAssembler,
+    BlobType,
+    blob_name,
+    blob_type_of,
+    register_blob_type,
+    serialize_blob,
+)
+from .containers import (
+    INDEX_TYPE,
+    MAP_TYPES,
+    Index,
+    Map,
+    deserialize_index,
+    deserialize_map,
+    serialize_index,
+    serialize_map,
+)
+from .counters import COUNTER_TYPE, Counter, deserialize_counter, serialize_counter
 from .dataset import CURSOR_TYPE, TreeCursor, deserialize_cursor, serialize_cursor
+from .distributed import StoreHandler
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
+from .queues import BlobsQueue
 from .registry import HostWorkspace, declare_family, register_host_op
 
 declare_family(
@@ -51,6 +80,10 @@ declare_family(
 
 # The host objects other families keep in blobs that Caffe2 can Save (its REGISTER_BLOB_SERIALIZER)
 register_blob_type(BlobType(CURSOR_TYPE, TreeCursor, serialize_cursor, deserialize_cursor))
+register_blob_type(BlobType(COUNTER_TYPE, Counter, serialize_counter, deserialize_counter))
+register_blob_type(BlobType(INDEX_TYPE, Index, serialize_index, deserialize_index))
+for _map_type in MAP_TYPES:
+    register_blob_type(BlobType(_map_type, Map, serialize_map, deserialize_map))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -418,6 +451,7 @@ def checkpoint(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
 
 
 register_host_op("Checkpoint", checkpoint, check=_check_checkpoint)
+register_host_op("Snapshot", checkpoint, check=_check_checkpoint)  # Caffe2 registers CheckpointOp under both names
 
 
 # --------------------------------------------------------------------------------------------------
@@ -626,3 +660,193 @@ def loaded_values(workspace: HostWorkspace) -> dict[str, Any]:
         if isinstance(value, jax.Array | np.ndarray):
             values[name] = value
     return values
+
+
+# --------------------------------------------------------------------------------------------------
+# StoreSet, StoreGet, StoreAdd, StoreWait (caffe2/distributed/store_ops.cc): blobs through a store handler
+
+
+def _store(workspace: HostWorkspace, op: Op) -> StoreHandler:
+    handler = workspace.get(op.inputs[0], op)
+    if not isinstance(handler, StoreHandler):
+        raise InputTypeError(
+            f"{op.where}: blob '{op.inputs[0]}' holds a {type(handler).__name__}, not a store handler (make one with "
+            "FileStoreHandlerCreate or RedisStoreHandlerCreate)"
+        )
+    return handler
+
+
+def _check_store_set(op: Op) -> None:
+    if len(op.inputs) != 2 or op.outputs:
+        raise BadArgumentError(f"{op.where}: StoreSet takes 2 inputs (the handler, the blob) and no outputs")
+    op.str("blob_name", "")
+
+
+def store_set(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """Store the blob, serialized as Caffe2's SerializeBlob does, under blob_name (default: its name). A key
+    already set must get the same value here (rnn2jax's stores are set-once; Caffe2's file store overwrites)."""
+    name = op.str("blob_name", "") or op.inputs[1]
+    value = _array(workspace, op.inputs[1], op)
+    if not isinstance(value, np.ndarray | bytes) and blob_type_of(value) is None:
+        raise StorageError(
+            f"{op.where}: blob '{op.inputs[1]}' holds a {type(value).__name__}, which cannot be serialized"
+        )
+    try:
+        ((_, data),) = serialize_blob(name, value, chunk_size=0)
+    except ValueError as error:
+        raise StorageError(f"{op.where}: blob '{op.inputs[1]}': {error}") from None
+    try:
+        _store(workspace, op).set(name, data)
+    except DistributedError as error:
+        raise _reraise(op, error) from None
+
+
+def _check_store_get(op: Op) -> None:
+    if len(op.inputs) != 1 or len(op.outputs) != 1:
+        raise BadArgumentError(f"{op.where}: StoreGet takes 1 input (the handler) and 1 output")
+    op.str("blob_name", "")
+
+
+def store_get(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """Read the blob stored under blob_name (default: the output's name), waiting for it as Caffe2 does."""
+    name = op.str("blob_name", "") or op.outputs[0]
+    handler = _store(workspace, op)
+    try:
+        data = handler.get(name)
+    except DistributedError as error:
+        raise _reraise(op, error) from None
+    assembler = BlobAssembler(handler.where)
+    try:
+        assembler.add(name.encode("utf-8"), data)
+    except ValueError as error:
+        raise StorageError(f"{op.where}: {handler.where}: key '{name}' {error}") from None
+    blobs, problems = assembler.finish()
+    if problems or name not in blobs:
+        raise StorageError(f"{op.where}: {handler.where}: key '{name}' holds an incomplete blob")
+    workspace.put(op.outputs[0], blobs[name])
+
+
+def _check_store_add(op: Op) -> None:
+    if len(op.inputs) != 1 or len(op.outputs) != 1:
+        raise BadArgumentError(f"{op.where}: StoreAdd takes 1 input (the handler) and 1 output")
+    if not op.str("blob_name", ""):
+        raise BadArgumentError(f"{op.where}: StoreAdd needs a blob_name argument (the counter's key)")
+    op.int("add_value", 1)
+
+
+def store_add(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """Add add_value to the integer counter at blob_name; the new value (int64). The file store has no
+    counters (Caffe2 aborts: 'add not implemented for FileStoreHandler'), nor does rnn2jax's Redis store yet."""
+    handler = _store(workspace, op)
+    add = getattr(handler, "add", None)
+    if add is None:
+        raise DistributedError(
+            f"{op.where}: {handler.where} has no counters: StoreAdd is not implemented for {type(handler).__name__} "
+            "(Caffe2's FileStoreHandler aborts the process here)"
+        )
+    workspace.put(op.outputs[0], np.array(int(add(op.str("blob_name"), op.int("add_value", 1))), np.int64))
+
+
+def _check_store_wait(op: Op) -> None:
+    if not op.inputs or op.outputs:
+        raise BadArgumentError(
+            f"{op.where}: StoreWait takes the handler (and blobs whose names to wait for), no outputs"
+        )
+    if len(op.inputs) == 1 and not op.strings("blob_names", ()):
+        raise BadArgumentError(f"{op.where}: StoreWait needs blob_names, or the blobs as inputs after the handler")
+
+
+def store_wait(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """Wait until every key is set: blob_names, or the names of the inputs after the handler."""
+    names = list(op.strings("blob_names", ())) if len(op.inputs) == 1 else list(op.inputs[1:])
+    try:
+        _store(workspace, op).wait(names)
+    except DistributedError as error:
+        raise _reraise(op, error) from None
+
+
+register_host_op("StoreSet", store_set, check=_check_store_set)
+register_host_op("StoreGet", store_get, check=_check_store_get)
+register_host_op("StoreAdd", store_add, check=_check_store_add)
+register_host_op("StoreWait", store_wait, check=_check_store_wait)
+
+
+# --------------------------------------------------------------------------------------------------
+# CreateBlobsQueueDB (caffe2/queue/blobs_queue_db.h): a DB reader whose records a blobs queue holds
+
+
+class BlobsQueueReader(DBReader):
+    """Caffe2's BlobsQueueDB cursor: each read dequeues one record of the queue, whose blob at
+    value_blob_index (a string, or a string tensor's first element) is the record's value and, with
+    key_blob_index >= 0, the blob there its key. It cannot seek, so Load cannot read it."""
+
+    def __init__(self, workspace: HostWorkspace, queue: BlobsQueue, key_index: int, value_index: int, op: Op):
+        self.workspace, self.queue, self.key_index, self.value_index, self.op = (
+            workspace,
+            queue,
+            key_index,
+            value_index,
+            op,
+        )
+        self.where = f"blobs queue DB over queue '{queue.name}'"
+        self._stack = self._records = self._current = None
+
+    def _string(self, value: Any, index: int) -> bytes:
+        if isinstance(value, bytes):
+            return value
+        if isinstance(value, np.ndarray) and value.dtype == object and value.size:
+            return bytes(value.reshape(-1)[0])
+        raise StorageError(f"{self.where}: the record's blob #{index} holds a {type(value).__name__}, not a string")
+
+    def read(self) -> tuple[bytes, bytes]:
+        queue = self.queue
+        if not queue.can_read():
+            if queue.closed:
+                raise StorageError(f"{self.where}: the queue is closed and empty (Caffe2: 'it is closed')")
+            raise StorageError(
+                f"{self.where}: the queue is empty and open: Caffe2 would wait for another thread to fill it, and "
+                "nothing runs beside a host op here"
+            )
+        row = queue.slots[queue.reader % len(queue.slots)]
+        values = [self.workspace.get(slot) if self.workspace.has_blob(slot) else None for slot in row]
+        for slot in row[:1]:  # Caffe2 swaps the first blob out with an empty one
+            self.workspace.reset(slot)
+        queue.reader += 1
+        key = self._string(values[self.key_index], self.key_index) if self.key_index >= 0 else b""
+        return key, self._string(values[self.value_index], self.value_index)
+
+    @contextlib.contextmanager
+    def remaining(self) -> Iterator[Iterator[tuple[bytes, bytes]]]:
+        raise StorageError(f"{self.where} cannot seek: read it with TensorProtosDBInput, not Load")
+        yield iter(())
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"BlobsQueueReader({self.queue.name!r})"
+
+
+def _check_create_blobs_queue_db(op: Op) -> None:
+    if len(op.inputs) != 1 or len(op.outputs) != 1:
+        raise BadArgumentError(f"{op.where}: CreateBlobsQueueDB takes 1 input (the queue) and 1 output (the reader)")
+    if op.int("value_blob_index", 0) < 0:
+        raise BadArgumentError(f"{op.where}: value_blob_index must not be negative")
+    op.int("key_blob_index", -1)
+    op.float("timeout_secs", 0.0)
+
+
+def create_blobs_queue_db(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """A DB reader over the queue's records (TensorProtosDBInput reads it)."""
+    queue = workspace.get(op.inputs[0], op)
+    if not isinstance(queue, BlobsQueue):
+        raise InputTypeError(f"{op.where}: blob '{op.inputs[0]}' holds a {type(queue).__name__}, not a blobs queue")
+    key, value = op.int("key_blob_index", -1), op.int("value_blob_index", 0)
+    if max(key, value) >= queue.num_blobs:
+        raise BadArgumentError(
+            f"{op.where}: queue '{queue.name}' has {queue.num_blobs} blobs a record; index {max(key, value)}"
+        )
+    workspace.put(op.outputs[0], BlobsQueueReader(workspace, queue, key, value, op))
+
+
+register_host_op("CreateBlobsQueueDB", create_blobs_queue_db, check=_check_create_blobs_queue_db)

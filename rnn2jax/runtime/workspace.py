@@ -132,6 +132,14 @@ class Workspace:
     def has_blob(self, name: str) -> bool:
         return self._has_value(name)
 
+    def all_blobs(self, shared: bool = True) -> list[str]:
+        """Names of every blob that exists, empty or not (Caffe2's Blobs()), sorted; with `shared`, the
+        parent's too (Caffe2's include_shared)."""
+        names = set(self._values) | self._created
+        if shared and self._parent is not None:
+            names.update(self._parent.all_blobs())
+        return sorted(names)
+
     def get(self, name: str, op: Any = None) -> Any:
         """The raw value of a blob, for host ops; `op` (the reading op) goes into the error message."""
         workspace: Workspace | None = self
@@ -151,6 +159,16 @@ class Workspace:
         """Set a blob to any value, unconverted (host ops keep cursors and such here). Like Caffe2, a
         blob the parent workspace holds is written there."""
         self._owner(name)._set(name, value)
+
+    def exists(self, name: str) -> bool:
+        """Whether blob `name` exists, empty or not (Caffe2's HasBlob)."""
+        return self._exists(name)
+
+    def reset(self, name: str) -> None:
+        """Empty blob `name`, which goes on existing (Caffe2's Blob::Reset)."""
+        owner = self._owner(name)
+        owner._values.pop(name, None)
+        owner._created.add(name)
 
     # -- nets ----------------------------------------------------------------------------------------
 
