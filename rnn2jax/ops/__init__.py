@@ -22,6 +22,7 @@ from . import (  # noqa: F401
     math,
     norm,
     optimizer,
+    optimizer_extra,
     pool,
     printing,
     recurrent,
