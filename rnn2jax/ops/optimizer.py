@@ -821,27 +821,37 @@ def sparse_adagrad(op: Op) -> Kernel:
     return kernel
 
 
-@register("RowWiseSparseAdagrad", inputs=5, outputs=2)
+@register("RowWiseSparseAdagrad", inputs=(5, 6), outputs=2)
 def row_wise_sparse_adagrad(op: Op) -> Kernel:
-    """(param, moment [R], indices, grad, lr): one moment per row, moment += mean(g'²) over the row.
-    (Caffe2's optional 6th input, the counter for `counter_halflife`, is not supported.)"""
+    """(param, moment [R], indices, grad, lr[, counter [R]]): one moment per row, moment += mean(g'²) over the
+    row. With the counter (RowWiseCounter's, double) and counter_halflife > 0, a row's weight decay is scaled by
+    counter_halflife / counter[row] where its counter is positive."""
     eps, weight_decay = _sparse_adagrad_args(op)
+    halflife = op.int("counter_halflife", -1)
     _in_place(op, (0, 0), (1, 1))
 
-    def kernel(w, h, indices, g, lr):
+    def kernel(w, h, indices, g, lr, *counter):
         if w.ndim < 1 or h.size != w.shape[0]:
             raise ShapeError(f"{op.where}: moment '{op.inputs[1]}' must hold one value per row of the parameter")
         idx, rows_g, block = _sparse_rows(op, w, indices, g, 2, 3)
         lr = _scalar(op, lr, 4)
         r = w.shape[0]
+        decay = jnp.full((idx.shape[0], 1), weight_decay, jnp.float32)
+        if counter and halflife > 0:
+            if counter[0].size < r:
+                raise ShapeError(f"{op.where}: counter '{op.inputs[5]}' must hold one value per row of the parameter")
+            count = counter[0].reshape(-1)[idx].astype(jnp.float64)
+            safe = jnp.where(count > 0, count, 1.0)
+            scale = jnp.where(count > 0, (np.float64(halflife) / safe).astype(jnp.float32), np.float32(1))
+            decay = decay * scale[:, None]
 
         def update(rows, entries):
             rw, rh = rows
-            gi = weight_decay * rw + entries[0]
+            gi = entries[1] * rw + entries[0]
             nh = rh + jnp.sum(gi * gi, axis=1) / np.float32(max(block, 1))
             return [rw + (lr / (jnp.sqrt(nh) + eps))[:, None] * gi, nh], []
 
-        (nw, nh), _ = _sequential_rows([_table(w, r), h.reshape(r)], idx, [rows_g], update)
+        (nw, nh), _ = _sequential_rows([_table(w, r), h.reshape(r)], idx, [rows_g, decay], update)
         return nw.reshape(w.shape), nh.reshape(h.shape)
 
     return kernel
