@@ -659,9 +659,23 @@ def _table(x: Any, rows: int) -> Any:
 
 
 def _adam_args(op: Op) -> tuple[float, float, Any]:
-    if op.int("enableRAdam", 0):
-        raise BadArgumentError(f"{op.where}: enableRAdam=1 (RAdam) is not supported")
     return op.float("beta1", 0.9), op.float("beta2", 0.999), np.float32(op.float("epsilon", 1e-5))
+
+
+def _radam_terms(beta1: float, beta2: float, it: Any) -> tuple[Any, Any, Any]:
+    """SparseAdam's RAdam (enableRAdam): (rectified, scale of the Adam step, scale of the plain momentum step):
+    with ρ∞ = 2/(1-β2) - 1 and ρt = ρ∞ - 2t·β2^t/(1-β2^t), the step is r_t·c·m/(√v + ε) where ρt >= 5, with
+    r_t = √((ρt-4)(ρt-2)/ρt) · √(ρ∞/((ρ∞-4)(ρ∞-2))) and c Adam's correction, else m/(1-β1^t)."""
+    b2 = np.float32(beta2)
+    t = it.astype(jnp.int64) + 1
+    p1, p2 = _power(beta1, t), _power(beta2, t)
+    rho_inf = np.float32(2) / (np.float32(1) - b2) - np.float32(1)
+    rho_t = _double(rho_inf) - _double(np.float32(2) * t.astype(jnp.float32)) * p2 / (1 - p2)
+    r_correction = np.float32(np.sqrt(rho_inf / ((rho_inf - 4) * (rho_inf - 2)))) if rho_inf > 4 else np.float32(0)
+    safe = jnp.where(rho_t > 0, rho_t, 1.0)
+    r_t = (jnp.sqrt(jnp.abs((rho_t - 4) * (rho_t - 2) / safe)) * r_correction).astype(jnp.float32)
+    correction = (jnp.sqrt(1 - p2) / (1 - p1)).astype(jnp.float32)
+    return rho_t >= 5, r_t * correction, (1 / (1 - p1)).astype(jnp.float32)
 
 
 def _adam_correction(beta1: float, beta2: float, it: Any, dtype: Any) -> Any:
@@ -704,23 +718,29 @@ def adam(op: Op) -> Kernel:
 @register("SparseAdam", inputs=7, outputs=(3, 4))
 def sparse_adam(op: Op) -> Kernel:
     """(param, m1, m2, indices, grad, lr, iter) -> Adam on the rows of param, m1, m2 named by indices
-    (in place); grad_out per gradient row."""
+    (in place); grad_out per gradient row. With enableRAdam, the rectified step of RAdam."""
     beta1, beta2, eps = _adam_args(op)
+    radam = op.bool("enableRAdam", False)
     _in_place(op, (0, 0), (1, 1), (2, 2))
 
     def kernel(w, m, v, indices, g, lr, it):
         _same_numel(op, w, 0, (m, 1), (v, 2))
         idx, rows_g, _ = _sparse_rows(op, w, indices, g, 3, 4)
         lr = _scalar(op, lr, 5)
-        c = _adam_correction(beta1, beta2, _iteration(op, it, 6), w.dtype)
+        step = _iteration(op, it, 6)
+        c = _adam_correction(beta1, beta2, step, w.dtype)
+        if radam:
+            rectified, rect_scale, momentum_scale = _radam_terms(beta1, beta2, step)
         r = w.shape[0]
 
         def update(rows, entries):
             rw, rm, rv = rows
             nm, nv, cc, den = _adam_step(rw, entries[0], rm, rv, lr, beta1, beta2, eps, c)
-            if len(op.outputs) == 3:
+            if not radam and len(op.outputs) == 3:
                 return [rw + lr * cc * nm / den, nm, nv], []
-            ng = cc * nm / den
+            ng = jnp.where(rectified, rect_scale * nm / den, momentum_scale * nm) if radam else cc * nm / den
+            if len(op.outputs) == 3:
+                return [rw + lr * ng, nm, nv], []
             return [rw + lr * ng, nm, nv], [ng]
 
         (nw, nm, nv), outs = _sequential_rows([_table(w, r), _table(m, r), _table(v, r)], idx, [rows_g], update)

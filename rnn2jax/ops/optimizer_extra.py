@@ -53,6 +53,8 @@ runtime_checked(
 )
 
 _F64 = jnp.float64
+# Caffe2 registers no gradient at all (not even SHOULD_NOT_DO_GRADIENT) for these updates.
+_NO_MAKER = Absent("a parameter update: Caffe2 registers no gradient maker for it")
 
 
 def _rows(op: Op, rows: int, indices: Any, position: int, what: str) -> Any:
@@ -179,7 +181,7 @@ def gftrl(op: Op) -> Kernel:
 # --- SmartDecaySparseAdam --------------------------------------------------------------------------
 
 
-@register("SmartDecaySparseAdam", inputs=8, outputs=4)
+@register("SmartDecaySparseAdam", inputs=8, outputs=4, gradient=_NO_MAKER)
 def smart_decay_sparse_adam(op: Op) -> Kernel:
     """(param, m1, m2, last_seen, indices, grad, lr, iter) -> (param, m1, m2, last_seen): sparse Adam whose
     moments decay by β^k, k = t - last_seen[row] the steps since the row was last updated (t = iter + 1), with
@@ -349,7 +351,7 @@ def _fused_adagrad(op: Op, row_wise: bool, kind: str, approx: bool) -> Kernel:
 def _register_fused(op_type: str, row_wise: bool, kind: str, approx: bool) -> None:
     weighted = kind == "WeightedSum"
 
-    @register(op_type, inputs=7 if weighted else 6, outputs=3 if weighted else 2)
+    @register(op_type, inputs=7 if weighted else 6, outputs=3 if weighted else 2, gradient=_NO_MAKER)
     def build(op: Op) -> Kernel:
         return _fused_adagrad(op, row_wise, kind, approx)
 
@@ -538,7 +540,7 @@ def row_wise_counter(op: Op) -> Kernel:
 # --- SparseLpRegularizer, Float16SparseNormalize, EnsureClipped ----------------------------------
 
 
-@register("SparseLpRegularizer", inputs=(2, 3))
+@register("SparseLpRegularizer", inputs=(2, 3), gradient=_NO_MAKER)
 def sparse_lp_regularizer(op: Op) -> Kernel:
     """(param, indices[, grad]) -> param, in place: each row named by indices (each time it is named) is
     scaled by 1 - reg_lambda (p = 2, the default) or shrunk toward 0 by reg_lambda (p = 1). grad is unused."""

@@ -312,3 +312,23 @@ def test_row_wise_sparse_adagrad_with_counter(caffe2, halflife):
     }
     op = make_op("RowWiseSparseAdagrad", list(inputs), ["w", "h"], weight_decay=0.125, counter_halflife=halflife)
     assert check_op(caffe2, op, inputs) is not None
+
+
+@pytest.mark.parametrize("it", [0, 4, 5, 1000])
+@pytest.mark.parametrize("grad_out", [False, True])
+def test_sparse_adam_radam(caffe2, it, grad_out):
+    """SparseAdam with enableRAdam: the plain momentum step while ρt < 5 (the first steps), then the
+    rectified Adam step (optimizer.AdamOptimizer(enableRAdam=True) builds it)."""
+    rng = np.random.default_rng(it)
+    inputs = {
+        "w": rng.uniform(-1, 1, (4, 2)).astype(np.float32),
+        "m": rng.uniform(-1, 1, (4, 2)).astype(np.float32),
+        "v": rng.uniform(0, 1, (4, 2)).astype(np.float32),
+        "i": np.array([2, 0, 2], np.int64),
+        "g": rng.uniform(-1, 1, (3, 2)).astype(np.float32),
+        "lr": np.array([0.25], np.float32),
+        "it": np.array([it], np.int64),
+    }
+    outputs = ["w", "m", "v"] + (["g_out"] if grad_out else [])
+    op = make_op("SparseAdam", list(inputs), outputs, enableRAdam=1, beta2=0.99)
+    assert check_op(caffe2, op, inputs) is not None
