@@ -38,6 +38,7 @@ from . import (  # noqa: F401
     misc,
     norm,
     optimizer,
+    optimizer_extra,
     pool,
     positions,
     printing,

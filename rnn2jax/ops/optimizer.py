@@ -659,9 +659,23 @@ def _table(x: Any, rows: int) -> Any:
 
 
 def _adam_args(op: Op) -> tuple[float, float, Any]:
-    if op.int("enableRAdam", 0):
-        raise BadArgumentError(f"{op.where}: enableRAdam=1 (RAdam) is not supported")
     return op.float("beta1", 0.9), op.float("beta2", 0.999), np.float32(op.float("epsilon", 1e-5))
+
+
+def _radam_terms(beta1: float, beta2: float, it: Any) -> tuple[Any, Any, Any]:
+    """SparseAdam's RAdam (enableRAdam): (rectified, scale of the Adam step, scale of the plain momentum step):
+    with ρ∞ = 2/(1-β2) - 1 and ρt = ρ∞ - 2t·β2^t/(1-β2^t), the step is r_t·c·m/(√v + ε) where ρt >= 5, with
+    r_t = √((ρt-4)(ρt-2)/ρt) · √(ρ∞/((ρ∞-4)(ρ∞-2))) and c Adam's correction, else m/(1-β1^t)."""
+    b2 = np.float32(beta2)
+    t = it.astype(jnp.int64) + 1
+    p1, p2 = _power(beta1, t), _power(beta2, t)
+    rho_inf = np.float32(2) / (np.float32(1) - b2) - np.float32(1)
+    rho_t = _double(rho_inf) - _double(np.float32(2) * t.astype(jnp.float32)) * p2 / (1 - p2)
+    r_correction = np.float32(np.sqrt(rho_inf / ((rho_inf - 4) * (rho_inf - 2)))) if rho_inf > 4 else np.float32(0)
+    safe = jnp.where(rho_t > 0, rho_t, 1.0)
+    r_t = (jnp.sqrt(jnp.abs((rho_t - 4) * (rho_t - 2) / safe)) * r_correction).astype(jnp.float32)
+    correction = (jnp.sqrt(1 - p2) / (1 - p1)).astype(jnp.float32)
+    return rho_t >= 5, r_t * correction, (1 / (1 - p1)).astype(jnp.float32)
 
 
 def _adam_correction(beta1: float, beta2: float, it: Any, dtype: Any) -> Any:
@@ -704,23 +718,29 @@ def adam(op: Op) -> Kernel:
 @register("SparseAdam", inputs=7, outputs=(3, 4))
 def sparse_adam(op: Op) -> Kernel:
     """(param, m1, m2, indices, grad, lr, iter) -> Adam on the rows of param, m1, m2 named by indices
-    (in place); grad_out per gradient row."""
+    (in place); grad_out per gradient row. With enableRAdam, the rectified step of RAdam."""
     beta1, beta2, eps = _adam_args(op)
+    radam = op.bool("enableRAdam", False)
     _in_place(op, (0, 0), (1, 1), (2, 2))
 
     def kernel(w, m, v, indices, g, lr, it):
         _same_numel(op, w, 0, (m, 1), (v, 2))
         idx, rows_g, _ = _sparse_rows(op, w, indices, g, 3, 4)
         lr = _scalar(op, lr, 5)
-        c = _adam_correction(beta1, beta2, _iteration(op, it, 6), w.dtype)
+        step = _iteration(op, it, 6)
+        c = _adam_correction(beta1, beta2, step, w.dtype)
+        if radam:
+            rectified, rect_scale, momentum_scale = _radam_terms(beta1, beta2, step)
         r = w.shape[0]
 
         def update(rows, entries):
             rw, rm, rv = rows
             nm, nv, cc, den = _adam_step(rw, entries[0], rm, rv, lr, beta1, beta2, eps, c)
-            if len(op.outputs) == 3:
+            if not radam and len(op.outputs) == 3:
                 return [rw + lr * cc * nm / den, nm, nv], []
-            ng = cc * nm / den
+            ng = jnp.where(rectified, rect_scale * nm / den, momentum_scale * nm) if radam else cc * nm / den
+            if len(op.outputs) == 3:
+                return [rw + lr * ng, nm, nv], []
             return [rw + lr * ng, nm, nv], [ng]
 
         (nw, nm, nv), outs = _sequential_rows([_table(w, r), _table(m, r), _table(v, r)], idx, [rows_g], update)
@@ -821,27 +841,37 @@ def sparse_adagrad(op: Op) -> Kernel:
     return kernel
 
 
-@register("RowWiseSparseAdagrad", inputs=5, outputs=2)
+@register("RowWiseSparseAdagrad", inputs=(5, 6), outputs=2)
 def row_wise_sparse_adagrad(op: Op) -> Kernel:
-    """(param, moment [R], indices, grad, lr): one moment per row, moment += mean(g'²) over the row.
-    (Caffe2's optional 6th input, the counter for `counter_halflife`, is not supported.)"""
+    """(param, moment [R], indices, grad, lr[, counter [R]]): one moment per row, moment += mean(g'²) over the
+    row. With the counter (RowWiseCounter's, double) and counter_halflife > 0, a row's weight decay is scaled by
+    counter_halflife / counter[row] where its counter is positive."""
     eps, weight_decay = _sparse_adagrad_args(op)
+    halflife = op.int("counter_halflife", -1)
     _in_place(op, (0, 0), (1, 1))
 
-    def kernel(w, h, indices, g, lr):
+    def kernel(w, h, indices, g, lr, *counter):
         if w.ndim < 1 or h.size != w.shape[0]:
             raise ShapeError(f"{op.where}: moment '{op.inputs[1]}' must hold one value per row of the parameter")
         idx, rows_g, block = _sparse_rows(op, w, indices, g, 2, 3)
         lr = _scalar(op, lr, 4)
         r = w.shape[0]
+        decay = jnp.full((idx.shape[0], 1), weight_decay, jnp.float32)
+        if counter and halflife > 0:
+            if counter[0].size < r:
+                raise ShapeError(f"{op.where}: counter '{op.inputs[5]}' must hold one value per row of the parameter")
+            count = counter[0].reshape(-1)[idx].astype(jnp.float64)
+            safe = jnp.where(count > 0, count, 1.0)
+            scale = jnp.where(count > 0, (np.float64(halflife) / safe).astype(jnp.float32), np.float32(1))
+            decay = decay * scale[:, None]
 
         def update(rows, entries):
             rw, rh = rows
-            gi = weight_decay * rw + entries[0]
+            gi = entries[1] * rw + entries[0]
             nh = rh + jnp.sum(gi * gi, axis=1) / np.float32(max(block, 1))
             return [rw + (lr / (jnp.sqrt(nh) + eps))[:, None] * gi, nh], []
 
-        (nw, nh), _ = _sequential_rows([_table(w, r), h.reshape(r)], idx, [rows_g], update)
+        (nw, nh), _ = _sequential_rows([_table(w, r), h.reshape(r)], idx, [rows_g, decay], update)
         return nw.reshape(w.shape), nh.reshape(h.shape)
 
     return kernel

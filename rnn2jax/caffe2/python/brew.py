@@ -38,8 +38,18 @@ def fc(
     bias_init: tuple[str, dict] | None = None,
     **kwargs: Any,
 ) -> BlobReference:
-    """`brew.fc`: XavierFill `[dim_out, dim_in]` weight `<out>_w`, ConstantFill `[dim_out]` bias `<out>_b`."""
+    """`brew.fc`: XavierFill `[dim_out, dim_in]` weight `<out>_w`, ConstantFill `[dim_out]` bias `<out>_b`.
+    `WeightInitializer`/`BiasInitializer` (modeling.initializers classes) are built from the fills."""
     kwargs = _merged(model, kwargs, "fc")
+    weight_class, bias_class = kwargs.pop("WeightInitializer", None), kwargs.pop("BiasInitializer", None)
+    if weight_class is not None or bias_class is not None:
+        from .modeling import initializers
+
+        if model.init_params:
+            weight_init = initializers.update_initializer(weight_class, weight_init, ("XavierFill", {}))
+            bias_init = initializers.update_initializer(bias_class, bias_init, ("ConstantFill", {}))
+        else:
+            weight_init = bias_init = initializers.ExternalInitializer()
     if kwargs.pop("enable_tensor_core", False):
         kwargs["engine"] = "TENSORCORE"
     if kwargs.pop("float16_compute", False):

@@ -14,8 +14,11 @@ Learning rates are negated where Caffe2 negated them ("descent"): plain SGD's Le
 MomentumSGDUpdate subtracts. The counter is int64 in Caffe2; with JAX's x64 mode off it lives as
 int32 (the fill and AtomicIter follow JAX's integer width), which only matters past 2^31 iterations.
 
-Not provided: the fp16 paths (no HalfToFloat/FloatToHalf ops), Adagrad's pruning masks, SWA, EMA,
-weight scaling and row counters, Adam's smart decay and learning-rate adaption; these raise.
+Also Wngrad, Storm, Adadelta, Ftrl, GFtrl, DecayAdagrad and YellowFin, Adagrad's row counters
+(`counter_halflife`), and Adam's smart decay and learning-rate adaption, as Caffe2 builds them.
+
+Not provided: the fp16 paths (no HalfToFloat/FloatToHalf ops), Adagrad's pruning masks, SWA, EMA and
+weight scaling; these raise.
 """
 
 from __future__ import annotations
@@ -358,8 +361,6 @@ class AdagradOptimizer(Optimizer):
         ):
             if value:
                 raise _not_supported(f"AdagradOptimizer({option}=...)")
-        if counter_halflife > 0:
-            raise _not_supported("AdagradOptimizer(counter_halflife=...)")
         if engine in FP16_ENGINES:
             raise _not_supported(f"AdagradOptimizer(engine={engine!r})")
         self.alpha = alpha
@@ -388,15 +389,26 @@ class AdagradOptimizer(Optimizer):
             if self.weight_decay != 0:
                 raise ValueError("weight decay is not implemented for LARS yet")
             self._add_lars(net, param_init_net, param, grad, self.lars)
-        lr, _ = self.build_lr(
+        lr, iteration = self.build_lr(
             net, param_init_net, base_learning_rate=self.alpha, policy=self.policy, **self.init_kwargs
         )
+        if self.counter_halflife > 0:
+            self._aux_params.shared.append(iteration)
         if self.rowWise:
             rows = _param_shape(param_init_net, param_info)[0]
             squared_sum = param_init_net.ConstantFill([], str(param) + "_avg_squared_sum", shape=[rows], value=0.0)
         else:
             squared_sum = param_init_net.ConstantFill([param], str(param) + "_squared_sum", value=0.0)
         self._aux_params.local.append(squared_sum)
+        if self.counter_halflife > 0:
+            rows = _param_shape(param_init_net, param_info)[0]
+            update_counter = param_init_net.ConstantFill(
+                [], str(param) + "_update_counter", shape=[rows], value=0.0, dtype=core.DataType.DOUBLE
+            )
+            prev_update_iter = param_init_net.ConstantFill(
+                [], str(param) + "_prev_update_iter", shape=[rows], value=0, dtype=core.DataType.INT64
+            )
+            self._aux_params.local.extend([update_counter, prev_update_iter])
         if self.rowWise and not isinstance(grad, core.GradientSlice):
             raise ValueError(
                 "If SparseAdagrad with rowWise=True, gradient must be a gradientslice. PLease ensure that rowWise "
@@ -412,10 +424,27 @@ class AdagradOptimizer(Optimizer):
             op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
             inputs = [param, squared_sum, grad.indices, grad.values, lr]
             outputs = [param, squared_sum]
-            if weight_decay > 0:
+            if self.rowWise and self.counter_halflife > 0:
+                inputs.append(update_counter)
+            if weight_decay > 0 and self.counter_halflife != -1:
+                getattr(net, op)(
+                    inputs,
+                    outputs,
+                    epsilon=self.epsilon,
+                    weight_decay=weight_decay,
+                    engine=self.engine,
+                    counter_halflife=self.counter_halflife,
+                )
+            elif weight_decay > 0:
                 getattr(net, op)(inputs, outputs, epsilon=self.epsilon, weight_decay=weight_decay, engine=self.engine)
             else:
                 getattr(net, op)(inputs, outputs, epsilon=self.epsilon, engine=self.engine)
+            if self.counter_halflife > 0:
+                net.RowWiseCounter(
+                    [prev_update_iter, update_counter, grad.indices, iteration],
+                    [prev_update_iter, update_counter],
+                    counter_halflife=self.counter_halflife,
+                )
             return
         outputs = [param, squared_sum]
         if self.output_effective_lr_and_update:
@@ -458,10 +487,6 @@ class AdamOptimizer(Optimizer):
         **kwargs: Any,
     ):
         super().__init__()
-        if use_smart_decay:
-            raise _not_supported("AdamOptimizer(use_smart_decay=True)")
-        if use_lr_adaption:
-            raise _not_supported("AdamOptimizer(use_lr_adaption=True) (no LearningRateAdaption op)")
         self.alpha = alpha
         self.beta1 = beta1
         self.beta2 = beta2
@@ -490,6 +515,12 @@ class AdamOptimizer(Optimizer):
             m2 = param_init_net.ConstantFill([], param + "_avg_second_moment", shape=[rows], value=0.0)
         else:
             m2 = param_init_net.ConstantFill([param], param + "_second_moment", value=0.0)
+        if self.use_smart_decay:
+            rows = _param_shape(param_init_net, param_info)[0]
+            last_seen = param_init_net.ConstantFill(
+                [], param + "_last_seen", shape=[rows], value=0, dtype=core.DataType.INT64
+            )
+            self._aux_params.local.append(last_seen)
         self._aux_params.shared.append(iteration)
         self._aux_params.local.extend([m1, m2])
         if self.rowWise and not isinstance(grad, core.GradientSlice):
@@ -498,7 +529,13 @@ class AdamOptimizer(Optimizer):
                 "is not enabled for the dense Adam optimizer, as it is not supported."
             )
         outputs = [param, m1, m2]
+        if self.use_smart_decay:
+            outputs.append(last_seen)
+        if self.use_lr_adaption:
+            effective_grad = str(param) + "_effective_grad"
+            outputs.append(effective_grad)
         args = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon}
+        adaption = {"lr_alpha": self.lr_alpha, "normalized_lr_adaption": self.normalized_lr_adaption}
         if isinstance(grad, core.GradientSlice):
             grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
             inputs = [param, m1, m2, grad.indices, grad.values, lr, iteration]
@@ -506,10 +543,349 @@ class AdamOptimizer(Optimizer):
                 if self.enableRAdam:
                     raise ValueError("Currently, RowWiseSparseAdam is not supported by RAdam!")
                 net.RowWiseSparseAdam(inputs, outputs, **args)
+            elif self.use_smart_decay:
+                net.SmartDecaySparseAdam(
+                    [param, m1, m2, last_seen, grad.indices, grad.values, lr, iteration], outputs, **args
+                )
             else:
                 net.SparseAdam(inputs, outputs, **args, enableRAdam=self.enableRAdam)
+            if self.use_lr_adaption:
+                net.LearningRateAdaption([lr, grad.values, effective_grad], [lr], **adaption)
         else:
             net.Adam([param, m1, m2, grad, lr, iteration], outputs, **args)
+            if self.use_lr_adaption:
+                net.LearningRateAdaption([lr, grad, effective_grad], [lr], **adaption)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+def _add_lars_unless_sparse(
+    optimizer: Optimizer, net: core.Net, param_init_net: core.Net, param: Any, grad: Any
+) -> None:
+    """The LARS multiplier of a dense gradient when `lars` (an offset) is set, as Caffe2's optimizers add it."""
+    optimizer._clear_local_lr_multiplier()
+    lars = getattr(optimizer, "lars", None)
+    if lars is not None and not isinstance(grad, core.GradientSlice):
+        optimizer._add_lars(net, param_init_net, param, grad, lars)
+
+
+class WngradOptimizer(Optimizer):
+    """WNGrad (`Wngrad` / `SparseWngrad`) with a one-element `<param>_moment` starting at `moment_init`."""
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        epsilon: float = 1e-9,
+        policy: str = "fixed",
+        sparse_dedup_aggregator: str | None = None,
+        engine: str = "",
+        moment_init: float = 100.0,
+        lars: float | None = None,
+        output_effective_lr: bool = False,
+        output_effective_lr_and_update: bool = False,
+        **kwargs: Any,
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+        self.moment_init = moment_init
+        self.lars = lars
+        self.output_effective_lr = output_effective_lr
+        self.output_effective_lr_and_update = output_effective_lr_and_update
+        self.init_kwargs = kwargs
+
+    def _run(self, net: core.Net, param_init_net: core.Net, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        _add_lars_unless_sparse(self, net, param_init_net, param, grad)
+        lr, _ = self.build_lr(
+            net, param_init_net, base_learning_rate=self.alpha, policy=self.policy, **self.init_kwargs
+        )
+        moment = param_init_net.ConstantFill([], str(param) + "_moment", shape=[1], value=self.moment_init)
+        self._aux_params.local.append(moment)
+        if isinstance(grad, core.GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseWngrad(
+                [param, moment, grad.indices, grad.values, lr],
+                [param, moment],
+                epsilon=self.epsilon,
+                engine=self.engine,
+            )
+            return
+        outputs = [param, moment]
+        if self.output_effective_lr_and_update:
+            outputs += [str(param) + "_effective_lr", str(param) + "_update"]
+        elif self.output_effective_lr:
+            outputs.append(str(param) + "_effective_lr")
+        net.Wngrad([param, moment, grad, lr], outputs, epsilon=self.epsilon, engine=self.engine)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class StormOptimizer(Optimizer):
+    """STORM (`Storm` / `SparseStorm`): `<param>_moment` and a one-element `<param>_grad_sq_sum` starting at
+    `grad_sq_init`; `lr` is the paper's k, `momentum` its c, `beta` its w."""
+
+    def __init__(
+        self,
+        lr: float = 0.1,
+        momentum: float = 10.0,
+        beta: float = 0.1,
+        grad_sq_init: float = 0.01,
+        policy: str = "fixed",
+        sparse_dedup_aggregator: str | None = None,
+        lars: float | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__()
+        self.lr = lr
+        self.momentum = momentum
+        self.beta = beta
+        self.grad_sq_init = grad_sq_init
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.lars = lars
+        self.init_kwargs = kwargs
+
+    def _run(self, net: core.Net, param_init_net: core.Net, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.lr <= 0:
+            return
+        _add_lars_unless_sparse(self, net, param_init_net, param, grad)
+        lr, _ = self.build_lr(net, param_init_net, base_learning_rate=self.lr, policy=self.policy, **self.init_kwargs)
+        moment = param_init_net.ConstantFill(param, str(param) + "_moment", value=0.0)
+        self._aux_params.local.append(moment)
+        grad_sq_sum = param_init_net.ConstantFill([], str(param) + "_grad_sq_sum", shape=[1], value=self.grad_sq_init)
+        self._aux_params.local.append(grad_sq_sum)
+        args = {"momentum": self.momentum, "beta": self.beta}
+        if isinstance(grad, core.GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseStorm(
+                [param, moment, grad_sq_sum, grad.values, grad.indices, lr], [param, moment, grad_sq_sum], **args
+            )
+        else:
+            net.Storm([param, moment, grad_sq_sum, grad, lr], [param, moment, grad_sq_sum], **args)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.lr *= scale
+
+
+class AdadeltaOptimizer(Optimizer):
+    """Adadelta (`Adadelta` / `SparseAdadelta`) with `<param>_squared_moment` and `..._squared_moment_update`."""
+
+    def __init__(
+        self,
+        alpha: float = 0.01,
+        epsilon: float = 1e-4,
+        decay: float = 0.95,
+        policy: str = "fixed",
+        sparse_dedup_aggregator: str | None = None,
+        engine: str = "",
+        **kwargs: Any,
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.decay = decay
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net: core.Net, param_init_net: core.Net, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        lr, _ = self.build_lr(
+            net, param_init_net, base_learning_rate=self.alpha, policy=self.policy, **self.init_kwargs
+        )
+        moment = param_init_net.ConstantFill([param], str(param) + "_squared_moment", value=0.0)
+        update = param_init_net.ConstantFill([param], str(param) + "_squared_moment_update", value=0.0)
+        self._aux_params.local.extend([moment, update])
+        args = {"epsilon": self.epsilon, "decay": self.decay, "engine": self.engine}
+        if isinstance(grad, core.GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseAdadelta([param, moment, update, grad.indices, grad.values, lr], [param, moment, update], **args)
+        else:
+            net.Adadelta([param, moment, update, grad, lr], [param, moment, update], **args)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class FtrlOptimizer(Optimizer):
+    """FTRL-proximal (`Ftrl` / `SparseFtrl`) with its (n, z) pairs in `<param>_ftrl_nz` (param's shape + [2])."""
+
+    _op, _suffix = "Ftrl", "_ftrl_nz"
+
+    def __init__(
+        self,
+        alpha: float = 0.01,
+        beta: float = 1e-4,
+        lambda1: float = 0,
+        lambda2: float = 0,
+        sparse_dedup_aggregator: str | None = None,
+        engine: str = "",
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.beta = beta
+        self.lambda1 = lambda1
+        self.lambda2 = lambda2
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.engine = engine
+
+    def _run(self, net: core.Net, param_init_net: core.Net, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        nz = param_init_net.ConstantFill([param], str(param) + self._suffix, extra_shape=[2], value=0.0)
+        self._aux_params.local.append(nz)
+        args = {
+            "engine": self.engine,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "lambda1": self.lambda1,
+            "lambda2": self.lambda2,
+        }
+        if self._op == "Ftrl" and isinstance(grad, core.GradientSlice):
+            grad = self.dedup(net, self.sparse_dedup_aggregator, grad)
+            net.SparseFtrl([param, nz, grad.indices, grad.values], [param, nz], **args)
+        else:
+            getattr(net, self._op)([param, nz, grad], [param, nz], **args)
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class GFtrlOptimizer(FtrlOptimizer):
+    """Group Lasso FTRL (`GFtrl`, dense gradients only) with `<param>_gftrl_nz`."""
+
+    _op, _suffix = "GFtrl", "_gftrl_nz"
+
+
+class DecayAdagradOptimizer(Optimizer):
+    """DecayAdagrad (moments `<param>_first_mo1ment`, Caffe2's spelling, and `<param>_second_moment`); a sparse
+    gradient gets plain SparseAdagrad with `<param>_squared_sum`."""
+
+    def __init__(
+        self,
+        alpha: float = 0.01,
+        beta1: float = 0.0,
+        beta2: float = 0.999,
+        epsilon: float = 0.1,
+        weight_decay: float = 0.0,
+        ema_options: dict | None = None,
+        bias_correction_first: bool = True,
+        policy: str = "fixed",
+        engine: str = "",
+        **kwargs: Any,
+    ):
+        super().__init__()
+        if ema_options:
+            raise _not_supported("DecayAdagradOptimizer(ema_options=...) (no EMA op)")
+        self.alpha = alpha
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.epsilon = epsilon
+        self.weight_decay = weight_decay
+        self.bias_correction_first = bias_correction_first
+        self.policy = policy
+        self.engine = engine
+        self.init_kwargs = kwargs
+        self.ema_enabled = False
+
+    def _run(self, net: core.Net, param_init_net: core.Net, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        if self.alpha <= 0:
+            return
+        lr, iteration = self.build_lr(
+            net, param_init_net, base_learning_rate=self.alpha, policy=self.policy, **self.init_kwargs
+        )
+        if isinstance(grad, core.GradientSlice):
+            squared_sum = param_init_net.ConstantFill([param], param + "_squared_sum", value=0.0)
+            self._aux_params.local.append(squared_sum)
+            net.SparseAdagrad(
+                [param, squared_sum, grad.indices, grad.values, lr], [param, squared_sum], epsilon=self.epsilon
+            )
+            return
+        m1 = param_init_net.ConstantFill([param], param + "_first_mo1ment", value=0.0)
+        m2 = param_init_net.ConstantFill([param], param + "_second_moment", value=0.0)
+        self._aux_params.shared.append(iteration)
+        self._aux_params.local.extend([m1, m2])
+        net.DecayAdagrad(
+            [param, m1, m2, grad, lr, iteration],
+            [param, m1, m2],
+            beta1=self.beta1,
+            beta2=self.beta2,
+            epsilon=self.epsilon,
+            weight_decay=self.weight_decay,
+            bias_correction_first=self.bias_correction_first,
+        )
+
+    def scale_learning_rate(self, scale: float) -> None:
+        self.alpha *= scale
+
+
+class YellowFinOptimizer(Optimizer):
+    """YellowFin (https://arxiv.org/abs/1706.03471): momentum SGD whose lr and mu are tuned per parameter
+    (`<param>_lr_avg`, `_mu_avg`) from running statistics (`_curv_win`, `_g_avg`, `_g2_avg`, `_scalars_memory`);
+    the YellowFin op updates them all in place. Dense gradients only."""
+
+    def __init__(
+        self,
+        alpha: float = 0.1,
+        mu: float = 0.0,
+        beta: float = 0.999,
+        curv_win_width: int = 20,
+        zero_debias: bool = True,
+        epsilon: float = 0.1**6,
+        policy: str = "fixed",
+        sparse_dedup_aggregator: str | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__()
+        self.alpha = alpha
+        self.mu = mu
+        self.beta = beta
+        self.curv_win_width = curv_win_width
+        self.zero_debias = zero_debias
+        self.epsilon = epsilon
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.init_kwargs = kwargs
+
+    def _run(self, net: core.Net, param_init_net: core.Net, param_info: ParameterInfo) -> None:
+        param, grad = param_info.blob, param_info.grad
+        moment = param_init_net.ConstantFill([param], param + "_moment", value=0.0)
+        curv_win = param_init_net.ConstantFill([], param + "_curv_win", shape=[self.curv_win_width], value=0.0)
+        g_avg = param_init_net.ConstantFill([param], param + "_g_avg", value=0.0)
+        g2_avg = param_init_net.ConstantFill([param], param + "_g2_avg", value=0.0)
+        lr_avg = param_init_net.ConstantFill([], param + "_lr_avg", shape=[1], value=self.alpha)
+        mu_avg = param_init_net.ConstantFill([], param + "_mu_avg", shape=[1], value=self.mu)
+        scalars_memory = param_init_net.ConstantFill([], param + "_scalars_memory", shape=[5], value=0.0)
+        if self.alpha <= 0:
+            raise ValueError(f"YellowFinOptimizer needs a positive learning rate, got {self.alpha}")
+        if isinstance(grad, core.GradientSlice):
+            raise ValueError("YellowFin does not support sparse gradients")
+        iteration = utils.BuildUniqueMutexIter(param_init_net, net, iter_val=0)
+        self._aux_params.shared.append(iteration)
+        state = [param, moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, scalars_memory]
+        self._aux_params.local.extend(state[1:])
+        net.YellowFin(
+            [*state, grad, iteration],
+            state,
+            beta=self.beta,
+            epsilon=self.epsilon,
+            curv_win_width=self.curv_win_width,
+            zero_debias=self.zero_debias,
+        )
 
     def scale_learning_rate(self, scale: float) -> None:
         self.alpha *= scale
@@ -743,3 +1119,56 @@ def build_rms_prop(
         max_gradient_norm=max_gradient_norm,
         allow_lr_injection=allow_lr_injection,
     )
+
+
+def build_ftrl(model: Any, engine: str = "SIMD", **kwargs: Any) -> Optimizer:
+    """FTRL on every parameter. Caffe2 asserted its SIMD engine was built; rnn2jax's lowering ignores engines."""
+    return _build(model, FtrlOptimizer(engine=engine, **kwargs))
+
+
+def build_gftrl(model: Any, engine: str = "", **kwargs: Any) -> Optimizer:
+    return _build(model, GFtrlOptimizer(engine=engine, **kwargs))
+
+
+def _builder(cls: type, rate_name: str) -> Any:
+    def build(
+        model: Any,
+        base_learning_rate: float,
+        parameters: Any = None,
+        max_gradient_norm: float | None = None,
+        allow_lr_injection: bool = False,
+        **kwargs: Any,
+    ) -> Optimizer:
+        return _build(
+            model,
+            cls(**{rate_name: base_learning_rate}, **kwargs),
+            max_gradient_norm=max_gradient_norm,
+            allow_lr_injection=allow_lr_injection,
+        )
+
+    build.__doc__ = f"{cls.__name__} on every parameter."
+    return build
+
+
+build_wngrad = _builder(WngradOptimizer, "alpha")
+build_storm = _builder(StormOptimizer, "lr")
+build_adadelta = _builder(AdadeltaOptimizer, "alpha")
+
+
+def build_decay_adagrad(
+    model: Any,
+    base_learning_rate: float,
+    max_gradient_norm: float | None = None,
+    allow_lr_injection: bool = False,
+    **kwargs: Any,
+) -> Optimizer:
+    return _build(
+        model,
+        DecayAdagradOptimizer(alpha=base_learning_rate, **kwargs),
+        max_gradient_norm=max_gradient_norm,
+        allow_lr_injection=allow_lr_injection,
+    )
+
+
+def build_yellowfin(model: Any, base_learning_rate: float = 0.1, **kwargs: Any) -> Optimizer:
+    return _build(model, YellowFinOptimizer(alpha=base_learning_rate, **kwargs))

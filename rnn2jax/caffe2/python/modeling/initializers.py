@@ -3,15 +3,16 @@
 `ModelHelper.create_param(name, shape, initializer)` hands the initializer the parameter's blob, the
 model's `param_init_net` and the shape, and records the `ParameterInfo` it returns. An `Initializer`
 adds one fill op (`operator_name` with `operator_kwargs`); an `ExternalInitializer` adds nothing (the
-blob is fed before the init net runs). Caffe2's `PseudoFP16Initializer` is not provided: rnn2jax has
-no FloatToHalf op for its float16 copy.
+blob is fed before the init net runs). `PseudoFP16Initializer` and `ReversePseudoFP16Initializer` build
+Caffe2's nets (a float master copy and a FloatToHalf copy); rnn2jax does not lower FloatToHalf, so a net
+with them is refused when it runs (Caffe2's own tests use them only on GPUs).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..core import BlobReference, ScopedBlobReference
+from ..core import BlobReference, DataType, ScopedBlobReference
 from .parameter_info import ParameterInfo
 
 
@@ -48,6 +49,25 @@ class ExternalInitializer:
         else:
             raise TypeError("Unsupported type for param_name")
         return ParameterInfo(param_id=None, param=param, shape=shape)
+
+
+class PseudoFP16Initializer(Initializer):
+    """The parameter in float16 for compute, with a float master copy `<name>_fp32` (in `blob_copy`) that
+    the optimizer updates: mixed-precision training (https://arxiv.org/abs/1710.03740)."""
+
+    def create_param(self, param_name: Any, init_net: Any, shape: Any) -> ParameterInfo:
+        param_fp32 = self._fill(init_net, param_name + "_fp32", shape)
+        param = init_net.FloatToHalf(param_fp32, param_name)
+        return ParameterInfo(param_id=None, param=param, shape=shape, blob_copy={DataType.FLOAT: param_fp32})
+
+
+class ReversePseudoFP16Initializer(Initializer):
+    """Like PseudoFP16Initializer, but the float blob is the parameter and `<name>_fp16` the copy."""
+
+    def create_param(self, param_name: Any, init_net: Any, shape: Any) -> ParameterInfo:
+        param_fp32 = self._fill(init_net, param_name, shape)
+        param_fp16 = init_net.FloatToHalf(param_fp32, param_name + "_fp16")
+        return ParameterInfo(param_id=None, param=param_fp32, shape=shape, blob_copy={DataType.FLOAT16: param_fp16})
 
 
 def update_initializer(
