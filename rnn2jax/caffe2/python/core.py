@@ -75,7 +75,8 @@ def device_option_equal(opt1: Any, opt2: Any, ignore_node_name: bool = True, ign
     if not ignore_random_seed and opt1.random_seed != opt2.random_seed:
         return False
     if not opt1.device_type or not opt2.device_type:
-        return True  # one of them is the default CPU option
+        # at least one option is for CPU: equal only if both are
+        return not opt1.device_type and not opt2.device_type
     return opt1.device_id == opt2.device_id
 
 
@@ -131,7 +132,11 @@ def IsOperator(op_type: str) -> bool:
 
 
 def IsOperatorWithEngine(op_type: str, engine: str) -> bool:
-    return IsOperator(op_type)
+    """Caffe2 looks up the op's registry key for `engine` (`Conv_ENGINE_CUDNN`); rnn2jax registers no
+    engine-specific kernels (XLA picks them), so only the default engine is an operator."""
+    if C.op_registry_key(op_type, engine) == op_type:
+        return IsOperator(op_type)
+    return False
 
 
 def _GetRegisteredOperators() -> set[str]:
@@ -139,6 +144,14 @@ def _GetRegisteredOperators() -> set[str]:
     from .workspace import RegisteredOperators
 
     return set(RegisteredOperators())
+
+
+def __getattr__(name: str) -> Any:
+    """`core._REGISTERED_OPERATORS`, Caffe2's cached set of registered op types, is computed when read, so ops
+    registered later (`rnn2jax.register_op`) are in it without `RefreshRegisteredOperators`."""
+    if name == "_REGISTERED_OPERATORS":
+        return _GetRegisteredOperators()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------------------------------
