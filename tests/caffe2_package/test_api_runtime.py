@@ -4,7 +4,9 @@ meet it: each piece of Caffe2 source runs here and in the real-Caffe2 venv, and 
 
 from __future__ import annotations
 
-from test_api_core import real_caffe2, run_here  # noqa: F401  (real_caffe2 is a fixture)
+from test_api_core import assert_same_protos, real_caffe2, run_here  # noqa: F401  (real_caffe2: a fixture)
+
+from rnn2jax.caffe2.proto import caffe2_pb2
 
 DEVICE_OPTIONS = """
 R = {}
@@ -25,5 +27,33 @@ R["registered"] = [name in core._REGISTERED_OPERATORS for name in ("Relu", "FC",
 """
 
 
-def test_device_option_equality_and_registered_operators_match_caffe2(real_caffe2):
+def test_device_option_equality_and_registered_operators_match_caffe2(real_caffe2):  # noqa: F811
     assert run_here(DEVICE_OPTIONS) == real_caffe2(DEVICE_OPTIONS)
+
+
+GRADIENT_SCHEMA = """
+R = {}
+net = core.Net("test_net")
+a, b, one = net.AddExternalInput("a", "b", "one")
+m1 = net.Mul(a, b)  # Mul reading a alone, writing b: its schema wants two inputs
+sub = net.Sub([m1, one])
+try:
+    net.AddGradientOperators([sub])
+    R["error"] = None
+except Exception as e:
+    R["error"] = "schema checking" in str(e)
+ops = [core.CreateOperator("Relu", "x", "h", device_option=core.DeviceOption(
+           caffe2_pb2.CPU, extra_info=["{}:1".format(core.IR.ONLY_KEEP_IS_AUTO_GEN_SUM_OPS_TAG)])),
+       core.CreateOperator("Sigmoid", "x", "k"), core.CreateOperator("Add", ["h", "k"], "y")]
+grad_ops, grad_map = core.IR(ops).GetBackwardPass({"y": "y_grad"})
+R["ir"] = [str(op) for op in grad_ops]
+R["map"] = sorted((str(k), str(v)) for k, v in grad_map.items())
+R["tags"] = [core.IR.IS_AUTO_GEN_SUM_OPS_TAG, core.IR.ONLY_KEEP_IS_AUTO_GEN_SUM_OPS_TAG]
+"""
+
+
+def test_ir_and_gradient_makers_schema_check_match_caffe2(real_caffe2):  # noqa: F811
+    ours, theirs = run_here(GRADIENT_SCHEMA), real_caffe2(GRADIENT_SCHEMA)
+    assert ours["error"] is True and theirs["error"] is True
+    assert_same_protos(ours.pop("ir"), theirs.pop("ir"), caffe2_pb2.OperatorDef)
+    assert ours == theirs

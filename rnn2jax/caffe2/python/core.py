@@ -154,6 +154,22 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class IR(_backward_pass._IR):
+    """Caffe2's `core.IR`: a list of ops played into SSA form, whose `GetBackwardPass(ys)` returns the
+    gradient ops and the blob-to-gradient map (what `GradientRegistry.GetBackwardPass` builds one for)."""
+
+    IS_AUTO_GEN_SUM_OPS_TAG = _backward_pass.AUTO_GEN_SUM_TAG.rpartition(":")[0]
+    ONLY_KEEP_IS_AUTO_GEN_SUM_OPS_TAG = _backward_pass.ONLY_KEEP_TAG.rpartition(":")[0]
+
+    def __init__(self, operators: Iterable[caffe2_pb2.OperatorDef]):
+        super().__init__(list(operators))
+
+    def GetBackwardPass(self, ys: Any) -> tuple[list, dict]:
+        if not isinstance(ys, Mapping):
+            ys = dict.fromkeys(ys)
+        return self.backward_pass({str(k): v for k, v in ys.items()})
+
+
 # ------------------------------------------------------------------------------------------------
 # Blob references
 
