@@ -57,3 +57,25 @@ def test_ir_and_gradient_makers_schema_check_match_caffe2(real_caffe2):  # noqa:
     assert ours["error"] is True and theirs["error"] is True
     assert_same_protos(ours.pop("ir"), theirs.pop("ir"), caffe2_pb2.OperatorDef)
     assert ours == theirs
+
+
+SCOPES = """
+from caffe2.python import scope
+R = {}
+with core.NameScope("a"), core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU, 0, extra_info=["z", "b"])):
+    with scope.EmptyNameScope():
+        R["inner_name"] = scope.CurrentNameScope()
+        R["op"] = str(core.CreateOperator("Relu", "x", "y"))
+    with scope.EmptyDeviceScope():
+        R["inner_device"] = scope.CurrentDeviceScope()
+        R["op"] += str(core.CreateOperator("Relu", "x", "y"))
+    R["outer"] = [scope.CurrentNameScope(), str(scope.CurrentDeviceScope())]
+"""
+
+
+def test_empty_name_and_device_scopes_match_caffe2(real_caffe2):  # noqa: F811
+    ours, theirs = (
+        run_here(SCOPES.replace("from caffe2.python import scope", "from rnn2jax.caffe2.python import scope")),
+        real_caffe2(SCOPES),
+    )
+    assert ours == theirs
