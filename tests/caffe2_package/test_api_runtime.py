@@ -79,3 +79,34 @@ def test_empty_name_and_device_scopes_match_caffe2(real_caffe2):  # noqa: F811
         real_caffe2(SCOPES),
     )
     assert ours == theirs
+
+
+WORKSPACE = """
+import os
+R = {"root": [workspace.RootFolder()]}
+workspace.ResetWorkspace("/tmp/caffe2-api-root")
+R["root"].append(workspace.RootFolder())
+R["switch"] = workspace.SwitchWorkspace(workspace.CurrentWorkspace())
+R["sizes"] = []
+for value in [np.zeros((2, 3), np.float16), np.zeros(5, np.int64), np.array([True, False]),
+              np.array([b"ab", b"cde"]), np.array([b"ab", b"c" * 40], dtype=object), b"plain"]:
+    workspace.FeedBlob("sized", value)
+    R["sizes"].append(workspace.GetBlobSizeBytes("sized"))
+try:
+    workspace.GetBlobSizeBytes("no_such_blob")
+except RuntimeError:
+    R["sizes"].append("RuntimeError")
+workspace.StartImmediate(i_know=True)
+folder = workspace._immediate_root_folder
+net = core.Net("immediate")
+net.ConstantFill([], "filled", shape=[2], value=3.0)
+net.AddGradientOperators([])
+R["immediate"] = [workspace.IsImmediate(), os.path.isdir(folder), workspace.ImmediateBlobs(),
+                  workspace.FetchImmediate("filled").tolist(), workspace.HasBlob("filled")]
+workspace.StopImmediate()
+R["immediate"] += [workspace.IsImmediate(), os.path.exists(folder), workspace._immediate_root_folder]
+"""
+
+
+def test_workspace_root_folder_blob_sizes_and_immediate_mode_match_caffe2(real_caffe2):  # noqa: F811
+    assert run_here(WORKSPACE) == real_caffe2(WORKSPACE)

@@ -34,7 +34,7 @@ from ...ops.gradient_makers import (
 from ..opdef import make_argument
 from ..proto import caffe2_pb2
 from . import _import_c_extension as C
-from . import scope, workspace  # noqa: F401  (Caffe2's `core.workspace`: record_queue calls it)
+from . import scope, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
 from .scope import DeviceScope, NameScope  # noqa: F401  (Caffe2 scripts use core.NameScope)
 
@@ -298,6 +298,8 @@ def CreateOperator(
     for key, value in kwargs.items():
         if value is not None:
             operator.arg.append(make_argument(key, value))
+    if workspace.IsImmediate():
+        workspace.RunOperatorImmediate(operator)
     return operator
 
 
@@ -611,6 +613,9 @@ class Net:
         """Append the backward pass of this net's ops (from `skip` on) for `ys`; returns the map from
         each blob to its gradient (a BlobReference, or a GradientSlice for sparse gradients)."""
         grad_ops, input_to_grad = GradientRegistry.GetBackwardPass(self._net.op[skip:], ys)
+        if workspace.IsImmediate():  # the gradient ops bypass CreateOperator: run them here
+            for op in grad_ops:
+                workspace.RunOperatorImmediate(op)
         self._ExtendOps(grad_ops)
         return input_to_grad
 

@@ -12,7 +12,10 @@ type Caffe2's C++ errors had in Python.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -90,8 +93,61 @@ def NumHipDevices() -> int:
     return 0
 
 
+# Immediate mode (Caffe2's debugging aid): every op created runs at once in a workspace of its own, whose root
+# folder is a temporary directory removed when the mode stops.
+_immediate_mode = False
+_immediate_workspace_name = "_CAFFE2_IMMEDIATE"
+_immediate_root_folder = ""
+
+
 def IsImmediate() -> bool:
-    return False
+    return _immediate_mode
+
+
+def StartImmediate(i_know: bool = False) -> None:
+    """Start immediate mode afresh (stopping a running one). Caffe2 printed a long warning unless `i_know`;
+    rnn2jax warns in one line."""
+    global _immediate_mode, _immediate_root_folder
+    if IsImmediate():
+        StopImmediate()
+    _immediate_mode = True
+    with WorkspaceGuard(_immediate_workspace_name):
+        _immediate_root_folder = tempfile.mkdtemp()
+        ResetWorkspace(_immediate_root_folder)
+    if not i_know:
+        warnings.warn("Caffe2's immediate mode is for debugging: every op created runs at once", stacklevel=2)
+
+
+def StopImmediate() -> None:
+    """Leave immediate mode: its workspace is emptied and its root folder removed."""
+    global _immediate_mode, _immediate_root_folder
+    if not IsImmediate():
+        return
+    with WorkspaceGuard(_immediate_workspace_name):
+        ResetWorkspace()
+    shutil.rmtree(_immediate_root_folder)
+    _immediate_root_folder = ""
+    _immediate_mode = False
+
+
+def ImmediateBlobs() -> list[str]:
+    with WorkspaceGuard(_immediate_workspace_name):
+        return Blobs()
+
+
+def RunOperatorImmediate(op: Any) -> None:
+    with WorkspaceGuard(_immediate_workspace_name):
+        RunOperatorOnce(op)
+
+
+def FetchImmediate(*args: Any, **kwargs: Any) -> Any:
+    with WorkspaceGuard(_immediate_workspace_name):
+        return FetchBlob(*args, **kwargs)
+
+
+def FeedImmediate(*args: Any, **kwargs: Any) -> bool:
+    with WorkspaceGuard(_immediate_workspace_name):
+        return FeedBlob(*args, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,7 +241,7 @@ def Workspaces() -> list[str]:
     return list(_workspaces)
 
 
-def SwitchWorkspace(name: str | bytes, create_if_missing: bool = False) -> bool:
+def SwitchWorkspace(name: str | bytes, create_if_missing: bool = False) -> None:
     """Make workspace `name` current (creating it with `create_if_missing`)."""
     global _current
     name = name.decode("utf-8") if isinstance(name, bytes) else str(name)
@@ -194,7 +250,6 @@ def SwitchWorkspace(name: str | bytes, create_if_missing: bool = False) -> bool:
             raise _as_runtime_error(WorkspaceError(f"Workspace {name} does not exist"))
         _workspaces[name] = _RuntimeWorkspace(cache=_cache)
     _current = name
-    return True
 
 
 @contextlib.contextmanager
@@ -212,6 +267,12 @@ def ResetWorkspace(root_folder: str | None = None) -> bool:
     """Empty the current workspace: its blobs and nets go; compiled code stays cached."""
     _workspaces[_current] = _RuntimeWorkspace(cache=_cache, db_root=root_folder)
     return True
+
+
+def RootFolder() -> str:
+    """Where the current workspace's ops resolve relative paths: the folder `ResetWorkspace` was given, else
+    "." (Caffe2's default)."""
+    return _ws().db_root or "."
 
 
 def GlobalInit(args: Sequence[str]) -> bool:
@@ -249,6 +310,18 @@ def FetchBlob(name: Any) -> Any:
     if isinstance(value, np.ndarray):
         return np.array(value, copy=True)
     return value
+
+
+def GetBlobSizeBytes(name: Any) -> int:
+    """Caffe2's BlobStat size of blob `name`: a tensor's element bytes (a string tensor counts 8 bytes per
+    element plus its strings' lengths), 0 for a blob that is not a tensor."""
+    with _caffe2_errors():
+        value = _ws().fetch(StringifyBlobName(name))
+    if not isinstance(value, np.ndarray):
+        return 0
+    if value.dtype.kind in "OSU":
+        return 8 * value.size + sum(len(item) for item in value.reshape(-1))
+    return int(value.nbytes)
 
 
 def FetchBlobs(names: Iterable[Any]) -> list[Any]:
