@@ -110,3 +110,36 @@ R["immediate"] += [workspace.IsImmediate(), os.path.exists(folder), workspace._i
 
 def test_workspace_root_folder_blob_sizes_and_immediate_mode_match_caffe2(real_caffe2):  # noqa: F811
     assert run_here(WORKSPACE) == real_caffe2(WORKSPACE)
+
+
+PREDICTOR_AND_BLOBS = """
+R = {}
+init, predict = caffe2_pb2.NetDef(), caffe2_pb2.NetDef()
+predict.name = "predict"
+predict.external_input[:] = ["A", "B"]
+predict.external_output[:] = ["C"]
+predict.op.extend([core.CreateOperator("MatMul", ["A", "B"], ["C"])])
+init.op.extend([core.CreateOperator("GivenTensorFill", [], ["A"], shape=(2, 3), values=[1.0] * 6),
+                core.CreateOperator("GivenTensorFill", [], ["B"], shape=(3, 4), values=[2.0] * 12)])
+predictor = workspace.Predictor(init.SerializeToString(), predict.SerializeToString())
+R["list"] = [o.tolist() for o in predictor.run([np.full((2, 3), 3.0, np.float32)])]
+R["map"] = [o.tolist() for o in predictor.run({"B": np.ones((3, 1), np.float32)})]
+R["blobs_after"] = workspace.Blobs()
+ws = workspace.C.Workspace()
+R["serde"] = []
+for name, value in [("t", np.arange(6, dtype=np.int32).reshape(2, 3)), ("s", b"bytes"),
+                    ("f", np.array([1.5, -2.0], np.float64))]:
+    ws.create_blob(name).feed(value)
+    copy = ws.create_blob(name + "_serde")
+    copy.deserialize(ws.blobs[name].serialize(name))
+    fetched = copy.fetch()
+    R["serde"].append([fetched.tolist(), str(fetched.dtype)] if isinstance(fetched, np.ndarray) else fetched)
+try:
+    ws.create_net("...")
+except TypeError:
+    R["create_net_str"] = "TypeError"
+"""
+
+
+def test_predictor_blob_serde_and_create_net_match_caffe2(real_caffe2):  # noqa: F811
+    assert run_here(PREDICTOR_AND_BLOBS) == real_caffe2(PREDICTOR_AND_BLOBS)

@@ -151,6 +151,7 @@ def infer_op_input_output_device(op: bytes) -> tuple[list[bytes], list[bytes]]:
 Workspace = workspace._CWorkspace
 Blob = workspace._Blob
 Net = workspace._NetHandle
+Predictor = workspace.Predictor
 TensorCPU = python_op.TensorCPU
 
 
@@ -177,7 +178,7 @@ def reset_workspace(root_folder: str | None = None) -> bool:
 
 def root_folder() -> str:
     """Where the current workspace's databases resolve relative paths ("." unless reset with another)."""
-    return workspace._ws().db_root or "."
+    return workspace.RootFolder()
 
 
 def current_workspace() -> str:
@@ -238,13 +239,8 @@ def deserialize_blob(name: str, serialized: bytes) -> None:
 
 
 def get_blob_size_bytes(name: str) -> int:
-    """The bytes a blob's data takes: an array's, a string's length, the sum of a string tensor's."""
-    value = workspace.FetchBlob(name)
-    if isinstance(value, bytes | str):
-        return len(value)
-    if value.dtype == object:
-        return sum(len(v) for v in value.flat)
-    return int(value.nbytes)
+    """Caffe2's BlobStat size of a blob (`workspace.GetBlobSizeBytes`)."""
+    return workspace.GetBlobSizeBytes(name)
 
 
 def create_net(net_def: bytes, overwrite: bool = False) -> bool:

@@ -22,11 +22,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from ...errors import InputTypeError, Rnn2JaxError, WorkspaceError
+from ...errors import BadArgumentError, InputTypeError, Rnn2JaxError, WorkspaceError
 from ...ir.netdef import DATA_TYPES
 from ...ir.wire import parse_binary
 from ...runtime.workspace import CompileCache
 from ...runtime.workspace import Workspace as _RuntimeWorkspace
+from ...storage.serialization import BlobAssembler
+from ...storage.serialization import serialize_blob as _serialize_blob
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
@@ -514,6 +516,48 @@ def set_run_limits(limits: Mapping[str, int]) -> None:
 _ENUM_OF_DTYPE = {np.dtype(v): k for k, v in DATA_TYPES.items() if k != caffe2_pb2.TensorProto.BYTE}
 
 
+class Predictor:
+    """Caffe2's `workspace.Predictor(init_net, predict_net)` (C++ `caffe2::Predictor`): a workspace of its own,
+    child of the current one, where the init net ran once and the predict net is created; `run` feeds the
+    inputs (a list, in the order of the net's external inputs, or a dict by name), runs the net and returns
+    its external outputs, in order, as a list of arrays."""
+
+    def __init__(self, init_net: bytes | caffe2_pb2.NetDef, predict_net: bytes | caffe2_pb2.NetDef):
+        with _caffe2_errors():
+            init = init_net if isinstance(init_net, caffe2_pb2.NetDef) else _net_from_bytes(init_net, "init_net")
+            net = (
+                predict_net
+                if isinstance(predict_net, caffe2_pb2.NetDef)
+                else _net_from_bytes(predict_net, "predict_net")
+            )
+            self._ws = _ws().child()
+            self._ws.run(init)
+            self._net = net
+            initialized = set(self._ws.blobs())
+            self._ws._declare([name for name in net.external_input if name not in initialized])
+            self._name = self._ws.create_net(net)
+
+    def run(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
+        with _caffe2_errors():
+            if isinstance(inputs, Mapping):
+                for name, value in inputs.items():
+                    self._ws.feed(StringifyBlobName(name), value)
+            else:
+                if len(inputs) > len(self._net.external_input):
+                    raise InputTypeError(
+                        f"Predictor.run: {len(inputs)} inputs given, the predict net has "
+                        f"{len(self._net.external_input)} external inputs"
+                    )
+                for name, value in zip(self._net.external_input, inputs, strict=False):
+                    self._ws.feed(name, value)
+            self._ws.run_net(self._name)
+            return [np.array(self._ws.fetch(name), copy=True) for name in self._net.external_output]
+
+
+def _net_from_bytes(data: bytes, what: str) -> caffe2_pb2.NetDef:
+    return parse_binary(data, caffe2_pb2.NetDef, f"Predictor {what}")
+
+
 def InferShapesAndTypes(
     nets: Iterable[Any],
     blob_dimensions: Mapping[str, Sequence[int]] | None = None,
@@ -560,6 +604,25 @@ class _Blob:
     def is_tensor(self) -> bool:
         return isinstance(self._ws.get(self.name), jax.Array | np.ndarray)
 
+    def serialize(self, name: str) -> bytes:
+        """The blob as one BlobProto named `name`, as Caffe2's SerializeBlob writes it."""
+        with _caffe2_errors():
+            (_, record), *_ = _serialize_blob(name, self._ws.fetch(self.name), chunk_size=0)
+        return record
+
+    def deserialize(self, serialized: bytes) -> None:
+        """Set the blob from a serialized BlobProto (its name inside is not used)."""
+        where = f"Blob('{self.name}').deserialize"
+        assembler = BlobAssembler(where)
+        try:
+            assembler.add(self.name.encode("utf-8"), serialized)
+        except ValueError as error:
+            raise _as_runtime_error(BadArgumentError(f"{where}: {error}")) from None
+        values, problems = assembler.finish()
+        if problems:
+            raise _as_runtime_error(BadArgumentError(f"{where}: {next(iter(problems.values()))}"))
+        self._ws.feed(self.name, next(iter(values.values())))
+
 
 class _NetHandle:
     def __init__(self, ws: _RuntimeWorkspace, name: str):
@@ -603,6 +666,8 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
         return _Blob(self._ws, StringifyBlobName(name)).feed(arr)
 
     def create_net(self, net: Any, overwrite: bool = False) -> _NetHandle:
+        if isinstance(net, str):  # Caffe2 hands a str on to the C++ binding, which takes only bytes
+            raise TypeError("create_net: a net is a core.Net, a NetDef or its serialized bytes, not a str")
         with _caffe2_errors():
             name = self._ws.create_net(_proto(net), overwrite=overwrite)
         return _NetHandle(self._ws, name)
