@@ -143,3 +143,25 @@ except TypeError:
 
 def test_predictor_blob_serde_and_create_net_match_caffe2(real_caffe2):  # noqa: F811
     assert run_here(PREDICTOR_AND_BLOBS) == real_caffe2(PREDICTOR_AND_BLOBS)
+
+
+BACKGROUND_PLAN = """
+R = {}
+for name, shape in [("ok", [2]), ("bad", [-5])]:
+    net = core.Net("bg_" + name)
+    net.ConstantFill([], "bg_" + name, shape=shape, value=1.0)
+    plan = core.Plan("plan_" + name)
+    plan.AddStep(core.ExecutionStep("step_" + name, net))
+    background = workspace.RunPlanInBackground(plan)
+    while not background.is_done():
+        pass
+    try:
+        R[name] = background.is_succeeded()
+    except RuntimeError:
+        R[name] = "RuntimeError"
+R["blob"] = workspace.FetchBlob("bg_ok").tolist()
+"""
+
+
+def test_plan_in_background_matches_caffe2(real_caffe2):  # noqa: F811
+    assert run_here(BACKGROUND_PLAN) == real_caffe2(BACKGROUND_PLAN)

@@ -267,6 +267,10 @@ def run_plan(plan_def: bytes) -> bool:
     return workspace.RunPlan(_parse(plan_def, caffe2_pb2.PlanDef, "run_plan"))
 
 
+def run_plan_in_background(plan_def: bytes) -> Any:
+    return workspace.RunPlanInBackground(_parse(plan_def, caffe2_pb2.PlanDef, "run_plan_in_background"))
+
+
 def nets() -> list[str]:
     return workspace.Nets()
 
@@ -456,7 +460,6 @@ _UNAVAILABLE = {
     "fakeFp16FuseOps": _NO_TRANSFORMS,
     "export_to_onnx": "rnn2jax does not export ONNX (rnn2jax export writes a jax.export artifact)",
     "onnxifi": "rnn2jax has no ONNXIFI backend",
-    "run_plan_in_background": "rnn2jax runs plans in the calling thread (workspace.RunPlan)",
     "fill_random_network_inputs": "rnn2jax does not fill a net's inputs with random data; feed them",
     "create_db": "use rnn2jax.read_blobs and rnn2jax.write_blobs, or the Load and Save ops",
     "get_blob_numa_node": "rnn2jax is built without NUMA support",
@@ -488,5 +491,5 @@ _defined_here = {n for n, v in globals().items() if not n.startswith("_") and ge
 __all__ = sorted(
     _defined_here
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
-    | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU"}
+    | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor"}
 )

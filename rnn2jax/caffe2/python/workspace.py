@@ -11,6 +11,7 @@ type Caffe2's C++ errors had in Python.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import shutil
 import tempfile
@@ -475,6 +476,40 @@ def RunPlan(plan_or_step: Any) -> bool:
     with _caffe2_errors():
         _ws().run_plan(_proto(plan_or_step))
     return True
+
+
+class _BackgroundPlan:
+    """C++ BackgroundPlan: a plan running on a thread of its own, in the workspace current when it started."""
+
+    def __init__(self, ws: _RuntimeWorkspace, plan: Any):
+        self._future = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caffe2-plan")
+        self._done = self._future.submit(self._run, ws, plan)
+        self._future.shutdown(wait=False)
+
+    @staticmethod
+    def _run(ws: _RuntimeWorkspace, plan: Any) -> bool:
+        with _caffe2_errors():
+            ws.run_plan(plan)
+        return True
+
+    def is_done(self) -> bool:
+        return self._done.done()
+
+    def is_succeeded(self) -> bool:
+        """Whether the plan ran to its end; the plan's error if it failed (Caffe2 rethrows it here)."""
+        if not self._done.done():
+            raise _as_runtime_error(WorkspaceError("BackgroundPlan.is_succeeded: the plan is still running"))
+        return self._done.result()
+
+
+def RunPlanInBackground(plan_or_step: Any) -> _BackgroundPlan:
+    """Start running a plan (or an execution step) in the current workspace; poll the answer's
+    `is_done()`, then `is_succeeded()`."""
+    from .core import ExecutionStep, Plan
+
+    if isinstance(plan_or_step, ExecutionStep):
+        plan_or_step = Plan(plan_or_step)
+    return _BackgroundPlan(_ws(), _proto(plan_or_step))
 
 
 def Nets() -> list[str]:
