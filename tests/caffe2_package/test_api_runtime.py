@@ -165,3 +165,38 @@ R["blob"] = workspace.FetchBlob("bg_ok").tolist()
 
 def test_plan_in_background_matches_caffe2(real_caffe2):  # noqa: F811
     assert run_here(BACKGROUND_PLAN) == real_caffe2(BACKGROUND_PLAN)
+
+
+CLONE_PARTIAL_AND_REROUTE = """
+R = {}
+n = core.Net("n")
+h = n.Relu(["x"], "h")
+k = n.Sigmoid([h], "k")
+m = n.Add([k, "y"], "m")
+n.AddExternalOutput(n.Tanh([m], "out"))
+part, outs = n.ClonePartial("part", {h: "h_in"}, ["out"])
+R["partial"] = [str(part.Proto()), [str(o) for o in outs]]
+part2, outs2 = n.ClonePartial("", ["k"], ["m"])
+R["partial2"] = [str(part2.Proto()), [str(o) for o in outs2]]
+ssa, versions = core.get_ssa(n)
+R["ssa"] = [ssa, sorted(versions.items()), core.get_op_ids_in_path(ssa, versions, ["h"], ["out"])]
+r = core.Net("r")
+r.AddExternalInput("a")
+b = r.Relu(["a"], "b")
+r.Sigmoid([b], "c")
+r.AddExternalOutput(b)
+consumers = [r.Proto().op[1]]
+count = r.reroute_tensor("b", core.CreateOperator("Copy", ["b"], ["b_copy"]), can_modify=consumers)
+R["reroute"] = [count, str(r.Proto())]
+"""
+
+
+def test_clone_partial_get_ssa_and_reroute_tensor_match_caffe2(real_caffe2):  # noqa: F811
+    ours, theirs = run_here(CLONE_PARTIAL_AND_REROUTE), real_caffe2(CLONE_PARTIAL_AND_REROUTE)
+    for key in ("partial", "partial2", "reroute"):
+        assert_same_protos(
+            [ours[key].pop(-1 if key == "reroute" else 0)],
+            [theirs[key].pop(-1 if key == "reroute" else 0)],
+            caffe2_pb2.NetDef,
+        )
+    assert ours == theirs

@@ -40,7 +40,6 @@ from .scope import DeviceScope, NameScope  # noqa: F401  (Caffe2 scripts use cor
 
 DataType = caffe2_pb2.TensorProto.DataType
 GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
-get_ssa = _backward_pass.get_ssa
 get_undefined_blobs = _backward_pass.get_undefined_blobs
 
 # ------------------------------------------------------------------------------------------------
@@ -383,6 +382,60 @@ def _plain(grad: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------
+# SSA: which version of each blob each op reads and writes
+
+
+def get_ssa(net: Any, blob_versions: dict[str, int] | None = None) -> tuple[Any, dict[str, int]]:
+    """Caffe2's `get_ssa`: per op (versioned inputs, versioned outputs) and the latest version of each blob.
+    Versions go on from `blob_versions` (updated in place); a blob not in it starts at 0."""
+    if blob_versions is None:
+        blob_versions = {}
+    if isinstance(net, list):
+        return [get_ssa(n, blob_versions) for n in net], blob_versions
+    proto = net.Proto() if isinstance(net, Net) else net
+    if not isinstance(proto, caffe2_pb2.NetDef):
+        raise TypeError(f"get_ssa: a Net or a NetDef, not a {type(net).__name__}")
+    for name in proto.external_input:
+        blob_versions.setdefault(str(name), 0)
+    ssa = []
+    for op in proto.op:
+        if not proto.external_input:
+            for name in op.input:
+                blob_versions.setdefault(str(name), 0)
+        inputs = [(str(i), blob_versions.get(str(i), 0)) for i in op.input]
+        for o in op.output:
+            blob_versions[str(o)] = blob_versions.get(str(o), 0) + 1
+        ssa.append((inputs, [(str(o), blob_versions[str(o)]) for o in op.output]))
+    return ssa, blob_versions
+
+
+def get_output_producers(ssa: Sequence[Any]) -> dict[tuple[str, int], int]:
+    """Each versioned blob -> the index of the op that writes that version."""
+    return {o: i for i, (_inputs, outputs) in enumerate(ssa) for o in outputs}
+
+
+def get_op_ids_in_path(ssa: Sequence[Any], blob_versions: Mapping[str, int], inputs: Iterable[Any],
+                       outputs: Iterable[Any]) -> list[int]:  # fmt: skip
+    """The sorted indices of the ops needed to compute `outputs` from `inputs` (taken at their latest
+    versions)."""
+    given = {(str(i), blob_versions[str(i)]) for i in inputs}
+    producers = get_output_producers(ssa)
+    queue = [(str(o), blob_versions[str(o)]) for o in outputs]
+    used: set[int] = set()
+    while queue:
+        blob = queue.pop()
+        if blob not in given and blob in producers and producers[blob] not in used:
+            used.add(producers[blob])
+            queue.extend(ssa[producers[blob]][0])
+    return sorted(used)
+
+
+def remap_input(op: caffe2_pb2.OperatorDef, blob_name_remapping: Mapping[str, str]) -> None:
+    """Rename the inputs of `op` in place."""
+    op.input[:] = [blob_name_remapping.get(b, b) for b in op.input]
+
+
+# ------------------------------------------------------------------------------------------------
 # Net
 
 
@@ -663,6 +716,77 @@ class Net:
         if update_external_list:
             _recompute_external_lists(new_net.Proto())
         return new_net
+
+    def ClonePartial(self, name: str, inputs: Any, outputs: Sequence[Any],
+                     remap_funcs: Mapping[str, Callable] | None = None) -> tuple[Net, list[BlobReference]]:  # fmt: skip
+        """A clone holding only the ops needed to compute `outputs` from `inputs`, and references to its outputs.
+        `inputs` maps blobs of this net to the clone's external inputs (a list keeps their names); blobs made
+        and used inside are renamed under `name/`, blobs read before any op writes them keep their names."""
+        pair_list = isinstance(inputs, list) and all(isinstance(i, tuple) and len(i) == 2 for i in inputs)
+        if not isinstance(inputs, dict):
+            inputs = OrderedDict(inputs) if pair_list else OrderedDict(zip(inputs, inputs, strict=True))
+        for output in outputs:
+            if not self.BlobIsDefined(output):
+                raise AssertionError(f"{output} is not defined")
+        input_names = {str(k): str(v) for k, v in inputs.items()}
+        output_names = [str(o) for o in outputs]
+        ssa, blob_versions = get_ssa(self._net, {str(i): 0 for i in inputs})
+        used_op_ids = get_op_ids_in_path(ssa, blob_versions, inputs, outputs)
+        disallowed_op_ids = get_op_ids_in_path(ssa, blob_versions, [], inputs)
+        if set(used_op_ids) & set(disallowed_op_ids):
+            raise AssertionError("Cannot partially clone net: some of the ops required would generate the given input.")
+        undefined = get_undefined_blobs([op for i, op in enumerate(ssa) if i in used_op_ids]) - set(input_names)
+        prefix = (name + "/") if name else ""
+
+        def remap(blob: str) -> str:
+            if blob in input_names:
+                return input_names[blob]
+            return blob if blob in undefined else prefix + blob
+
+        mapping = {b: remap(b) for b in blob_versions}
+        new_net = self.Clone(name, mapping, used_op_ids, remap_funcs)
+        new_in = [mapping[i] for i in input_names] + list(undefined)
+        new_out = [mapping[o] for o in output_names]
+        new_net.Proto().external_input[:] = new_in
+        new_net.Proto().external_output[:] = new_out
+        return new_net, [new_net.GetBlobRef(o) for o in new_out]
+
+    def insert_op_at_idx(self, op: caffe2_pb2.OperatorDef, op_idx: int) -> None:
+        """Insert `op` before the op at `op_idx`."""
+        if op_idx < 0:
+            raise AssertionError(f"insert_op_at_idx: op_idx {op_idx} < 0")
+        rest = [caffe2_pb2.OperatorDef.FromString(o.SerializeToString()) for o in self._net.op[op_idx:]]
+        del self._net.op[op_idx:]
+        self._net.op.extend([op, *rest])
+
+    def reroute_tensor(self, tensor: Any, new_producer: caffe2_pb2.OperatorDef, can_modify: Any = None) -> int:
+        """Insert `new_producer` (an op reading `tensor`) right after the ops writing its inputs, make its
+        first output replace `tensor` among the external outputs and as the input of the ops in `can_modify`;
+        returns how many ops were rerouted. Assumes no blob is written in place."""
+        tensor = str(tensor)
+
+        def producer_index(blob: str) -> int:
+            if blob in self._net.external_input:
+                return -1
+            if blob not in new_producer.input:
+                raise AssertionError(f"new producer {new_producer.type} is not taking in {blob}")
+            return next((i for i, op in enumerate(self._net.op) if blob in op.output), -2)
+
+        self.insert_op_at_idx(new_producer, max(producer_index(b) for b in new_producer.input) + 1)
+        new_tensor = new_producer.output[0]
+        if tensor in self._net.external_output:
+            self._net.external_output[:] = [new_tensor if b == tensor else b for b in self._net.external_output]
+        rerouted = 0
+        if can_modify:
+            for op in self._net.op:
+                if op in can_modify:
+                    remap_input(op, {tensor: new_tensor})
+                    rerouted += 1
+        return rerouted
+
+    def _CheckLookupTables(self) -> None:
+        """Caffe2's tests check its lookup tables (op outputs, external inputs) against the proto; rnn2jax
+        keeps none (BlobIsDefined reads the proto), so there is nothing that can disagree."""
 
     def _clone_records(self, new_net: Net, remap: Mapping[str, str]) -> None:
         """The input and output records of a clone: this net's, over the renamed blobs (Caffe2's keep_schema).
