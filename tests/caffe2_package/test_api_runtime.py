@@ -200,3 +200,21 @@ def test_clone_partial_get_ssa_and_reroute_tensor_match_caffe2(real_caffe2):  # 
             caffe2_pb2.NetDef,
         )
     assert ours == theirs
+
+
+TRACEBACKS = """
+import sys
+net = core.Net("traced")
+a, b = net.AddExternalInput("a", "b")
+c = net.Mul([a, b], "c"); line = sys._getframe().f_lineno
+c.Relu([], "d")
+before = [op.name for op in net.Proto().op]
+net.PopulateProtoWithFileName()
+file, number, function = net.Proto().op[0].name.rsplit(":", 2)
+R = {"before": before, "mul": [int(number) == line, function, file == sys._getframe().f_code.co_filename],
+     "relu": net.Proto().op[1].name.rsplit(":", 2)[2], "recorded": sorted(workspace.operator_tracebacks[net.Name()])}
+"""
+
+
+def test_operator_tracebacks_name_ops_as_caffe2(real_caffe2):  # noqa: F811
+    assert run_here(TRACEBACKS) == real_caffe2(TRACEBACKS)

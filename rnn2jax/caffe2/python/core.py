@@ -215,7 +215,8 @@ class BlobReference(str):
 
     def _CreateAndAddToNet(self, op_type: str, inputs: Any = None, *args: Any, **kwargs: Any) -> Any:
         inputs = _RectifyInputOutput(inputs) if inputs is not None else []
-        return self._from_net._CreateAndAddToSelf(op_type, [self, *inputs], *args, **kwargs)
+        # through the net's attribute, as Caffe2 (the op's recorded traceback starts at this frame)
+        return getattr(self._from_net, op_type)([self, *inputs], *args, **kwargs)
 
     def __getattr__(self, op_type: str) -> Any:
         if op_type.startswith("__") or not op_type[:1].isupper():
@@ -623,6 +624,7 @@ class Net:
         outputs = _RectifyInputOutput(outputs, net=self)
         op = CreateOperator(op_type, inputs, outputs, **kwargs)
         self._ExtendOps([op])
+        workspace.operator_tracebacks[self.Name()][len(self._net.op) - 1] = _extract_stacktrace()
         if not op.output:
             return None
         if len(op.output) == 1:
@@ -783,6 +785,15 @@ class Net:
                     remap_input(op, {tensor: new_tensor})
                     rerouted += 1
         return rerouted
+
+    def PopulateProtoWithFileName(self) -> None:
+        """Name each op `file:line:function` of the code that created it (where Caffe2's traceback of the
+        op starts)."""
+        net_tb = workspace.operator_tracebacks.get(self.Name())
+        if net_tb is not None:
+            for idx, op in enumerate(self._net.op):
+                if idx in net_tb:
+                    op.name = ":".join(map(str, net_tb[idx][0]))
 
     def _CheckLookupTables(self) -> None:
         """Caffe2's tests check its lookup tables (op outputs, external inputs) against the proto; rnn2jax
@@ -957,6 +968,17 @@ class Net:
 
     def RunAllOnMKL(self) -> None:
         """No MKL engine here: a no-op."""
+
+
+def _extract_stacktrace() -> list[tuple[str, int, str]]:
+    """The stack as (file, line, function) tuples, innermost first, read from the frames alone (no source files),
+    leaving out this function, `_CreateAndAddToSelf` and whatever called that (`net.Op(...)`'s lambda)."""
+    result = []
+    frame = sys._getframe(3)
+    while frame:
+        result.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return result
 
 
 def _recompute_external_lists(proto: caffe2_pb2.NetDef) -> None:

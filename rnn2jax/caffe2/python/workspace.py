@@ -11,6 +11,7 @@ type Caffe2's C++ errors had in Python.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import shutil
@@ -39,6 +40,8 @@ _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
 _current = "default"
 _global_flags: list[str] = []
+# net name -> op index -> the Python stack (file, line, function) that created the op, as Caffe2 records it
+operator_tracebacks: collections.defaultdict[str, dict[int, list[tuple[str, int, str]]]] = collections.defaultdict(dict)
 _run_limits: dict[str, int] = {}
 _run_counts: dict[str, int] = {}
 
