@@ -272,6 +272,22 @@ def layer_model():
 
 
 @case
+def complete_net_with_spatial_bn():
+    # model_helper_test.py: brew.spatial_bn (Caffe2's helpers/normalization.py), GetCompleteNet and back
+    from caffe2.python import brew, model_helper
+    model = model_helper.ModelHelper("test_orig")
+    conv = brew.conv(model, "input", "conv", dim_in=3, dim_out=4, weight_init=("MSRAFill", {}), kernel=3)
+    conv = brew.spatial_bn(model, conv, "conv_bn", 4, epsilon=1e-3, is_test=False)
+    brew.fc(model, brew.relu(model, conv, "conv_relu"), "pred", dim_in=4 * 3 * 3, dim_out=2)
+    model.net.Proto().type = "async_scheduling"
+    net = model.GetCompleteNet()
+    model2 = model_helper.ModelHelper("test_new")
+    model2.ConstructInitTrainNetfromNet(net)
+    return {"complete": proto(net), "init": proto(model2.param_init_net), "train": proto(model2.net),
+            "params": [str(p) for p in model.params]}
+
+
+@case
 def memonger():
     from caffe2.python import brew, memonger
     from caffe2.python.model_helper import ModelHelper

@@ -185,6 +185,7 @@ _TREE_HELPERS = {
     "db_input": ("db_input",),
     "tools": ("image_input", "video_input"),
     "quantization": ("fused_8bit_rowwise_quantized_to_float",),
+    "normalization": ("lrn", "instance_norm", "spatial_bn", "spatial_gn", "moments_with_running_stats"),
 }
 globals().update({name: _tree_helper(module, name) for module, names in _TREE_HELPERS.items() for name in names})
 
