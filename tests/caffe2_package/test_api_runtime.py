@@ -218,3 +218,16 @@ R = {"before": before, "mul": [int(number) == line, function, file == sys._getfr
 
 def test_operator_tracebacks_name_ops_as_caffe2(real_caffe2):  # noqa: F811
     assert run_here(TRACEBACKS) == real_caffe2(TRACEBACKS)
+
+
+MAKE_ARGUMENT = """
+from caffe2.python import utils
+R = [str(utils.MakeArgument("v", value)) for value in [
+    np.arange(6, dtype=np.int32).reshape(2, 3), np.array(2.5, np.float32), np.array([[True, False]]),
+    np.array([b"a", b"bc"], dtype=object), np.zeros((0, 2), np.int64), np.ones((2, 2), np.float64)]]
+"""
+
+
+def test_make_argument_flattens_arrays_as_caffe2(real_caffe2):  # noqa: F811
+    ours = run_here(MAKE_ARGUMENT.replace("from caffe2.python import utils", "from rnn2jax.caffe2.python import utils"))
+    assert_same_protos(ours, real_caffe2(MAKE_ARGUMENT), caffe2_pb2.Argument)
