@@ -231,3 +231,18 @@ R = [str(utils.MakeArgument("v", value)) for value in [
 def test_make_argument_flattens_arrays_as_caffe2(real_caffe2):  # noqa: F811
     ours = run_here(MAKE_ARGUMENT.replace("from caffe2.python import utils", "from rnn2jax.caffe2.python import utils"))
     assert_same_protos(ours, real_caffe2(MAKE_ARGUMENT), caffe2_pb2.Argument)
+
+
+CHILD_WORKSPACE = """
+workspace.FeedBlob("parent_blob", np.ones(2, np.float32))
+child = workspace.C.Workspace(workspace.C.Workspace.current)
+child.create_blob("child_blob").feed(np.zeros(1, np.float32))
+net = core.Net("in_child")
+net.Relu(["parent_blob"], "child_relu")
+child.run(net)
+R = {"child": sorted(child.blobs), "parent": workspace.Blobs(), "relu": child.blobs["child_relu"].fetch().tolist()}
+"""
+
+
+def test_child_c_workspace_matches_caffe2(real_caffe2):  # noqa: F811
+    assert run_here(CHILD_WORKSPACE) == real_caffe2(CHILD_WORKSPACE)

@@ -39,6 +39,8 @@ from . import _step_blobs, python_op, scope  # noqa: F401
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
 _current = "default"
+# a `C.Workspace` object switched to (`SwitchWorkspace(ws)`): current until a switch by name; the name stays
+_current_object: _RuntimeWorkspace | None = None
 _global_flags: list[str] = []
 # net name -> op index -> the Python stack (file, line, function) that created the op, as Caffe2 records it
 operator_tracebacks: collections.defaultdict[str, dict[int, list[tuple[str, int, str]]]] = collections.defaultdict(dict)
@@ -236,7 +238,7 @@ def _proto(obj: Any) -> Any:
 
 
 def _ws() -> _RuntimeWorkspace:
-    return _workspaces[_current]
+    return _current_object if _current_object is not None else _workspaces[_current]
 
 
 def CurrentWorkspace() -> str:
@@ -247,9 +249,14 @@ def Workspaces() -> list[str]:
     return list(_workspaces)
 
 
-def SwitchWorkspace(name: str | bytes, create_if_missing: bool = False) -> None:
-    """Make workspace `name` current (creating it with `create_if_missing`)."""
-    global _current
+def SwitchWorkspace(name: str | bytes | _CWorkspace, create_if_missing: bool = False) -> None:
+    """Make workspace `name` current (creating it with `create_if_missing`), or a `C.Workspace` object (which
+    has no name: `CurrentWorkspace()` keeps the last one's, as in Caffe2)."""
+    global _current, _current_object
+    if isinstance(name, _CWorkspace):
+        _current_object = name._ws
+        return
+    _current_object = None
     name = name.decode("utf-8") if isinstance(name, bytes) else str(name)
     if name not in _workspaces:
         if not create_if_missing:
@@ -261,16 +268,20 @@ def SwitchWorkspace(name: str | bytes, create_if_missing: bool = False) -> None:
 @contextlib.contextmanager
 def WorkspaceGuard(workspace_name: str | bytes) -> Iterator[None]:
     """Run the block in workspace `workspace_name` (created if missing), then return to the current one."""
-    current = CurrentWorkspace()
+    global _current_object
+    current, current_object = CurrentWorkspace(), _current_object
     SwitchWorkspace(workspace_name, True)
     try:
         yield
     finally:
         SwitchWorkspace(current)
+        _current_object = current_object
 
 
 def ResetWorkspace(root_folder: str | None = None) -> bool:
     """Empty the current workspace: its blobs and nets go; compiled code stays cached."""
+    global _current_object
+    _current_object = None  # as Caffe2: the named workspace is reset and current again
     _workspaces[_current] = _RuntimeWorkspace(cache=_cache, db_root=root_folder)
     return True
 
@@ -682,7 +693,11 @@ class _CurrentWorkspaceProperty(type):
 class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
     """Caffe2's `workspace.C.Workspace`: a workspace object used directly, apart from the current one."""
 
-    def __init__(self, ws: _RuntimeWorkspace | None = None):
+    def __init__(self, ws: _RuntimeWorkspace | _CWorkspace | None = None):
+        """A new workspace; `C.Workspace(parent)` (another `C.Workspace`) is a child that sees the parent's
+        blobs, as a session's private task workspace."""
+        if isinstance(ws, _CWorkspace):
+            ws = ws._ws.child()
         self._ws = ws if ws is not None else _RuntimeWorkspace(cache=_cache)
 
     @property
