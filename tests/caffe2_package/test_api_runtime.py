@@ -246,3 +246,30 @@ R = {"child": sorted(child.blobs), "parent": workspace.Blobs(), "relu": child.bl
 
 def test_child_c_workspace_matches_caffe2(real_caffe2):  # noqa: F811
     assert run_here(CHILD_WORKSPACE) == real_caffe2(CHILD_WORKSPACE)
+
+
+def _here(source: str) -> dict:
+    """`run_here` with Caffe2's module imports read as rnn2jax's."""
+    return run_here(source.replace("from caffe2.python", "from rnn2jax.caffe2.python"))
+
+
+PSEUDO_FP16 = """
+from caffe2.python import brew, model_helper
+from caffe2.python.modeling.initializers import (
+    Initializer, PseudoFP16Initializer, ReversePseudoFP16Initializer)
+R = {}
+for cls in (Initializer, PseudoFP16Initializer, ReversePseudoFP16Initializer):
+    model = model_helper.ModelHelper(name="m_" + cls.__name__)
+    brew.fc(model, "data", "fc", dim_in=2, dim_out=3, WeightInitializer=cls, BiasInitializer=cls,
+            weight_init=("ConstantFill", {"value": 0.5}))
+    info = model.get_param_info(model.params[0])
+    R[cls.__name__] = [str(model.param_init_net.Proto()), str(model.net.Proto()), str(info.blob),
+                       sorted((int(k), str(v)) for k, v in (info.blob_copy or {}).items())]
+"""
+
+
+def test_pseudo_fp16_initializers_match_caffe2(real_caffe2):  # noqa: F811
+    ours, theirs = _here(PSEUDO_FP16), real_caffe2(PSEUDO_FP16)
+    for key in ours:
+        assert_same_protos(ours[key][:2], theirs[key][:2], caffe2_pb2.NetDef)
+        assert ours[key][2:] == theirs[key][2:]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core import BlobReference, ScopedBlobReference
+from ..core import BlobReference, DataType, ScopedBlobReference
 from .parameter_info import ParameterInfo
 
 
@@ -48,6 +48,26 @@ class ExternalInitializer:
         else:
             raise TypeError("Unsupported type for param_name")
         return ParameterInfo(param_id=None, param=param, shape=shape)
+
+
+class PseudoFP16Initializer(Initializer):
+    """Mixed precision: the fill op writes `<param>_fp32`, the parameter is its FloatToHalf copy, and the fp32
+    master (stored and optimized at single precision) is the parameter info's `blob_copy[FLOAT]`."""
+
+    def create_param(self, param_name: Any, init_net: Any, shape: Any) -> ParameterInfo:
+        param_fp32 = self._fill(init_net, param_name + "_fp32", shape)
+        param = init_net.FloatToHalf(param_fp32, param_name)
+        return ParameterInfo(param_id=None, param=param, shape=shape, blob_copy={DataType.FLOAT: param_fp32})
+
+
+class ReversePseudoFP16Initializer(Initializer):
+    """As PseudoFP16Initializer, the other way round: the parameter is the fp32 fill, its FloatToHalf copy
+    `<param>_fp16` the `blob_copy[FLOAT16]`."""
+
+    def create_param(self, param_name: Any, init_net: Any, shape: Any) -> ParameterInfo:
+        param_fp32 = self._fill(init_net, param_name, shape)
+        param_fp16 = init_net.FloatToHalf(param_fp32, param_name + "_fp16")
+        return ParameterInfo(param_id=None, param=param_fp32, shape=shape, blob_copy={DataType.FLOAT16: param_fp16})
 
 
 def update_initializer(
