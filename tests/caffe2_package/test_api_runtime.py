@@ -273,3 +273,31 @@ def test_pseudo_fp16_initializers_match_caffe2(real_caffe2):  # noqa: F811
     for key in ours:
         assert_same_protos(ours[key][:2], theirs[key][:2], caffe2_pb2.NetDef)
         assert ours[key][2:] == theirs[key][2:]
+
+
+PARAMETER_SHARING = """
+from caffe2.python import brew, model_helper, scope
+from caffe2.python.modeling.parameter_sharing import ParameterSharing
+model = model_helper.ModelHelper(name="sharing")
+fc1 = brew.fc(model, "data", "fc1", dim_in=4, dim_out=4)
+R = {}
+try:
+    brew.fc(model, "data", "fc1", dim_in=2, dim_out=2)
+except AssertionError:
+    R["shape_mismatch"] = "AssertionError"
+outputs = []
+with scope.NameScope("g"):
+    with scope.NameScope("model_a"):
+        outputs.append(str(brew.fc(model, fc1, "output", 4, 4)))
+    with ParameterSharing({"model_b": "model_a"}), scope.NameScope("model_b"):
+        with ParameterSharing({"shared": ""}), scope.NameScope("shared"):
+            outputs.append(str(brew.fc(model, fc1, "output", 4, 4)))
+        with scope.NameScope("unshared"):
+            outputs.append(str(brew.fc(model, fc1, "output", 4, 4)))
+R["params"] = sorted(model._parameters_info)
+R["outputs"] = outputs
+"""
+
+
+def test_parameter_sharing_is_the_context_create_param_reads_as_caffe2(real_caffe2):  # noqa: F811
+    assert _here(PARAMETER_SHARING) == real_caffe2(PARAMETER_SHARING)

@@ -28,6 +28,10 @@ class ParameterTags:
     COMPUTED_PARAM = COMPUTED_PARAM
 
 
+class _ParameterShapeError(BadArgumentError, AssertionError):
+    """A shared parameter asked for with another shape: Caffe2 asserted, so it is also an AssertionError."""
+
+
 @dataclasses.dataclass
 class ParameterInfo:
     """What the model knows of one parameter: its blob, shape and (after AddGradientOperators) gradient."""
@@ -188,7 +192,7 @@ class ModelHelper:
             raise TypeError("Unsupported type for param_name")
         if name in self._parameters_info:
             if self._parameters_info[name].shape != list(shape):
-                raise BadArgumentError(
+                raise _ParameterShapeError(
                     f"create_param: parameter {name} exists with shape {self._parameters_info[name].shape}, "
                     f"asked for {list(shape)} (Caffe2 asserted equal shapes)"
                 )
