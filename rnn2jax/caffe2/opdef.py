@@ -56,8 +56,8 @@ def make_argument(name: str, value: Any) -> pb.Argument:
         arg.t.CopyFrom(value)
     elif hasattr(value, "SerializeToString"):
         arg.s = value.SerializeToString()
-    elif isinstance(value, np.ndarray) and value.dtype.kind == "f":
-        arg.floats.extend(value.ravel().tolist())
+    elif isinstance(value, np.ndarray):  # flattened, whatever its rank, as Caffe2's MakeArgument
+        _fill_repeated(arg, value.flatten().tolist())
     elif isinstance(value, Iterable):
         _fill_repeated(arg, list(value))
     else:

@@ -145,6 +145,20 @@ def argument(name: str, value: bool | int | float | str) -> pb.Argument:
     return arg
 
 
+def _verify_schema(op: pb.OperatorDef) -> None:
+    """GradientMakerBase's constructor enforces `schema->Verify(def_)`: a maker never sees an op whose input or
+    output count its schema does not allow (`net.Mul(a, b)` is Mul reading a alone, writing b)."""
+    opdef = record(op.type)
+    if opdef is None:
+        return
+    for what, count, (low, high) in (("Input", len(op.input), opdef.inputs), ("Output", len(op.output), opdef.outputs)):
+        if not low <= count <= high:
+            raise GradientError(
+                f"Exception when creating gradient for [{op.type}]: {what} size {count} not in range "
+                f"[min={low}, max={high}]. (GradientMaker) Operator def did not pass schema checking: {op}"
+            )
+
+
 def get_gradient_for_op(op: pb.OperatorDef, g_output: Sequence[str | None]) -> tuple[GradientOps, list[str | None]]:
     """C++ `GetGradientForOp`: (gradient ops, gradient blob of each forward input)."""
     maker = gradient_maker(op.type)
@@ -152,6 +166,7 @@ def get_gradient_for_op(op: pb.OperatorDef, g_output: Sequence[str | None]) -> t
         raise GradientError(
             f"Exception when creating gradient for [{op.type}]: Gradient maker for operator {op.type} not implemented."
         )
+    _verify_schema(op)
     ctx = GradientContext(op, g_output)
     try:
         grad_ops = maker(ctx) or []

@@ -291,6 +291,50 @@ def layer_model():
 
 
 @case
+def complete_net_with_spatial_bn():
+    # model_helper_test.py: brew.spatial_bn (Caffe2's helpers/normalization.py), GetCompleteNet and back
+    from caffe2.python import brew, model_helper
+    model = model_helper.ModelHelper("test_orig")
+    conv = brew.conv(model, "input", "conv", dim_in=3, dim_out=4, weight_init=("MSRAFill", {}), kernel=3)
+    conv = brew.spatial_bn(model, conv, "conv_bn", 4, epsilon=1e-3, is_test=False)
+    brew.fc(model, brew.relu(model, conv, "conv_relu"), "pred", dim_in=4 * 3 * 3, dim_out=2)
+    model.net.Proto().type = "async_scheduling"
+    net = model.GetCompleteNet()
+    model2 = model_helper.ModelHelper("test_new")
+    model2.ConstructInitTrainNetfromNet(net)
+    result = {"complete": proto(net), "params": [str(p) for p in model.params]}
+    for key, part in (("init", model2.param_init_net), ("train", model2.net)):
+        # update_external_list builds the external lists from Python sets: compare them as sets
+        part = part.Proto()
+        result[key + "_external"] = [sorted(part.external_input), sorted(part.external_output)]
+        del part.external_input[:], part.external_output[:]
+        result[key] = proto(part)
+    return result
+
+
+@case
+def memonger_inplace_head():
+    # memonger_test.py: an in-place op at the head (its output is a head, not a shareable blob)
+    from caffe2.python import memonger
+    from caffe2.python.model_helper import ModelHelper
+    m = ModelHelper()
+    m.Proto().type = "dag"
+    m.net.Relu("A", "A")  # in place, as Relu allows
+    m.net.Sum(["A", "A"], "B")
+    m.net.Relu("B", "C")
+    m.net.Relu("C", "D")
+    m.net.Sum(["D", "D"], "E")
+    optimized = memonger.optimize_inference_for_dag(m.net, ["A"], "")
+    # the shared blobs' numbers follow C++ unordered_map order: compare up to renaming (first use order)
+    names = {}
+    for op in optimized.op:
+        for blob in list(op.input) + list(op.output):
+            names.setdefault(blob, "b%d" % len(names))
+    return {"ops": [[op.type, [names[b] for b in op.input], [names[b] for b in op.output]] for op in optimized.op],
+            "blobs": len(names)}
+
+
+@case
 def memonger():
     from caffe2.python import brew, memonger
     from caffe2.python.model_helper import ModelHelper
@@ -606,6 +650,8 @@ CASES = [
     "crf",
     "layer_model",
     "memonger",
+    "memonger_inplace_head",
+    "complete_net_with_spatial_bn",
     "checkpoint_job",
     "cnn",
     "rnn_cell_apply",

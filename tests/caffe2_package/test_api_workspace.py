@@ -47,7 +47,7 @@ def test_named_workspaces_are_isolated():
     other = unique("ws")
     assert workspace.CurrentWorkspace() == "default"
     workspace.FeedBlob("x", np.array([1.0, 2.0], np.float32))
-    assert workspace.SwitchWorkspace(other, True)
+    assert workspace.SwitchWorkspace(other, True) is None  # as Caffe2's switch_workspace
     assert workspace.CurrentWorkspace() == other
     assert {"default", other} <= set(workspace.Workspaces())
     assert not workspace.HasBlob("x") and workspace.Blobs() == []

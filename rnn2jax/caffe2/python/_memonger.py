@@ -60,9 +60,10 @@ class _BlobRecycling:
         blob_shapes: Mapping[str, Sequence[int]],
     ) -> caffe2_pb2.NetDef:
         net = self.net
+        _run_schema_check(net)  # memonger rewrites the graph: its ops must be valid first
         heads_set = set(heads)
-        for index in op_indices:
-            self.optim_op_outputs.update(net.op[index].output)
+        for index in op_indices:  # only the outputs that may be shared are optimized
+            self.optim_op_outputs.update(b for b in net.op[index].output if b in shareable and b not in dont_share)
         blob_seen: defaultdict[str, int] = defaultdict(int)
         for index in op_indices:
             op = net.op[index]
@@ -83,9 +84,9 @@ class _BlobRecycling:
                     device.device_type = 0
                     device.device_id = 0
                 self.blob_device[blob] = device
-        for head in heads:
+        for head in heads:  # from root ops only, so no child op is reached before its parents
             for index in list(self.blob_to_ops[head]):
-                if not self.op_visited[index]:
+                if not self.op_visited[index] and not self.op_inputs[index]:
                     tokens = {self.tokens_counter}
                     self.tokens_counter += 1
                     self._process_op(shareable, dont_share, blob_shapes, index, [], tokens)
@@ -201,6 +202,19 @@ class _BlobRecycling:
         freed = free_blobs[best_index][1]
         del free_blobs[best_index]  # as Caffe2 erased it, heap order or not
         return freed
+
+
+def _run_schema_check(net: caffe2_pb2.NetDef) -> None:
+    """Caffe2's `run_schema_check`: every op whose type has a schema must pass it (its input and output counts)."""
+    from ...ops.registry import record
+
+    for op in net.op:
+        opdef = record(op.type)
+        if opdef is None:
+            continue
+        (low_in, high_in), (low_out, high_out) = opdef.inputs, opdef.outputs
+        if not (low_in <= len(op.input) <= high_in and low_out <= len(op.output) <= high_out):
+            raise BadArgumentError(f"memonger: Operator def did not pass schema checking: {op}")
 
 
 def _renamed(net: caffe2_pb2.NetDef, final: Mapping[str, str]) -> caffe2_pb2.NetDef:

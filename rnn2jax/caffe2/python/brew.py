@@ -56,8 +56,18 @@ def fc(
         kwargs["float16_compute"] = True
     blob_out = blob_out or model.net.NextName()  # char_rnn passes None: `<net>_blob_<k>`, as in Caffe2
     bias_tags = [BIAS, COMPUTED_PARAM] if "freeze_bias" in kwargs else [BIAS]
-    weight = model.create_param(blob_out + "_w", [dim_out, dim_in], weight_init or ("XavierFill", {}), [WEIGHT])
-    bias = model.create_param(blob_out + "_b", [dim_out], bias_init or ("ConstantFill", {}), bias_tags)
+    weight_initializer: Any = weight_init or ("XavierFill", {})
+    bias_initializer: Any = bias_init or ("ConstantFill", {})
+    weight_class, bias_class = kwargs.pop("WeightInitializer", None), kwargs.pop("BiasInitializer", None)
+    if weight_class is not None or bias_class is not None:  # modeling.initializers classes, as helpers/fc.py
+        from .modeling import initializers
+
+        weight_initializer = initializers.update_initializer(weight_class, weight_init, ("XavierFill", {}))
+        bias_initializer = initializers.update_initializer(bias_class, bias_init, ("ConstantFill", {}))
+        if not model.init_params:
+            weight_initializer = bias_initializer = initializers.ExternalInitializer()
+    weight = model.create_param(blob_out + "_w", [dim_out, dim_in], weight_initializer, [WEIGHT])
+    bias = model.create_param(blob_out + "_b", [dim_out], bias_initializer, bias_tags)
     return model.net.FC([blob_in, weight, bias], blob_out, **kwargs)
 
 
@@ -195,6 +205,7 @@ _TREE_HELPERS = {
     "db_input": ("db_input",),
     "tools": ("image_input", "video_input"),
     "quantization": ("fused_8bit_rowwise_quantized_to_float",),
+    "normalization": ("lrn", "instance_norm", "spatial_bn", "spatial_gn", "moments_with_running_stats"),
 }
 globals().update({name: _tree_helper(module, name) for module, names in _TREE_HELPERS.items() for name in names})
 

@@ -151,6 +151,7 @@ def infer_op_input_output_device(op: bytes) -> tuple[list[bytes], list[bytes]]:
 Workspace = workspace._CWorkspace
 Blob = workspace._Blob
 Net = workspace._NetHandle
+Predictor = workspace.Predictor
 TensorCPU = python_op.TensorCPU
 
 
@@ -177,7 +178,7 @@ def reset_workspace(root_folder: str | None = None) -> bool:
 
 def root_folder() -> str:
     """Where the current workspace's databases resolve relative paths ("." unless reset with another)."""
-    return workspace._ws().db_root or "."
+    return workspace.RootFolder()
 
 
 def current_workspace() -> str:
@@ -238,13 +239,8 @@ def deserialize_blob(name: str, serialized: bytes) -> None:
 
 
 def get_blob_size_bytes(name: str) -> int:
-    """The bytes a blob's data takes: an array's, a string's length, the sum of a string tensor's."""
-    value = workspace.FetchBlob(name)
-    if isinstance(value, bytes | str):
-        return len(value)
-    if value.dtype == object:
-        return sum(len(v) for v in value.flat)
-    return int(value.nbytes)
+    """Caffe2's BlobStat size of a blob (`workspace.GetBlobSizeBytes`)."""
+    return workspace.GetBlobSizeBytes(name)
 
 
 def create_net(net_def: bytes, overwrite: bool = False) -> bool:
@@ -269,6 +265,10 @@ def run_operator_multiple(op_def: bytes, num_runs: int) -> bool:
 
 def run_plan(plan_def: bytes) -> bool:
     return workspace.RunPlan(_parse(plan_def, caffe2_pb2.PlanDef, "run_plan"))
+
+
+def run_plan_in_background(plan_def: bytes) -> Any:
+    return workspace.RunPlanInBackground(_parse(plan_def, caffe2_pb2.PlanDef, "run_plan_in_background"))
 
 
 def nets() -> list[str]:
@@ -460,7 +460,6 @@ _UNAVAILABLE = {
     "fakeFp16FuseOps": _NO_TRANSFORMS,
     "export_to_onnx": "rnn2jax does not export ONNX (rnn2jax export writes a jax.export artifact)",
     "onnxifi": "rnn2jax has no ONNXIFI backend",
-    "run_plan_in_background": "rnn2jax runs plans in the calling thread (workspace.RunPlan)",
     "fill_random_network_inputs": "rnn2jax does not fill a net's inputs with random data; feed them",
     "create_db": "use rnn2jax.read_blobs and rnn2jax.write_blobs, or the Load and Save ops",
     "get_blob_numa_node": "rnn2jax is built without NUMA support",
@@ -492,5 +491,5 @@ _defined_here = {n for n, v in globals().items() if not n.startswith("_") and ge
 __all__ = sorted(
     _defined_here
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
-    | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU"}
+    | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor"}
 )

@@ -34,13 +34,12 @@ from ...ops.gradient_makers import (
 from ..opdef import make_argument
 from ..proto import caffe2_pb2
 from . import _import_c_extension as C
-from . import scope, workspace  # noqa: F401  (Caffe2's `core.workspace`: record_queue calls it)
+from . import scope, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
 from .scope import DeviceScope, NameScope  # noqa: F401  (Caffe2 scripts use core.NameScope)
 
 DataType = caffe2_pb2.TensorProto.DataType
 GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
-get_ssa = _backward_pass.get_ssa
 get_undefined_blobs = _backward_pass.get_undefined_blobs
 
 # ------------------------------------------------------------------------------------------------
@@ -75,7 +74,8 @@ def device_option_equal(opt1: Any, opt2: Any, ignore_node_name: bool = True, ign
     if not ignore_random_seed and opt1.random_seed != opt2.random_seed:
         return False
     if not opt1.device_type or not opt2.device_type:
-        return True  # one of them is the default CPU option
+        # at least one option is for CPU: equal only if both are
+        return not opt1.device_type and not opt2.device_type
     return opt1.device_id == opt2.device_id
 
 
@@ -131,7 +131,11 @@ def IsOperator(op_type: str) -> bool:
 
 
 def IsOperatorWithEngine(op_type: str, engine: str) -> bool:
-    return IsOperator(op_type)
+    """Caffe2 looks up the op's registry key for `engine` (`Conv_ENGINE_CUDNN`); rnn2jax registers no
+    engine-specific kernels (XLA picks them), so only the default engine is an operator."""
+    if C.op_registry_key(op_type, engine) == op_type:
+        return IsOperator(op_type)
+    return False
 
 
 def _GetRegisteredOperators() -> set[str]:
@@ -139,6 +143,30 @@ def _GetRegisteredOperators() -> set[str]:
     from .workspace import RegisteredOperators
 
     return set(RegisteredOperators())
+
+
+def __getattr__(name: str) -> Any:
+    """`core._REGISTERED_OPERATORS`, Caffe2's cached set of registered op types, is computed when read, so ops
+    registered later (`rnn2jax.register_op`) are in it without `RefreshRegisteredOperators`."""
+    if name == "_REGISTERED_OPERATORS":
+        return _GetRegisteredOperators()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class IR(_backward_pass._IR):
+    """Caffe2's `core.IR`: a list of ops played into SSA form, whose `GetBackwardPass(ys)` returns the
+    gradient ops and the blob-to-gradient map (what `GradientRegistry.GetBackwardPass` builds one for)."""
+
+    IS_AUTO_GEN_SUM_OPS_TAG = _backward_pass.AUTO_GEN_SUM_TAG.rpartition(":")[0]
+    ONLY_KEEP_IS_AUTO_GEN_SUM_OPS_TAG = _backward_pass.ONLY_KEEP_TAG.rpartition(":")[0]
+
+    def __init__(self, operators: Iterable[caffe2_pb2.OperatorDef]):
+        super().__init__(list(operators))
+
+    def GetBackwardPass(self, ys: Any) -> tuple[list, dict]:
+        if not isinstance(ys, Mapping):
+            ys = dict.fromkeys(ys)
+        return self.backward_pass({str(k): v for k, v in ys.items()})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -187,7 +215,8 @@ class BlobReference(str):
 
     def _CreateAndAddToNet(self, op_type: str, inputs: Any = None, *args: Any, **kwargs: Any) -> Any:
         inputs = _RectifyInputOutput(inputs) if inputs is not None else []
-        return self._from_net._CreateAndAddToSelf(op_type, [self, *inputs], *args, **kwargs)
+        # through the net's attribute, as Caffe2 (the op's recorded traceback starts at this frame)
+        return getattr(self._from_net, op_type)([self, *inputs], *args, **kwargs)
 
     def __getattr__(self, op_type: str) -> Any:
         if op_type.startswith("__") or not op_type[:1].isupper():
@@ -269,6 +298,8 @@ def CreateOperator(
     for key, value in kwargs.items():
         if value is not None:
             operator.arg.append(make_argument(key, value))
+    if workspace.IsImmediate():
+        workspace.RunOperatorImmediate(operator)
     return operator
 
 
@@ -347,17 +378,6 @@ def _builtin_maker(op_type: str) -> Callable | None:
     return gradient_maker(op_type)
 
 
-class IR:
-    """Caffe2's `core.IR` for what Caffe2's own Python modules ask of it: the backward pass of some operators
-    (control_ops_grad builds the gradient nets of If, Do and While with `IR(net.op).GetBackwardPass`)."""
-
-    def __init__(self, operators: Iterable[caffe2_pb2.OperatorDef]):
-        self.ssa = list(operators)
-
-    def GetBackwardPass(self, ys: Any) -> tuple[list, dict]:
-        return GradientRegistry.GetBackwardPass(self.ssa, ys)
-
-
 def _control_ops_gradient(name: str) -> Callable:
     """Caffe2's Python maker `name` of caffe2/python/control_ops_grad.py (If, Do, While), which Caffe2's
     core.py registers: that module is Caffe2's own, run from the Caffe2 source tree on this API, imported
@@ -385,6 +405,60 @@ def _plain(grad: Any) -> Any:
     if isinstance(grad, tuple):
         return (str(grad[0]), str(grad[1]))
     return None if grad is None else str(grad)
+
+
+# ------------------------------------------------------------------------------------------------
+# SSA: which version of each blob each op reads and writes
+
+
+def get_ssa(net: Any, blob_versions: dict[str, int] | None = None) -> tuple[Any, dict[str, int]]:
+    """Caffe2's `get_ssa`: per op (versioned inputs, versioned outputs) and the latest version of each blob.
+    Versions go on from `blob_versions` (updated in place); a blob not in it starts at 0."""
+    if blob_versions is None:
+        blob_versions = {}
+    if isinstance(net, list):
+        return [get_ssa(n, blob_versions) for n in net], blob_versions
+    proto = net.Proto() if isinstance(net, Net) else net
+    if not isinstance(proto, caffe2_pb2.NetDef):
+        raise TypeError(f"get_ssa: a Net or a NetDef, not a {type(net).__name__}")
+    for name in proto.external_input:
+        blob_versions.setdefault(str(name), 0)
+    ssa = []
+    for op in proto.op:
+        if not proto.external_input:
+            for name in op.input:
+                blob_versions.setdefault(str(name), 0)
+        inputs = [(str(i), blob_versions.get(str(i), 0)) for i in op.input]
+        for o in op.output:
+            blob_versions[str(o)] = blob_versions.get(str(o), 0) + 1
+        ssa.append((inputs, [(str(o), blob_versions[str(o)]) for o in op.output]))
+    return ssa, blob_versions
+
+
+def get_output_producers(ssa: Sequence[Any]) -> dict[tuple[str, int], int]:
+    """Each versioned blob -> the index of the op that writes that version."""
+    return {o: i for i, (_inputs, outputs) in enumerate(ssa) for o in outputs}
+
+
+def get_op_ids_in_path(ssa: Sequence[Any], blob_versions: Mapping[str, int], inputs: Iterable[Any],
+                       outputs: Iterable[Any]) -> list[int]:  # fmt: skip
+    """The sorted indices of the ops needed to compute `outputs` from `inputs` (taken at their latest
+    versions)."""
+    given = {(str(i), blob_versions[str(i)]) for i in inputs}
+    producers = get_output_producers(ssa)
+    queue = [(str(o), blob_versions[str(o)]) for o in outputs]
+    used: set[int] = set()
+    while queue:
+        blob = queue.pop()
+        if blob not in given and blob in producers and producers[blob] not in used:
+            used.add(producers[blob])
+            queue.extend(ssa[producers[blob]][0])
+    return sorted(used)
+
+
+def remap_input(op: caffe2_pb2.OperatorDef, blob_name_remapping: Mapping[str, str]) -> None:
+    """Rename the inputs of `op` in place."""
+    op.input[:] = [blob_name_remapping.get(b, b) for b in op.input]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -575,6 +649,7 @@ class Net:
         outputs = _RectifyInputOutput(outputs, net=self)
         op = CreateOperator(op_type, inputs, outputs, **kwargs)
         self._ExtendOps([op])
+        workspace.operator_tracebacks[self.Name()][len(self._net.op) - 1] = _extract_stacktrace()
         if not op.output:
             return None
         if len(op.output) == 1:
@@ -618,6 +693,9 @@ class Net:
         """Append the backward pass of this net's ops (from `skip` on) for `ys`; returns the map from
         each blob to its gradient (a BlobReference, or a GradientSlice for sparse gradients)."""
         grad_ops, input_to_grad = GradientRegistry.GetBackwardPass(self._net.op[skip:], ys)
+        if workspace.IsImmediate():  # the gradient ops bypass CreateOperator: run them here
+            for op in grad_ops:
+                workspace.RunOperatorImmediate(op)
         self._ExtendOps(grad_ops)
         return input_to_grad
 
@@ -665,6 +743,86 @@ class Net:
         if update_external_list:
             _recompute_external_lists(new_net.Proto())
         return new_net
+
+    def ClonePartial(self, name: str, inputs: Any, outputs: Sequence[Any],
+                     remap_funcs: Mapping[str, Callable] | None = None) -> tuple[Net, list[BlobReference]]:  # fmt: skip
+        """A clone holding only the ops needed to compute `outputs` from `inputs`, and references to its outputs.
+        `inputs` maps blobs of this net to the clone's external inputs (a list keeps their names); blobs made
+        and used inside are renamed under `name/`, blobs read before any op writes them keep their names."""
+        pair_list = isinstance(inputs, list) and all(isinstance(i, tuple) and len(i) == 2 for i in inputs)
+        if not isinstance(inputs, dict):
+            inputs = OrderedDict(inputs) if pair_list else OrderedDict(zip(inputs, inputs, strict=True))
+        for output in outputs:
+            if not self.BlobIsDefined(output):
+                raise AssertionError(f"{output} is not defined")
+        input_names = {str(k): str(v) for k, v in inputs.items()}
+        output_names = [str(o) for o in outputs]
+        ssa, blob_versions = get_ssa(self._net, {str(i): 0 for i in inputs})
+        used_op_ids = get_op_ids_in_path(ssa, blob_versions, inputs, outputs)
+        disallowed_op_ids = get_op_ids_in_path(ssa, blob_versions, [], inputs)
+        if set(used_op_ids) & set(disallowed_op_ids):
+            raise AssertionError("Cannot partially clone net: some of the ops required would generate the given input.")
+        undefined = get_undefined_blobs([op for i, op in enumerate(ssa) if i in used_op_ids]) - set(input_names)
+        prefix = (name + "/") if name else ""
+
+        def remap(blob: str) -> str:
+            if blob in input_names:
+                return input_names[blob]
+            return blob if blob in undefined else prefix + blob
+
+        mapping = {b: remap(b) for b in blob_versions}
+        new_net = self.Clone(name, mapping, used_op_ids, remap_funcs)
+        new_in = [mapping[i] for i in input_names] + list(undefined)
+        new_out = [mapping[o] for o in output_names]
+        new_net.Proto().external_input[:] = new_in
+        new_net.Proto().external_output[:] = new_out
+        return new_net, [new_net.GetBlobRef(o) for o in new_out]
+
+    def insert_op_at_idx(self, op: caffe2_pb2.OperatorDef, op_idx: int) -> None:
+        """Insert `op` before the op at `op_idx`."""
+        if op_idx < 0:
+            raise AssertionError(f"insert_op_at_idx: op_idx {op_idx} < 0")
+        rest = [caffe2_pb2.OperatorDef.FromString(o.SerializeToString()) for o in self._net.op[op_idx:]]
+        del self._net.op[op_idx:]
+        self._net.op.extend([op, *rest])
+
+    def reroute_tensor(self, tensor: Any, new_producer: caffe2_pb2.OperatorDef, can_modify: Any = None) -> int:
+        """Insert `new_producer` (an op reading `tensor`) right after the ops writing its inputs, make its
+        first output replace `tensor` among the external outputs and as the input of the ops in `can_modify`;
+        returns how many ops were rerouted. Assumes no blob is written in place."""
+        tensor = str(tensor)
+
+        def producer_index(blob: str) -> int:
+            if blob in self._net.external_input:
+                return -1
+            if blob not in new_producer.input:
+                raise AssertionError(f"new producer {new_producer.type} is not taking in {blob}")
+            return next((i for i, op in enumerate(self._net.op) if blob in op.output), -2)
+
+        self.insert_op_at_idx(new_producer, max(producer_index(b) for b in new_producer.input) + 1)
+        new_tensor = new_producer.output[0]
+        if tensor in self._net.external_output:
+            self._net.external_output[:] = [new_tensor if b == tensor else b for b in self._net.external_output]
+        rerouted = 0
+        if can_modify:
+            for op in self._net.op:
+                if op in can_modify:
+                    remap_input(op, {tensor: new_tensor})
+                    rerouted += 1
+        return rerouted
+
+    def PopulateProtoWithFileName(self) -> None:
+        """Name each op `file:line:function` of the code that created it (where Caffe2's traceback of the
+        op starts)."""
+        net_tb = workspace.operator_tracebacks.get(self.Name())
+        if net_tb is not None:
+            for idx, op in enumerate(self._net.op):
+                if idx in net_tb:
+                    op.name = ":".join(map(str, net_tb[idx][0]))
+
+    def _CheckLookupTables(self) -> None:
+        """Caffe2's tests check its lookup tables (op outputs, external inputs) against the proto; rnn2jax
+        keeps none (BlobIsDefined reads the proto), so there is nothing that can disagree."""
 
     def _clone_records(self, new_net: Net, remap: Mapping[str, str]) -> None:
         """The input and output records of a clone: this net's, over the renamed blobs (Caffe2's keep_schema).
@@ -835,6 +993,17 @@ class Net:
 
     def RunAllOnMKL(self) -> None:
         """No MKL engine here: a no-op."""
+
+
+def _extract_stacktrace() -> list[tuple[str, int, str]]:
+    """The stack as (file, line, function) tuples, innermost first, read from the frames alone (no source files),
+    leaving out this function, `_CreateAndAddToSelf` and whatever called that (`net.Op(...)`'s lambda)."""
+    result = []
+    frame = sys._getframe(3)
+    while frame:
+        result.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return result
 
 
 def _recompute_external_lists(proto: caffe2_pb2.NetDef) -> None:

@@ -28,6 +28,10 @@ class ParameterTags:
     COMPUTED_PARAM = COMPUTED_PARAM
 
 
+class _ParameterShapeError(BadArgumentError, AssertionError):
+    """A shared parameter asked for with another shape: Caffe2 asserted, so it is also an AssertionError."""
+
+
 @dataclasses.dataclass
 class ParameterInfo:
     """What the model knows of one parameter: its blob, shape and (after AddGradientOperators) gradient."""
@@ -188,7 +192,7 @@ class ModelHelper:
             raise TypeError("Unsupported type for param_name")
         if name in self._parameters_info:
             if self._parameters_info[name].shape != list(shape):
-                raise BadArgumentError(
+                raise _ParameterShapeError(
                     f"create_param: parameter {name} exists with shape {self._parameters_info[name].shape}, "
                     f"asked for {list(shape)} (Caffe2 asserted equal shapes)"
                 )
@@ -288,6 +292,30 @@ class ModelHelper:
     def Validate(self) -> None:
         dupes = self._Validate()
         assert dupes == [], f"Duplicate params: {dupes}"
+
+    def GetCompleteNet(self) -> core.Net:
+        """One net: a clone of param_init_net (each op's debug_info marked `/param_init_net`) then net, with
+        net's execution type."""
+        new_net = self.param_init_net.Clone(self.name + "_complete_net", keep_schema=True)
+        for op in new_net.Proto().op:
+            op.debug_info = op.debug_info + "/param_init_net"
+        new_net.AppendNet(self.net)
+        if self.net.Proto().HasField("type"):
+            new_net.Proto().type = self.net.Proto().type
+        return new_net
+
+    def ConstructInitTrainNetfromNet(self, net: core.Net) -> None:
+        """Split a `GetCompleteNet` net back into param_init_net (its ops marked `/param_init_net`) and net."""
+        param_op_mask, train_op_mask = [], []
+        for idx, op in enumerate(net.Proto().op):
+            (param_op_mask if op.debug_info.endswith("/param_init_net") else train_op_mask).append(idx)
+        self.param_init_net = net.Clone(
+            net.Name() + "/generated_param_init_net", keep_schema=True, op_id_mask=param_op_mask,
+            update_external_list=True,
+        )  # fmt: skip
+        self.net = net.Clone(
+            net.Name() + "/generated_net", keep_schema=True, op_id_mask=train_op_mask, update_external_list=True
+        )
 
     def __getattr__(self, op_type: str) -> Any:
         """`model.Copy(...)` etc.: ops called on the model go to `net`."""

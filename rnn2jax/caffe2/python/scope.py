@@ -57,9 +57,31 @@ def DeviceScope(scope: caffe2_pb2.DeviceOption | None, node_name: str | None = N
         if old_scope.HasField("node_name") and not new_scope.HasField("node_name"):
             new_scope.node_name = old_scope.node_name
         new_scope.extra_info.extend(old_scope.extra_info)
-        new_scope.extra_info.sort()
+    new_scope.extra_info.sort()
     _threadlocal_scope.devicescope = new_scope
     try:
         yield
     finally:
         _threadlocal_scope.devicescope = old_scope
+
+
+@contextmanager
+def EmptyNameScope() -> Iterator[None]:
+    """No name scope inside (blob names are used as given), the outer one restored after."""
+    old = CurrentNameScope()
+    _threadlocal_scope.namescope = ""
+    try:
+        yield
+    finally:
+        _threadlocal_scope.namescope = old
+
+
+@contextmanager
+def EmptyDeviceScope() -> Iterator[None]:
+    """No device scope inside, so ops get no device option of their own and the net's decides."""
+    old = CurrentDeviceScope()
+    _threadlocal_scope.devicescope = None
+    try:
+        yield
+    finally:
+        _threadlocal_scope.devicescope = old

@@ -12,20 +12,26 @@ type Caffe2's C++ errors had in Python.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
+import shutil
+import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from ...errors import InputTypeError, Rnn2JaxError, WorkspaceError
+from ...errors import BadArgumentError, InputTypeError, Rnn2JaxError, WorkspaceError
 from ...ir.int8 import Int8Tensor as _Int8Value
 from ...ir.netdef import DATA_TYPES
 from ...ir.wire import parse_binary
 from ...runtime.workspace import CompileCache
 from ...runtime.workspace import Workspace as _RuntimeWorkspace
+from ...storage.serialization import BlobAssembler
+from ...storage.serialization import serialize_blob as _serialize_blob
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
@@ -34,7 +40,11 @@ from . import _step_blobs, python_op, scope  # noqa: F401
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
 _current = "default"
+# a `C.Workspace` object switched to (`SwitchWorkspace(ws)`): current until a switch by name; the name stays
+_current_object: _RuntimeWorkspace | None = None
 _global_flags: list[str] = []
+# net name -> op index -> the Python stack (file, line, function) that created the op, as Caffe2 records it
+operator_tracebacks: collections.defaultdict[str, dict[int, list[tuple[str, int, str]]]] = collections.defaultdict(dict)
 _run_limits: dict[str, int] = {}
 _run_counts: dict[str, int] = {}
 
@@ -88,8 +98,61 @@ def NumHipDevices() -> int:
     return 0
 
 
+# Immediate mode (Caffe2's debugging aid): every op created runs at once in a workspace of its own, whose root
+# folder is a temporary directory removed when the mode stops.
+_immediate_mode = False
+_immediate_workspace_name = "_CAFFE2_IMMEDIATE"
+_immediate_root_folder = ""
+
+
 def IsImmediate() -> bool:
-    return False
+    return _immediate_mode
+
+
+def StartImmediate(i_know: bool = False) -> None:
+    """Start immediate mode afresh (stopping a running one). Caffe2 printed a long warning unless `i_know`;
+    rnn2jax warns in one line."""
+    global _immediate_mode, _immediate_root_folder
+    if IsImmediate():
+        StopImmediate()
+    _immediate_mode = True
+    with WorkspaceGuard(_immediate_workspace_name):
+        _immediate_root_folder = tempfile.mkdtemp()
+        ResetWorkspace(_immediate_root_folder)
+    if not i_know:
+        warnings.warn("Caffe2's immediate mode is for debugging: every op created runs at once", stacklevel=2)
+
+
+def StopImmediate() -> None:
+    """Leave immediate mode: its workspace is emptied and its root folder removed."""
+    global _immediate_mode, _immediate_root_folder
+    if not IsImmediate():
+        return
+    with WorkspaceGuard(_immediate_workspace_name):
+        ResetWorkspace()
+    shutil.rmtree(_immediate_root_folder)
+    _immediate_root_folder = ""
+    _immediate_mode = False
+
+
+def ImmediateBlobs() -> list[str]:
+    with WorkspaceGuard(_immediate_workspace_name):
+        return Blobs()
+
+
+def RunOperatorImmediate(op: Any) -> None:
+    with WorkspaceGuard(_immediate_workspace_name):
+        RunOperatorOnce(op)
+
+
+def FetchImmediate(*args: Any, **kwargs: Any) -> Any:
+    with WorkspaceGuard(_immediate_workspace_name):
+        return FetchBlob(*args, **kwargs)
+
+
+def FeedImmediate(*args: Any, **kwargs: Any) -> bool:
+    with WorkspaceGuard(_immediate_workspace_name):
+        return FeedBlob(*args, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -172,7 +235,7 @@ def _proto(obj: Any) -> Any:
 
 
 def _ws() -> _RuntimeWorkspace:
-    return _workspaces[_current]
+    return _current_object if _current_object is not None else _workspaces[_current]
 
 
 def CurrentWorkspace() -> str:
@@ -183,33 +246,47 @@ def Workspaces() -> list[str]:
     return list(_workspaces)
 
 
-def SwitchWorkspace(name: str | bytes, create_if_missing: bool = False) -> bool:
-    """Make workspace `name` current (creating it with `create_if_missing`)."""
-    global _current
+def SwitchWorkspace(name: str | bytes | _CWorkspace, create_if_missing: bool = False) -> None:
+    """Make workspace `name` current (creating it with `create_if_missing`), or a `C.Workspace` object (which
+    has no name: `CurrentWorkspace()` keeps the last one's, as in Caffe2)."""
+    global _current, _current_object
+    if isinstance(name, _CWorkspace):
+        _current_object = name._ws
+        return
+    _current_object = None
     name = name.decode("utf-8") if isinstance(name, bytes) else str(name)
     if name not in _workspaces:
         if not create_if_missing:
             raise _as_runtime_error(WorkspaceError(f"Workspace {name} does not exist"))
         _workspaces[name] = _RuntimeWorkspace(cache=_cache)
     _current = name
-    return True
 
 
 @contextlib.contextmanager
 def WorkspaceGuard(workspace_name: str | bytes) -> Iterator[None]:
     """Run the block in workspace `workspace_name` (created if missing), then return to the current one."""
-    current = CurrentWorkspace()
+    global _current_object
+    current, current_object = CurrentWorkspace(), _current_object
     SwitchWorkspace(workspace_name, True)
     try:
         yield
     finally:
         SwitchWorkspace(current)
+        _current_object = current_object
 
 
 def ResetWorkspace(root_folder: str | None = None) -> bool:
     """Empty the current workspace: its blobs and nets go; compiled code stays cached."""
+    global _current_object
+    _current_object = None  # as Caffe2: the named workspace is reset and current again
     _workspaces[_current] = _RuntimeWorkspace(cache=_cache, db_root=root_folder)
     return True
+
+
+def RootFolder() -> str:
+    """Where the current workspace's ops resolve relative paths: the folder `ResetWorkspace` was given, else
+    "." (Caffe2's default)."""
+    return _ws().db_root or "."
 
 
 def GlobalInit(args: Sequence[str]) -> bool:
@@ -271,6 +348,18 @@ def FetchInt8BlobRealVal(name: Any) -> np.ndarray:
     """An Int8 blob's real values, `(data - zero_point) * scale` as float32."""
     blob = _fetch_int8(name)
     return (blob.data.astype(np.int32) - int(blob.zero_point)).astype(np.float32) * blob.scale
+
+
+def GetBlobSizeBytes(name: Any) -> int:
+    """Caffe2's BlobStat size of blob `name`: a tensor's element bytes (a string tensor counts 8 bytes per
+    element plus its strings' lengths), 0 for a blob that is not a tensor."""
+    with _caffe2_errors():
+        value = _ws().fetch(StringifyBlobName(name))
+    if not isinstance(value, np.ndarray):
+        return 0
+    if value.dtype.kind in "OSU":
+        return 8 * value.size + sum(len(item) for item in value.reshape(-1))
+    return int(value.nbytes)
 
 
 def FetchBlobs(names: Iterable[Any]) -> list[Any]:
@@ -424,6 +513,40 @@ def RunPlan(plan_or_step: Any) -> bool:
     return True
 
 
+class _BackgroundPlan:
+    """C++ BackgroundPlan: a plan running on a thread of its own, in the workspace current when it started."""
+
+    def __init__(self, ws: _RuntimeWorkspace, plan: Any):
+        self._future = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="caffe2-plan")
+        self._done = self._future.submit(self._run, ws, plan)
+        self._future.shutdown(wait=False)
+
+    @staticmethod
+    def _run(ws: _RuntimeWorkspace, plan: Any) -> bool:
+        with _caffe2_errors():
+            ws.run_plan(plan)
+        return True
+
+    def is_done(self) -> bool:
+        return self._done.done()
+
+    def is_succeeded(self) -> bool:
+        """Whether the plan ran to its end; the plan's error if it failed (Caffe2 rethrows it here)."""
+        if not self._done.done():
+            raise _as_runtime_error(WorkspaceError("BackgroundPlan.is_succeeded: the plan is still running"))
+        return self._done.result()
+
+
+def RunPlanInBackground(plan_or_step: Any) -> _BackgroundPlan:
+    """Start running a plan (or an execution step) in the current workspace; poll the answer's
+    `is_done()`, then `is_succeeded()`."""
+    from .core import ExecutionStep, Plan
+
+    if isinstance(plan_or_step, ExecutionStep):
+        plan_or_step = Plan(plan_or_step)
+    return _BackgroundPlan(_ws(), _proto(plan_or_step))
+
+
 def Nets() -> list[str]:
     return _ws().nets()
 
@@ -461,6 +584,48 @@ def set_run_limits(limits: Mapping[str, int]) -> None:
 
 
 _ENUM_OF_DTYPE = {np.dtype(v): k for k, v in DATA_TYPES.items() if k != caffe2_pb2.TensorProto.BYTE}
+
+
+class Predictor:
+    """Caffe2's `workspace.Predictor(init_net, predict_net)` (C++ `caffe2::Predictor`): a workspace of its own,
+    child of the current one, where the init net ran once and the predict net is created; `run` feeds the
+    inputs (a list, in the order of the net's external inputs, or a dict by name), runs the net and returns
+    its external outputs, in order, as a list of arrays."""
+
+    def __init__(self, init_net: bytes | caffe2_pb2.NetDef, predict_net: bytes | caffe2_pb2.NetDef):
+        with _caffe2_errors():
+            init = init_net if isinstance(init_net, caffe2_pb2.NetDef) else _net_from_bytes(init_net, "init_net")
+            net = (
+                predict_net
+                if isinstance(predict_net, caffe2_pb2.NetDef)
+                else _net_from_bytes(predict_net, "predict_net")
+            )
+            self._ws = _ws().child()
+            self._ws.run(init)
+            self._net = net
+            initialized = set(self._ws.blobs())
+            self._ws._declare([name for name in net.external_input if name not in initialized])
+            self._name = self._ws.create_net(net)
+
+    def run(self, inputs: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
+        with _caffe2_errors():
+            if isinstance(inputs, Mapping):
+                for name, value in inputs.items():
+                    self._ws.feed(StringifyBlobName(name), value)
+            else:
+                if len(inputs) > len(self._net.external_input):
+                    raise InputTypeError(
+                        f"Predictor.run: {len(inputs)} inputs given, the predict net has "
+                        f"{len(self._net.external_input)} external inputs"
+                    )
+                for name, value in zip(self._net.external_input, inputs, strict=False):
+                    self._ws.feed(name, value)
+            self._ws.run_net(self._name)
+            return [np.array(self._ws.fetch(name), copy=True) for name in self._net.external_output]
+
+
+def _net_from_bytes(data: bytes, what: str) -> caffe2_pb2.NetDef:
+    return parse_binary(data, caffe2_pb2.NetDef, f"Predictor {what}")
 
 
 def InferShapesAndTypes(
@@ -509,6 +674,25 @@ class _Blob:
     def is_tensor(self) -> bool:
         return isinstance(self._ws.get(self.name), jax.Array | np.ndarray)
 
+    def serialize(self, name: str) -> bytes:
+        """The blob as one BlobProto named `name`, as Caffe2's SerializeBlob writes it."""
+        with _caffe2_errors():
+            (_, record), *_ = _serialize_blob(name, self._ws.fetch(self.name), chunk_size=0)
+        return record
+
+    def deserialize(self, serialized: bytes) -> None:
+        """Set the blob from a serialized BlobProto (its name inside is not used)."""
+        where = f"Blob('{self.name}').deserialize"
+        assembler = BlobAssembler(where)
+        try:
+            assembler.add(self.name.encode("utf-8"), serialized)
+        except ValueError as error:
+            raise _as_runtime_error(BadArgumentError(f"{where}: {error}")) from None
+        values, problems = assembler.finish()
+        if problems:
+            raise _as_runtime_error(BadArgumentError(f"{where}: {next(iter(problems.values()))}"))
+        self._ws.feed(self.name, next(iter(values.values())))
+
 
 class _NetHandle:
     def __init__(self, ws: _RuntimeWorkspace, name: str):
@@ -530,7 +714,11 @@ class _CurrentWorkspaceProperty(type):
 class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
     """Caffe2's `workspace.C.Workspace`: a workspace object used directly, apart from the current one."""
 
-    def __init__(self, ws: _RuntimeWorkspace | None = None):
+    def __init__(self, ws: _RuntimeWorkspace | _CWorkspace | None = None):
+        """A new workspace; `C.Workspace(parent)` (another `C.Workspace`) is a child that sees the parent's
+        blobs, as a session's private task workspace."""
+        if isinstance(ws, _CWorkspace):
+            ws = ws._ws.child()
         self._ws = ws if ws is not None else _RuntimeWorkspace(cache=_cache)
 
     @property
@@ -552,6 +740,8 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
         return _Blob(self._ws, StringifyBlobName(name)).feed(arr)
 
     def create_net(self, net: Any, overwrite: bool = False) -> _NetHandle:
+        if isinstance(net, str):  # Caffe2 hands a str on to the C++ binding, which takes only bytes
+            raise TypeError("create_net: a net is a core.Net, a NetDef or its serialized bytes, not a str")
         with _caffe2_errors():
             name = self._ws.create_net(_proto(net), overwrite=overwrite)
         return _NetHandle(self._ws, name)

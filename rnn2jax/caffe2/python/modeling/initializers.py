@@ -52,8 +52,8 @@ class ExternalInitializer:
 
 
 class PseudoFP16Initializer(Initializer):
-    """The parameter in float16 for compute, with a float master copy `<name>_fp32` (in `blob_copy`) that
-    the optimizer updates: mixed-precision training (https://arxiv.org/abs/1710.03740)."""
+    """Mixed precision: the fill op writes `<param>_fp32`, the parameter is its FloatToHalf copy, and the fp32
+    master (stored and optimized at single precision) is the parameter info's `blob_copy[FLOAT]`."""
 
     def create_param(self, param_name: Any, init_net: Any, shape: Any) -> ParameterInfo:
         param_fp32 = self._fill(init_net, param_name + "_fp32", shape)
@@ -62,7 +62,8 @@ class PseudoFP16Initializer(Initializer):
 
 
 class ReversePseudoFP16Initializer(Initializer):
-    """Like PseudoFP16Initializer, but the float blob is the parameter and `<name>_fp16` the copy."""
+    """As PseudoFP16Initializer, the other way round: the parameter is the fp32 fill, its FloatToHalf copy
+    `<param>_fp16` the `blob_copy[FLOAT16]`."""
 
     def create_param(self, param_name: Any, init_net: Any, shape: Any) -> ParameterInfo:
         param_fp32 = self._fill(init_net, param_name, shape)
