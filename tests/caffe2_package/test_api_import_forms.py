@@ -239,7 +239,7 @@ def test_every_import_form_gives_one_module_object_and_runs_each_file_once(first
     # rnn2jax.proto's; the tree's modules come from the tree, under their caffe2 name
     for module in ours:
         name, path = report["origin"][module]
-        if module in ("proto.caffe2_pb2", "proto.metanet_pb2"):
+        if module in ("proto.caffe2_pb2", "proto.hsm_pb2", "proto.metanet_pb2"):
             leaf = module.rpartition(".")[2]
             assert (name, path) == (f"rnn2jax.proto.{leaf}", str((ROOT / "rnn2jax" / "proto" / f"{leaf}.py").resolve()))
         else:

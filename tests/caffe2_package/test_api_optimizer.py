@@ -328,8 +328,6 @@ def test_refusals():
         optimizer.add_weight_decay(build_ours(calls, arrays), 0.1)
     with pytest.raises(ValueError, match="Decay is not implemented for SparseAdagrad"):
         optimizer.build_adagrad(build_ours(calls, arrays), 0.1, decay=0.5)
-    with pytest.raises(BadArgumentError, match="use_smart_decay"):
-        optimizer.build_adam(build_ours(calls, arrays), 0.1, use_smart_decay=True)
     with pytest.raises(ValueError, match="positive base learning rate"):
         optimizer.build_sgd(build_ours(calls, arrays), -0.1)
     model = build_ours(calls, arrays)
