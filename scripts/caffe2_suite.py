@@ -3,7 +3,7 @@ real Caffe2 (the baseline, cached) and on rnn2jax's `caffe2`, and the page that 
 
     .venv/bin/python scripts/caffe2_suite.py run [--examples N] [--jobs J] [--only GLOB ...]
     .venv/bin/python scripts/caffe2_suite.py report          # docs/caffe2-suite.md from the last results
-    .venv/bin/python scripts/caffe2_suite.py ci              # CI: every file, the recorded passing tests, 1 example
+    .venv/bin/python scripts/caffe2_suite.py ci              # every file, the recorded passing tests, 1 example
 
 `run` runs every `*_test.py` under the wheel's `caffe2/` package directory, one pytest process per file and side:
 real Caffe2 in the oracle venv (`.venv-caffe2`, where it installs pytest and hypothesis when missing), and rnn2jax
@@ -13,8 +13,8 @@ through `rnn2jax.caffe2.pytest_plugin` from a temporary copy of the file (in pla
 The results (`caffe2-suite.json`) record every test's outcome on both sides and, for each failure on rnn2jax, the
 exception's last line; the page groups failures by that cause.
 
-`ci` is what `make test` runs: all files in one pytest process pair (`-n 2`) from a temporary copy of the tree, every
-file collected, the tests the results record as passing on both sides run at one derandomized example each
+`ci` (`make test-caffe2-suite-ci`): all files in one pytest process pair (`-n 2`) from a temporary copy of the tree,
+every file collected, the tests the results record as passing on both sides run at one derandomized example each
 (`tests/caffe2_suite.py`), and the page checked against the results it is rendered from.
 """
 

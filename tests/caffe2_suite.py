@@ -1,4 +1,4 @@
-"""CI's run of Caffe2's whole test suite on rnn2jax (a pytest plugin: `-p tests.caffe2_suite`).
+"""The quick run of Caffe2's whole test suite on rnn2jax (a pytest plugin: `-p tests.caffe2_suite`).
 
 `scripts/caffe2_suite.py ci` collects every file of the suite (so a file that stops importing fails the run) and
 runs, at one derandomized example per hypothesis test, the tests `docs/caffe2-suite.json` records as passing on

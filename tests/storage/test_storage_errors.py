@@ -101,7 +101,7 @@ def test_blobs_rnn2jax_cannot_read_are_named(tmp_path):
     hashed.tensor.data_type = pb.TensorProto.ZERO_COLLISION_HASH
     cases = {
         "q": (qtensor, "is a QTensor blob; rnn2jax reads Tensor and std::string blobs only"),
-        "it": (counter, "is a std::unique_ptr<Counter<int64_t>> blob"),
+        "it": (counter, "is a counter blob without its one int64 count"),  # its content is no counter
         "h": (hashed, "has a tensor of data_type ZERO_COLLISION_HASH, which rnn2jax cannot read"),
     }
     for name, (blob, message) in cases.items():
