@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from rnn2jax.caffe2.python import core, optimizer, workspace
 from rnn2jax.caffe2.python.core import reset_net_names
 from rnn2jax.caffe2.python.model_helper import ModelHelper
-from rnn2jax.errors import BadArgumentError
 from tests.recipes import Recipe
 
 # ------------------------------------------------------------------------------------------------
