@@ -15,12 +15,13 @@ import importlib
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rnn2jax.ops.facets import FACETS, NO_ROLES
+from rnn2jax.ops.unsupported import WHY_UNSUPPORTED
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -68,6 +69,21 @@ def differential_cases() -> Tested:
     return Tested(frozenset(forward), frozenset(with_gradient), gradient_ops)
 
 
+def op_types(keys: Iterable[str]) -> tuple[set[str], dict[str, list[str]]]:
+    """Real Caffe2's operator keys as op types, and the engines registered for each: `X_ENGINE_E` is an engine of X
+    where X itself is registered, else an op type of its own (DNNLOWP's Quantize has no default engine)."""
+    keys = set(keys)
+    engines: dict[str, list[str]] = defaultdict(list)
+    types: set[str] = set()
+    for key in keys:
+        match = _ENGINE.match(key)
+        if match and match.group(1) in keys:
+            engines[match.group(1)].append(match.group(2))
+        else:
+            types.add(key)
+    return types, engines
+
+
 def _family(schema_file: str | None) -> str:
     if not schema_file:
         return "(no schema)"
@@ -99,14 +115,7 @@ def render(
     """The scoreboard as Markdown. `registered` are the lowered types; `records` every registry record (host
     ops too), for the module and facets columns."""
     records = records or {}
-    engines: dict[str, list[str]] = defaultdict(list)
-    types: set[str] = set()
-    for key in catalog.ops:
-        match = _ENGINE.match(key)
-        if match and match.group(1) in catalog.ops:
-            engines[match.group(1)].append(match.group(2))
-        else:
-            types.add(key)
+    types, engines = op_types(catalog.ops)
     families: dict[str, list[str]] = defaultdict(list)
     for op_type in types:
         families[_family(catalog.schema_files.get(op_type))].append(op_type)
@@ -141,6 +150,11 @@ def render(
             f"- rnn2jax also registers {len(ours_only)} type(s) this build of real Caffe2 does not: "
             f"{', '.join(ours_only)}."
         )
+    not_run = sorted(types - registered - set(host))
+    lines.append(
+        f"- **{len(not_run)}** op types rnn2jax does not run; each is listed under *Not run, and why* below, with "
+        "the reason (`rnn2jax/ops/unsupported.py`, which rnn2jax's error for such an op also gives)."
+    )
     lines += [
         "",
         "Columns: **lowered**: rnn2jax compiles it (`host op`: a workspace runs it in Python between jitted "
@@ -152,6 +166,9 @@ def render(
         "gradient op of X).",
         "",
     ]
+    lines += ["## Not run, and why", "", "| op | why rnn2jax does not run it |", "|---|---|"]
+    lines += [f"| {op_type} | {WHY_UNSUPPORTED.get(op_type, '**no reason given**')} |" for op_type in not_run]
+    lines.append("")
     for family in sorted(families, key=lambda f: (not any(t in registered for t in families[f]), f)):
         lines += [
             f"## {family}",

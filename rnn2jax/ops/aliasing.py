@@ -1,7 +1,9 @@
-"""Ops whose point in Caffe2 is memory: they alias, coalesce or overwrite blobs in place (AliasWithName,
-UnsafeCoalesce, CopyRowsToTensor). Here blobs are values, so each computes the values its outputs hold right
-after it runs; later writes through one alias do not show through the others (see each op).
-Sources: caffe2/operators/alias_with_name.h, unsafe_coalesce.h, copy_rows_to_tensor_op.h."""
+"""Ops whose point in Caffe2 is memory or scheduling: they alias, coalesce or overwrite blobs in place
+(AliasWithName, UnsafeCoalesce, CopyRowsToTensor) or only order other ops (AsyncNetBarrier). Here blobs are
+values, so each computes the values its outputs hold right after it runs; later writes through one alias do
+not show through the others (see each op).
+Sources: caffe2/operators/alias_with_name.h, unsafe_coalesce.h, copy_rows_to_tensor_op.h,
+async_net_barrier_op.h."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from ..errors import BadArgumentError, InputTypeError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
 from .facets import NO_EMITTER, NO_ROLES, NO_SHAPE_RULE, Absent, Roles
-from .gradient_makers import single_gradient
+from .gradient_makers import should_not_do_gradient, single_gradient
 from .registry import Kernel, declare_family, register
 from .shape_facts import output_like_input
 
@@ -37,6 +39,20 @@ def alias_with_name(op: Op) -> Kernel:
     op.str("name")
     op.bool("is_backward", False)
     return lambda x: x
+
+
+@register("AsyncNetBarrier", inputs=(1, None), outputs=(1, None), gradient=should_not_do_gradient)
+def async_net_barrier(op: Op) -> Kernel:
+    """Nothing: Caffe2's async scheduler runs the ops before it first, and XLA orders by data alone. It writes no
+    output, so each must be its input (in place, as Caffe2's schema allows); another output would be a blob the
+    op leaves unset, which Caffe2 hands on uninitialized and rnn2jax refuses."""
+    op.int("cross_device", 0)  # a device-placement hint for Caffe2's scheduler
+    if tuple(op.outputs) != tuple(op.inputs):
+        raise BadArgumentError(
+            f"{op.where}: AsyncNetBarrier writes nothing, so its outputs must be its inputs in place: inputs "
+            f"{list(op.inputs)}, outputs {list(op.outputs)}"
+        )
+    return lambda *xs: xs
 
 
 def _coalesce_counts(op: Op) -> None:

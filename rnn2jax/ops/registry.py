@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol
 from ..errors import Advice, BadArgumentError, RegistrationError, UnsupportedOpError
 from ..ir.netdef import Net, Op
 from .facets import FACETS, UNSTATED, Absent, Roles
+from .unsupported import why_unsupported
 
 Kernel = Callable[..., Any]
 Builder = Callable[..., Kernel]  # build(op), or build(op, lower) for an op that `carries_nets`
@@ -357,12 +358,17 @@ def lookup(op: Op) -> OpDef:
     opdef = find(op.type)
     if opdef is None:
         raise UnsupportedOpError(
-            f"{op.where}: op type '{op.type}' is not supported{_host_only(op.type)}",
+            f"{op.where}: op type '{op.type}' is not supported{_host_only(op.type)}{_why_not(op.type, op.engine)}",
             ((op.where, op.type),),
             advice=REGISTER_ADVICE,
         )
     _check_arity(op, opdef)
     return opdef
+
+
+def _why_not(op_type: str, engine: str = "") -> str:
+    """Why rnn2jax does not run the op type at all (unsupported.py), where it is known."""
+    return why_unsupported(f"{op_type}_ENGINE_{engine}" if engine else op_type) or why_unsupported(op_type)
 
 
 def _host_only(op_type: str) -> str:
@@ -434,6 +440,7 @@ def check_supported(*nets: Net) -> None:
         hosts = [t for t in types if find_host(t) is not None]
         if hosts:  # host ops run only in a Workspace, at the top level of a net, between jitted segments
             lines += f"\n{', '.join(hosts)}: host op(s), which only a Workspace runs, at the top level of a net"
+        lines += "".join(f"\n{t}{_why_not(t)}" for t in types if _why_not(t))
         raise UnsupportedOpError(
             f"{len(missing)} op(s) of {len(types)} unsupported type(s) ({', '.join(types)}):\n{lines}",
             tuple(missing),

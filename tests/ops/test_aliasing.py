@@ -1,5 +1,5 @@
-"""The aliasing family (rnn2jax/ops/aliasing.py) against real Caffe2: AliasWithName, UnsafeCoalesce and
-CopyRowsToTensor with its gradient (in place, as Caffe2's maker emits it)."""
+"""The aliasing family (rnn2jax/ops/aliasing.py) against real Caffe2: AliasWithName, UnsafeCoalesce,
+CopyRowsToTensor with its gradient (in place, as Caffe2's maker emits it) and AsyncNetBarrier."""
 
 from __future__ import annotations
 
@@ -45,7 +45,18 @@ def draw_copy_rows_gradient(data):
     return make_op("CopyRowsToTensorGradient", ["g"], ["g"]), {"g": data.draw(arrays(shapes(1, 2)))}
 
 
+def draw_barrier(data):
+    count = data.draw(st.integers(1, 3))
+    names = [f"x{i}" for i in range(count)]
+    dtypes = [data.draw(st.sampled_from([np.float32, np.int64, np.float16])) for _ in names]
+    op = make_op("AsyncNetBarrier", names, names)
+    if data.draw(st.booleans()):
+        op.arg.add(name="cross_device", i=data.draw(st.integers(0, 1)))
+    return op, {name: data.draw(arrays(shapes(0, 3), dtype, -9, 9)) for name, dtype in zip(names, dtypes)}
+
+
 CASES = cases(
+    Case("AsyncNetBarrier", draw_barrier),
     Case("AliasWithName", draw_alias),
     Case("UnsafeCoalesce", draw_coalesce),
     Case("CopyRowsToTensor", draw_copy_rows, gradient_ops=("CopyRowsToTensorGradient",)),
@@ -75,6 +86,9 @@ def test_refusals(caffe2):
         assert check_op(caffe2, op, inputs) is None, op
     with pytest.raises(BadArgumentError, match="name"):
         run_rnn2jax([make_op("AliasWithName", ["x"], ["y"])], {"x": x}, ["y"])
+    # Caffe2 leaves an out-of-place output unset (fetching it fails); rnn2jax refuses the op, naming the blobs
+    with pytest.raises(BadArgumentError, match=r"AsyncNetBarrier.*in place.*'x'.*'y'"):
+        run_rnn2jax([make_op("AsyncNetBarrier", ["x"], ["y"])], {"x": x}, ["y"])
     # Caffe2 writes out of bounds; rnn2jax refuses, naming the blob
     with pytest.raises(Rnn2JaxError, match="INDICES 'i' holds 7"):
         run_rnn2jax(

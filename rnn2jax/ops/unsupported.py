@@ -1,0 +1,71 @@
+"""Why rnn2jax runs neither a lowering nor a host op for some of the op types real Caffe2 registers.
+
+Each reason is what a user meeting the op needs to know: where Caffe2 itself runs it (most are CUDA-only, so
+the CPU wheel that is rnn2jax's reference cannot run them either) or what service it needs that a JAX program
+does not have. `registry.lookup` and `check_supported` add the reason to their error; docs/ops.md lists every
+such op type with it, and tests/ops/test_scoreboard.py fails when an op type real Caffe2 registers is neither run
+nor explained here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+_CUDA_ONLY = (
+    "CUDA-only in Caffe2 (its CPU build cannot create the op), so there is no CPU reference to check a lowering "
+    "against; a net using it was built for GPUs"
+)
+_NCCL = "NCCL collectives across the GPUs of one process: CUDA-only in Caffe2; rnn2jax's JAX runtime does this itself"
+_CUDNN_RNN = (
+    "cuDNN's fused RNN (engine CUDNN), CUDA-only in Caffe2; its weights are one opaque cuDNN buffer. Build the "
+    "RNN with rnn_cell (RecurrentNetwork), which rnn2jax lowers"
+)
+
+WHY_UNSUPPORTED: Mapping[str, str] = MappingProxyType(
+    {
+        **dict.fromkeys(
+            (
+                "DeformConv",
+                "DeformConvGradient",
+                "FP16MomentumSGDUpdate",
+                "FP32MomentumSGDUpdate",
+                "MaxPoolWithIndex",
+                "MaxPoolWithIndexGradient",
+                "RoIAlignRotatedGradient",
+                "SparseLengthsMax",
+            ),
+            _CUDA_ONLY,
+        ),
+        "GetGPUMemoryUsage": "reports the CUDA caching allocator's use per GPU: CUDA-only in Caffe2",
+        **dict.fromkeys(("NCCLAllGather", "NCCLAllreduce", "NCCLBroadcast", "NCCLReduce", "NCCLReduceScatter"), _NCCL),
+        **dict.fromkeys(("Recurrent_ENGINE_CUDNN", "RecurrentGradient_ENGINE_CUDNN"), _CUDNN_RNN),
+        **dict.fromkeys(
+            ("RecurrentParamGet_ENGINE_CUDNN", "RecurrentParamSet_ENGINE_CUDNN"),
+            "reads or writes one weight inside cuDNN's opaque RNN buffer (engine CUDNN): CUDA-only in Caffe2",
+        ),
+        "RoIPoolGradient": "Caffe2 has no CPU kernel for it (roi_pool_op.h: 'Not Implemented' on CPU)",
+        "SendTensor": (
+            "point-to-point Gloo transfer between processes of a Caffe2 common world; rnn2jax's collectives run on "
+            "JAX's runtime, which has no point-to-point send"
+        ),
+        "ReceiveTensor": (
+            "point-to-point Gloo transfer between processes of a Caffe2 common world; rnn2jax's collectives run on "
+            "JAX's runtime, which has no point-to-point receive"
+        ),
+        "Onnxifi": (
+            "hands a subgraph to an ONNXIFI backend library (a vendor's accelerator runtime); Caffe2 itself fails "
+            "without one ('Cannot load onnxifi lib'). Run the ONNX model with an ONNX runtime instead"
+        ),
+        "ATen": (
+            "calls any PyTorch (ATen) operator by name; rnn2jax would need PyTorch's whole operator set. Replace it by "
+            "the Caffe2 op it stands for"
+        ),
+    }
+)
+
+
+def why_unsupported(op_type: str) -> str:
+    """The reason rnn2jax does not run `op_type`, as a clause for an error message ('' if it has none)."""
+    reason = WHY_UNSUPPORTED.get(op_type)
+    return f": {reason}" if reason else ""
