@@ -22,6 +22,7 @@ from ..errors import Advice, InputTypeError, MissingBlobError, ParseError, Resou
 from ..ir.budget import check_array, format_bytes, memory_budget
 from ..ir.dtypes import caffe2_dtypes, check_not_narrowed, device_array, in_caffe2_dtypes
 from ..ir.int8 import Int8Tensor
+from ..ir.packed import PackedFP16Matrix
 from ..ir.loader import load
 from ..ir.netdef import Net, Op, Plan
 from ..lowering.interpreter import LoweredNet, lower, specialisation_key
@@ -178,6 +179,8 @@ class CompiledNet:
         NumPy constants, so the ops computing shapes from them fold, even under jax.jit."""
         if isinstance(value, jax.Array | Int8Tensor):
             return value
+        if isinstance(value, PackedFP16Matrix):  # FbGemmPack's packed weights (ir/packed.py)
+            return PackedFP16Matrix(_as_array(value.b, f"{self.net.where}: {what} '{name}'"))
         if name in self.static_inputs or name in self.static_params:
             try:
                 array = np.asarray(value)
