@@ -22,9 +22,9 @@ from ..errors import Advice, InputTypeError, MissingBlobError, ParseError, Resou
 from ..ir.budget import check_array, format_bytes, memory_budget
 from ..ir.dtypes import caffe2_dtypes, check_not_narrowed, device_array, in_caffe2_dtypes
 from ..ir.int8 import Int8Tensor
-from ..ir.packed import PackedFP16Matrix
 from ..ir.loader import load
 from ..ir.netdef import Net, Op, Plan
+from ..ir.packed import PackedFP16Matrix
 from ..lowering.interpreter import LoweredNet, lower, specialisation_key
 from ..lowering.user_ops import as_opdefs
 from ..ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed

@@ -40,4 +40,6 @@ class PackedFP16Matrix:
         return int(self.b.shape[1])
 
 
-jax.tree_util.register_pytree_node(PackedFP16Matrix, lambda p: ((p.b,), None), lambda _, children: PackedFP16Matrix(children[0]))
+jax.tree_util.register_pytree_node(
+    PackedFP16Matrix, lambda p: ((p.b,), None), lambda _, children: PackedFP16Matrix(children[0])
+)

@@ -65,7 +65,8 @@ def assert_op(op: Op) -> Kernel:
     element and adding `error_msg`; no output."""
     message = op.str("error_msg", "")
     suffix = f"\nError message: {literal(message)}" if message else ""
-    where = f"{literal(op.where)}: Assert failed for element {{index}} in tensor '{literal(op.inputs[0])}', value: {{value}}"
+    blob = literal(op.inputs[0])
+    where = f"{literal(op.where)}: Assert failed for element {{index}} in tensor '{blob}', value: {{value}}"
 
     def kernel(x: jax.Array) -> tuple:
         _dtype_of(op, 0, x, _INT_OR_BOOL)
@@ -155,7 +156,7 @@ def stylizer_preprocess(workspace: HostWorkspace, op: Op, state: dict[str, Any])
     x, mean = np.asarray(x), np.asarray(mean).ravel()
     if x.ndim != 4 or x.shape[3] != 4:
         raise ShapeError(f"{op.where}: input '{op.inputs[0]}' is {list(x.shape)}; needs N x H x W x 4 (BGRA)")
-    n, h, w, _ = x.shape
+    _, h, w, _ = x.shape
     cycle = noise[np.arange(h * w * 3) % size].reshape(h, w, 3)
     y = (x[..., :3].astype(np.float32) - mean) + cycle
     workspace.feed(op.outputs[0], np.ascontiguousarray(np.transpose(y, (0, 3, 1, 2)), np.float32))

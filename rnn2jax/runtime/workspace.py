@@ -25,9 +25,9 @@ import numpy as np
 from ..errors import BadArgumentError, InputTypeError, MissingBlobError, WorkspaceError
 from ..ir.dtypes import device_array, in_caffe2_dtypes
 from ..ir.int8 import Int8Tensor
-from ..ir.packed import PackedFP16Matrix
 from ..ir.loader import load
 from ..ir.netdef import Net, Plan
+from ..ir.packed import PackedFP16Matrix
 from . import plan as plan_runner
 from .executor import Executor
 
