@@ -62,6 +62,25 @@ def test_matches_caffe2(caffe2, case, data):
     run_case(caffe2, case, data)
 
 
+@pytest.mark.parametrize(
+    ("x", "fails"),
+    [
+        (np.array([1, 2], np.int64), False),
+        (np.array([[True], [False]]), True),
+        (np.array([3, 0, 0], np.int32), True),
+        (np.zeros((0,), np.int32), False),
+        (np.ones(2, np.float32), True),
+    ],
+)
+def test_assert_fails_a_workspace_net_as_caffe2_does(caffe2, x, fails):
+    """In a workspace, Assert is checked on the host when it runs (its jitted segments skip run-time checks)."""
+    op = make_op("Assert", ["x"], [], error_msg="boom")
+    check_net(caffe2, [op], {"x": x}, fails=fails)
+    error = run_rnn2jax_net([op], {"x": x})
+    if fails and x.dtype != np.float32:
+        assert "Assert failed for element 1 in tensor 'x', value: 0" in str(error) and "boom" in str(error)
+
+
 def test_data_couple_must_be_in_place(caffe2):
     check_net(caffe2, [make_op("DataCouple", ["x"], ["y"])], {"x": np.ones(2, np.float32)}, fails=True)
 
