@@ -157,12 +157,13 @@ def _check_preprocess(op: Op) -> None:
 def stylizer_preprocess(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """uint8 NHWC BGRA -> float32 NCHW BGR, less the per-channel mean, plus noise: `noise_size` (491) values
     drawn once from N(0, noise_std) (10) into the workspace blob `__CAFFE2_STYLIZER_NOISE__` and reused by
-    every later run, cycling over each image's (pixel, channel) values. The draw is NumPy's, not Caffe2's
-    generator, so only noise_std=0 gives Caffe2's values exactly."""
+    every later run, cycling over each image's (pixel, channel) values. The draw is NumPy's (seeded by the
+    workspace's seed), not Caffe2's generator, so only noise_std=0 gives Caffe2's values exactly."""
     size = op.int("noise_size", 491)
     noise = workspace.get(NOISE_BLOB) if workspace.has_blob(NOISE_BLOB) else None
     if not isinstance(noise, jax.Array | np.ndarray) or noise.dtype == object:
-        rng = state.setdefault("rng", np.random.default_rng())
+        seed = [getattr(workspace, "seed", None) or 0, *op.outputs[0].encode()]  # as sampling.py's host ops
+        rng = state.setdefault("rng", np.random.default_rng(seed))
         noise = (rng.standard_normal(size) * op.float("noise_std", 10.0)).astype(np.float32)
         workspace.feed(NOISE_BLOB, noise)
     noise = np.asarray(noise, np.float32).ravel()
