@@ -122,8 +122,9 @@ def _sizes(names: np.ndarray, sizes: np.ndarray) -> dict[bytes, int]:
 
 @pytest.mark.parametrize("with_options", [False, True])
 def test_estimate_all_blob_sizes_matches_caffe2(caffe2, with_options):
-    """Every dtype's estimate, a string blob, a blob no serializer estimates (a counter: 0), the outputs
-    themselves, and per-blob options (bfloat16 floats, chunk sizes, a regex matching the name whole)."""
+    """Every dtype's estimate, a string blob, blobs no serializer estimates (a counter, a packed matrix, an
+    Int8 tensor: 0), the outputs themselves, and per-blob options (bfloat16 floats, chunk sizes, a regex
+    matching the name whole)."""
     args = {}
     if with_options:
         options = pb.SerializationOptions()
@@ -136,6 +137,8 @@ def test_estimate_all_blob_sizes_matches_caffe2(caffe2, with_options):
     ops = [
         make_op("FeedBlob", [], ["text"], value="some text"),
         make_op("CreateCounter", [], ["counter"]),
+        make_op("FbGemmPack", ["f32"], ["packed"]),  # not a tensor: 0 (Caffe2 has no serializer for it)
+        make_op("Int8GivenTensorFill", [], ["q"], shape=[2], values=b"ab", Y_scale=1.0, Y_zero_point=0),
         make_op("EstimateAllBlobSizes", [], ["names", "sizes"], **args),
     ]
     want = caffe2.run([("net", ops_net(ops))], SIZE_FEEDS, ["names", "sizes"])
