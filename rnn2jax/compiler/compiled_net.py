@@ -179,8 +179,6 @@ class CompiledNet:
         NumPy constants, so the ops computing shapes from them fold, even under jax.jit."""
         if isinstance(value, jax.Array | Int8Tensor):
             return value
-        if isinstance(value, PackedFP16Matrix):  # FbGemmPack's packed weights (ir/packed.py)
-            return PackedFP16Matrix(_as_array(value.b, f"{self.net.where}: {what} '{name}'"))
         if name in self.static_inputs or name in self.static_params:
             try:
                 array = np.asarray(value)
@@ -352,6 +350,8 @@ def _as_array(value: Any, what: str) -> jax.Array:
         raise InputTypeError(f"{what} must be an array (NumPy or JAX), got a {type(value).__name__}")
     if isinstance(value, Int8Tensor):  # a quantized blob: its data on the device, its scale and zero point static
         return Int8Tensor(_as_array(value.data, what), value.scale, value.zero_point)  # type: ignore[return-value]
+    if isinstance(value, PackedFP16Matrix):  # FbGemmPack's packed weights (ir/packed.py)
+        return PackedFP16Matrix(_as_array(value.b, what))  # type: ignore[return-value]
     try:
         return device_array(value)
     except (TypeError, ValueError) as error:

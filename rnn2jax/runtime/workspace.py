@@ -121,6 +121,8 @@ class Workspace:
             return np.asarray(value)
         if isinstance(value, Int8Tensor):
             return Int8Tensor(np.asarray(value.data), value.scale, value.zero_point)
+        if isinstance(value, PackedFP16Matrix):
+            return PackedFP16Matrix(np.asarray(value.b))
         return value
 
     def blobs(self) -> list[str]:

@@ -278,3 +278,28 @@ def test_fb_fc_packed_refuses_an_unpacked_tensor(caffe2):
     check_net(caffe2, ops, feeds, fails=True)
     error = run_rnn2jax_net(ops, feeds)
     assert isinstance(error, InputTypeError) and "make one with FbGemmPack" in str(error)
+
+
+def test_packed_weights_pass_through_compiled_nets_and_the_workspace(tmp_path):
+    """A packed blob fed to a compiled net or a workspace (a predictor's init net made it) is read as it is;
+    Save refuses it by name, as Caffe2 has no serializer for it."""
+    import rnn2jax
+    from rnn2jax.caffe2.opdef import create_net
+    from rnn2jax.errors import StorageError
+    from rnn2jax.ir.packed import PackedFP16Matrix
+
+    packed = PackedFP16Matrix(np.arange(12, dtype=np.float16).reshape(3, 4))
+    feeds = {"x": np.ones((2, 3), np.float32), "w": packed, "b": np.zeros(4, np.float32)}
+    net = create_net("fc", [make_op("FbFCPacked", ["x", "w", "b"], ["y"])])
+    want = np.ones((2, 3), np.float32) @ np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(np.asarray(rnn2jax.compile(net, outputs=["y"])(feeds)["y"]), want)
+    workspace = rnn2jax.Workspace()
+    for name, value in feeds.items():
+        workspace.feed(name, value)
+    workspace.run(net)
+    np.testing.assert_array_equal(workspace.fetch("y"), want)
+    fetched = workspace.fetch("w")
+    assert isinstance(fetched, PackedFP16Matrix) and isinstance(fetched.b, np.ndarray)
+    save = make_op("Save", ["w"], [], db=str(tmp_path / "w.minidb"), db_type="minidb", absolute_path=1)
+    with pytest.raises(StorageError, match="blob 'w' holds a PackedFP16Matrix, which cannot be saved"):
+        workspace.run(create_net("save", [save]))
