@@ -24,6 +24,7 @@ from ..ir.dtypes import caffe2_dtypes, check_not_narrowed, device_array, in_caff
 from ..ir.int8 import Int8Tensor
 from ..ir.loader import load
 from ..ir.netdef import Net, Op, Plan
+from ..ir.packed import PackedFP16Matrix
 from ..lowering.interpreter import LoweredNet, lower, specialisation_key
 from ..lowering.user_ops import as_opdefs
 from ..ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
@@ -349,6 +350,8 @@ def _as_array(value: Any, what: str) -> jax.Array:
         raise InputTypeError(f"{what} must be an array (NumPy or JAX), got a {type(value).__name__}")
     if isinstance(value, Int8Tensor):  # a quantized blob: its data on the device, its scale and zero point static
         return Int8Tensor(_as_array(value.data, what), value.scale, value.zero_point)  # type: ignore[return-value]
+    if isinstance(value, PackedFP16Matrix):  # FbGemmPack's packed weights (ir/packed.py)
+        return PackedFP16Matrix(_as_array(value.b, what))  # type: ignore[return-value]
     try:
         return device_array(value)
     except (TypeError, ValueError) as error:

@@ -36,6 +36,7 @@ from . import (  # noqa: F401
     math,
     metrics,
     misc,
+    misc_extra,
     norm,
     optimizer,
     optimizer_extra,

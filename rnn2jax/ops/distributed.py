@@ -1,7 +1,8 @@
 """Host ops for training across processes: Caffe2's store handlers (`caffe2/distributed`:
 FileStoreHandlerCreate, RedisStoreHandlerCreate) and its Gloo collectives (`caffe2/contrib/gloo`:
-CreateCommonWorld, CloneCommonWorld, DestroyCommonWorld, Allreduce, Broadcast, Barrier), on JAX's
-multi-process runtime.
+CreateCommonWorld, CloneCommonWorld, DestroyCommonWorld, Allreduce, Broadcast, Barrier, Allgather,
+ReduceScatter), on JAX's multi-process runtime. (Caffe2's Reduce has no implementation in its CPU build: it
+registers no engine for it, and its default refuses to run, so rnn2jax has none either.)
 
 A store handler is a key/value store every process of a run reaches: a folder they share, or a Redis
 server. Caffe2's Gloo published each process's address there; rnn2jax publishes one, the address of JAX's
@@ -36,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..errors import BadArgumentError, DistributedError, ShapeError
 from ..ir.netdef import Op
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_GRADIENT, NO_ROLES
-from .registry import HostWorkspace, declare_family, register_host_op
+from .registry import UNBOUNDED, HostWorkspace, declare_family, register_host_op
 
 declare_family(
     __name__, roles=NO_ROLES, shape_rule=HOST_OP_NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=HOST_OP_NO_EMITTER
@@ -196,6 +197,7 @@ class ProcessGroup:
         self._whole = NamedSharding(self.mesh, PartitionSpec())
         self._sum = jax.jit(lambda x: jnp.sum(x, axis=0, dtype=x.dtype), out_shardings=self._whole)
         self._pick: dict[int, Callable[[jax.Array], jax.Array]] = {}
+        self._all: Callable[[jax.Array], jax.Array] | None = None
 
     def _gather(self, value: Any) -> jax.Array:
         value = jnp.asarray(value)
@@ -204,6 +206,12 @@ class ProcessGroup:
     def allreduce(self, value: Any) -> jax.Array:
         """The sum of every process's `value` (same shape and dtype everywhere)."""
         return self._sum(self._gather(value)).addressable_data(0)
+
+    def allgather(self, value: Any) -> jax.Array:
+        """Every process's `value` (same shape and dtype everywhere), stacked in rank order, on every process."""
+        if self._all is None:
+            self._all = jax.jit(lambda x: x, out_shardings=self._whole)
+        return self._all(self._gather(value)).addressable_data(0)
 
     def broadcast(self, value: Any, root: int) -> jax.Array:
         """Process `root`'s `value`, on every process."""
@@ -323,6 +331,9 @@ class CommonWorld:
 
     def broadcast(self, value: Any, root: int) -> Any:
         return value if self.group is None else self.group.broadcast(value, root)
+
+    def allgather(self, value: Any) -> Any:
+        return jnp.asarray(value)[None] if self.group is None else self.group.allgather(value)
 
 
 def _check_counts(op: Op, inputs: tuple[int, int], outputs: tuple[int, int], what: str) -> None:
@@ -486,6 +497,86 @@ def barrier(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     _world(workspace, op).allreduce(jnp.zeros((), jnp.int32)).block_until_ready()
 
 
+_ALLGATHER_TYPES = tuple(np.dtype(t) for t in (np.float32, np.int64, np.int32, np.float16))
+_REDUCE_SCATTER_TYPES = tuple(np.dtype(t) for t in (np.float32, np.float16))
+
+
+def _same_size_and_type(op: Op, values: Sequence[Any], names: Sequence[str], types: tuple[np.dtype, ...]) -> None:
+    """Caffe2's Gloo ops: every tensor of one element count and one dtype, a dtype Gloo's algorithm takes."""
+    first = values[0]
+    for name, value in zip(names, values, strict=True):
+        if not isinstance(value, jax.Array | np.ndarray) or value.dtype == object:
+            raise DistributedError(f"{op.where}: blob '{name}' holds no numeric tensor ({type(value).__name__})")
+        if value.size != first.size:
+            raise ShapeError(f"{op.where}: blob '{name}' has {value.size} elements, blob '{names[0]}' {first.size}")
+        if value.dtype != first.dtype:
+            raise ShapeError(f"{op.where}: blob '{name}' is {value.dtype}, blob '{names[0]}' {first.dtype}")
+    if np.dtype(first.dtype) not in types:
+        raise DistributedError(
+            f"{op.where}: {op.type} takes {', '.join(str(t) for t in types)} tensors; blob '{names[0]}' is "
+            f"{first.dtype} (Caffe2: Unhandled type)"
+        )
+
+
+def _check_allgather(op: Op) -> None:
+    _check_counts(op, (2, UNBOUNDED), (1, 1), "a common world, 1 or more blobs and 1 output")
+    _check_engine(op)
+
+
+def allgather(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """Every process's blobs, flattened and concatenated: process 0's blobs in order, then process 1's, ...
+    (Caffe2's Gloo allgather ring), as one 1-D tensor on every process."""
+    world = _world(workspace, op)
+    names = op.inputs[1:]
+    values = [workspace.get(name, op) for name in names]
+    _same_size_and_type(op, values, names, _ALLGATHER_TYPES)
+    local = jnp.concatenate([jnp.ravel(jnp.asarray(value)) for value in values])
+    workspace.put(op.outputs[0], jnp.ravel(world.allgather(local)))
+
+
+def _check_reduce_scatter(op: Op) -> None:
+    _check_engine(op)
+    if len(op.inputs) < 3 or list(op.outputs) != list(op.inputs[1:]):
+        raise BadArgumentError(
+            f"{op.where}: ReduceScatter takes a common world, 1 or more blobs and the receive counts, and works in "
+            f"place (its outputs must be its inputs after the common world); got inputs {list(op.inputs)}, "
+            f"outputs {list(op.outputs)}"
+        )
+
+
+def reduce_scatter(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """The sum of every blob on every process, scattered: process r gets `recv_counts[r]` elements (the
+    last input: int32, one count per process), those after the first `recv_counts[0] + ... +
+    recv_counts[r-1]` of the flattened sum, at the start of each of its blobs (Caffe2's Gloo halving-doubling
+    reduce-scatter). Caffe2 leaves the rest of the blobs holding the algorithm's partial sums; rnn2jax
+    leaves the sum there."""
+    world = _world(workspace, op)
+    names, counts_name = op.inputs[1:-1], op.inputs[-1]
+    values = [workspace.get(name, op) for name in names]
+    _same_size_and_type(op, values, names, _REDUCE_SCATTER_TYPES)
+    counts = workspace.get(counts_name, op)
+    if not isinstance(counts, jax.Array | np.ndarray) or counts.dtype != np.int32 or counts.size != world.size:
+        raise ShapeError(
+            f"{op.where}: receive counts '{counts_name}' must be int32 with one count per process ({world.size}); "
+            f"got {getattr(counts, 'dtype', type(counts).__name__)} {list(getattr(counts, 'shape', ()))}"
+        )
+    counts = np.asarray(counts).ravel().astype(np.int64)
+    size = int(values[0].size)
+    if np.any(counts < 0) or counts.sum() > size:
+        raise ShapeError(
+            f"{op.where}: receive counts '{counts_name}' {counts.tolist()} must be >= 0 and add up to at most the "
+            f"{size} elements of blob '{names[0]}'"
+        )
+    total = jnp.ravel(jnp.asarray(values[0]))
+    for value in values[1:]:
+        total = total + jnp.ravel(jnp.asarray(value))
+    total = jnp.ravel(world.allreduce(total))
+    start, count = int(counts[: world.rank].sum()), int(counts[world.rank])
+    mine = total.at[:count].set(total[start : start + count])
+    for name, value in zip(names, values, strict=True):
+        workspace.put(name, mine.reshape(value.shape))
+
+
 register_host_op("FileStoreHandlerCreate", file_store_handler_create, check=_check_file_store)
 register_host_op("RedisStoreHandlerCreate", redis_store_handler_create, check=_check_redis_store)
 register_host_op("CreateCommonWorld", create_common_world, check=_check_create_world)
@@ -494,3 +585,5 @@ register_host_op("DestroyCommonWorld", destroy_common_world, check=_check_destro
 register_host_op("Allreduce", allreduce, check=_check_collective)
 register_host_op("Broadcast", broadcast, check=_check_broadcast)
 register_host_op("Barrier", barrier, check=_check_barrier)
+register_host_op("Allgather", allgather, check=_check_allgather)
+register_host_op("ReduceScatter", reduce_scatter, check=_check_reduce_scatter)

@@ -27,6 +27,7 @@ from ..ir.dtypes import device_array, in_caffe2_dtypes
 from ..ir.int8 import Int8Tensor
 from ..ir.loader import load
 from ..ir.netdef import Net, Plan
+from ..ir.packed import PackedFP16Matrix
 from . import plan as plan_runner
 from .executor import Executor
 
@@ -120,6 +121,8 @@ class Workspace:
             return np.asarray(value)
         if isinstance(value, Int8Tensor):
             return Int8Tensor(np.asarray(value.data), value.scale, value.zero_point)
+        if isinstance(value, PackedFP16Matrix):
+            return PackedFP16Matrix(np.asarray(value.b))
         return value
 
     def blobs(self) -> list[str]:
@@ -350,6 +353,8 @@ def _as_blob(name: str, value: Any) -> Any:
     """What `feed` stores: JAX arrays for numbers, object arrays of bytes for strings, bytes for bytes."""
     if isinstance(value, jax.Array):
         return value
+    if isinstance(value, PackedFP16Matrix):  # FbGemmPack's packed weights
+        return PackedFP16Matrix(_as_blob(name, value.b))
     if isinstance(value, Int8Tensor):  # a quantized blob (Int8TensorCPU)
         return Int8Tensor(_as_blob(name, value.data), value.scale, value.zero_point)
     if isinstance(value, str):

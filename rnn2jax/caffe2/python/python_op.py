@@ -4,7 +4,10 @@
 (a NumPy array; writable for outputs), `.shape`, `.reshape(shape)`, `.feed(array)`. Functions are kept
 in this process by token, as Caffe2 kept them; a net holding a token from another process cannot run.
 `PythonGradient` runs `grad_f` with the forward inputs, outputs and output gradients as inputs.
-Both are host ops of the op registry; this module builds on no other module of the Caffe2 API (what
+`PythonDLPack` (and `PythonDLPackGradient`) run the same registered functions, handing them the blobs as
+Caffe2's DLPackTensorCPU objects instead: `.data` is a DLPack capsule of the blob, `.feed(capsule)` sets it
+from one, `._shape` and `._reshape(shape)`. All four are host ops of the op registry; this module builds on no other
+module of the Caffe2 API (what
 `pass_workspace` hands `f` is made by the caller of `register_python_function`, `core.Net.Python`).
 """
 
@@ -81,6 +84,62 @@ class TensorCPU:
         self.reshape(shape)
 
 
+class _Capsule:
+    """A DLPack capsule as NumPy's `from_dlpack` takes it (an object with `__dlpack__`), on the CPU."""
+
+    def __init__(self, capsule: Any):
+        self.capsule = capsule
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU, device 0
+
+
+class DLPackTensorCPU:
+    """A blob as a PythonDLPack op sees it (Caffe2's DLPackWrapper over a CPU tensor)."""
+
+    def __init__(self, value: Any, where: str, name: str):
+        self.array = np.array(value, copy=True) if value is not None else None
+        self._where, self._name = where, name
+
+    @property
+    def data(self) -> Any:
+        """A DLPack capsule ("dltensor") of the blob, sharing its memory: a consumer that writes to it (torch)
+        writes the blob. An empty or unset blob is a float32 tensor of shape (0,), as in Caffe2; a 0-d blob
+        and a string blob cannot be passed (Caffe2: the tensor must have a dim; the type is not in DLPack)."""
+        if self.array is None or self.array.size == 0:
+            self.array = np.zeros((0,), self.array.dtype if self.array is not None else np.float32)
+        if self.array.ndim == 0 or self.array.dtype == object:
+            what = "a 0-d tensor" if self.array.ndim == 0 else f"a {self.array.dtype} tensor"
+            raise BadArgumentError(f"{self._where}: blob '{self._name}' is {what}, which DLPack cannot pass")
+        return self.array.__dlpack__()
+
+    def feed(self, capsule: Any) -> None:
+        """Set the blob to a copy of the tensor a DLPack capsule holds (a CPU tensor of standard strides)."""
+        if type(capsule).__name__ != "PyCapsule":
+            raise BadArgumentError(
+                f"{self._where}: blob '{self._name}': Expected DLPack capsule, got {type(capsule).__name__} (pass "
+                "x.__dlpack__() or torch.utils.dlpack.to_dlpack(x))"
+            )
+        try:
+            self.array = np.array(np.from_dlpack(_Capsule(capsule)), copy=True)
+        except (BufferError, TypeError, ValueError, RuntimeError) as error:
+            raise BadArgumentError(f"{self._where}: blob '{self._name}': Invalid DLPack capsule: {error}") from None
+
+    @property
+    def _shape(self) -> list[int]:
+        return [] if self.array is None else list(self.array.shape)
+
+    def _reshape(self, shape: Any) -> None:
+        """Caffe2's Resize: the dtype stays (float32 for an unset blob); the values are undefined (here 0)
+        unless the shape is the same."""
+        shape = tuple(int(d) for d in shape)
+        if self.array is None or self.array.shape != shape:
+            self.array = np.zeros(shape, self.array.dtype if self.array is not None else np.float32)
+
+
 def _function(op: Any, gradient: bool) -> tuple[Callable, WorkspaceView | None]:
     token = op.str("token", "")
     entry = _FUNCTIONS.get(token)
@@ -97,20 +156,25 @@ def _function(op: Any, gradient: bool) -> tuple[Callable, WorkspaceView | None]:
     return f, workspace_view
 
 
-def _run(gradient: bool) -> Callable:
+def _run(gradient: bool, dlpack: bool = False) -> Callable:
     def run(workspace: Any, op: Any, state: dict[str, Any]) -> None:
+        def wrap(value: Any, name: str) -> TensorCPU | DLPackTensorCPU:
+            return DLPackTensorCPU(value, op.where, name) if dlpack else TensorCPU(value)
+
         f, workspace_view = _function(op, gradient)
-        inputs = [TensorCPU(np.asarray(workspace.get(name, op))) for name in op.inputs]
+        inputs = [wrap(np.asarray(workspace.get(name, op)), name) for name in op.inputs]
         outputs = []
         for name in op.outputs:
             value = workspace.get(name, op) if workspace._has_value(name) else None
-            outputs.append(TensorCPU(np.asarray(value) if isinstance(value, jax.Array | np.ndarray) else None))
+            outputs.append(wrap(np.asarray(value) if isinstance(value, jax.Array | np.ndarray) else None, name))
         if workspace_view is not None:
             f(inputs, outputs, workspace_view(workspace))
         else:
             f(inputs, outputs)
         for name, tensor in zip(op.outputs, outputs, strict=True):
-            workspace.feed(name, tensor.data)
+            value = tensor.array if dlpack else tensor.data
+            if value is not None:
+                workspace.feed(name, value)
 
     return run
 
@@ -120,14 +184,19 @@ declare_family(__name__, roles=NO_ROLES, shape_rule=HOST_OP_NO_SHAPE_RULE, emitt
 if find_host("Python") is None:
     register_host_op("Python", _run(gradient=False))
     register_host_op("PythonGradient", _run(gradient=True), gradient=Absent("no builder gradient maker"))
+    register_host_op("PythonDLPack", _run(gradient=False, dlpack=True))
+    register_host_op(
+        "PythonDLPackGradient", _run(gradient=True, dlpack=True), gradient=Absent("no builder gradient maker")
+    )
 
 
-@facet("gradient", "Python")
+@facet("gradient", "Python", "PythonDLPack")
 def _python_gradient(g: GradientContext) -> list:
-    """Caffe2's GetPythonGradient: inputs, outputs and (selected) output gradients in; input gradients out."""
+    """Caffe2's GetPythonGradient: inputs, outputs and (selected) output gradients in; input gradients out
+    (PythonGradient, or PythonDLPackGradient for PythonDLPack)."""
     outputs_arg = g.arg("grad_output_indices")
     inputs_arg = g.arg("grad_input_indices")
     grad_outputs = list(outputs_arg.ints) if outputs_arg is not None and outputs_arg.ints else range(len(g.op.output))
     grad_inputs = list(inputs_arg.ints) if inputs_arg is not None and inputs_arg.ints else range(len(g.op.input))
     inputs = [*g.op.input, *g.op.output, *(g.GO(i) for i in grad_outputs)]
-    return [gradient_op("PythonGradient", inputs, [g.GI(i) for i in grad_inputs])]
+    return [gradient_op(f"{g.op.type}Gradient", inputs, [g.GI(i) for i in grad_inputs])]
