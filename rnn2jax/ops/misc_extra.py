@@ -82,24 +82,6 @@ def assert_op(op: Op) -> Kernel:
 runtime_checked("Assert")
 
 
-@host_op("Assert", check=lambda op: op.str("error_msg", ""))
-def assert_on_host(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
-    """Assert in a workspace's net: checked on the host at once, as Caffe2 fails the net at the op (a jitted
-    segment of a workspace skips run-time checks; a compiled net checks the lowering's after its call)."""
-    x = workspace.get(op.inputs[0], op)
-    if not isinstance(x, jax.Array | np.ndarray):
-        raise InputTypeError(f"{op.where}: input '{op.inputs[0]}' holds a {type(x).__name__}, not a tensor")
-    _dtype_of(op, 0, x, _INT_OR_BOOL)
-    flat = np.asarray(x).ravel()
-    bad = np.flatnonzero(flat == 0)
-    if bad.size:
-        message = op.str("error_msg", "")
-        raise ShapeError(
-            f"{op.where}: Assert failed for element {bad[0]} in tensor '{op.inputs[0]}', value: {int(flat[bad[0]])}"
-            + (f"\nError message: {message}" if message else "")
-        )
-
-
 @register("DataCouple", inputs=(0, None), outputs=(0, None))
 def data_couple(op: Op) -> Kernel:
     """Passes each input through to the output of the same name: it only ties blobs into a data dependency

@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import InputTypeError, UnsupportedOpError
 from ..ir.netdef import Net, Op
 from ..lowering.interpreter import LoweredNet, specialisation_key
+from ..ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
 from ..ops.registry import REGISTER_EACH_ADVICE, HostOp, HostWorkspace, find_host, lookup, unsupported_ops
 
 
@@ -73,8 +74,12 @@ class _Specialised:
 def _traced_segment() -> Any:
     """A fresh function to jit (jit's caches are per function, so each SharedCode entry owns its own)."""
 
-    def call(handle: _Specialised, env: dict[str, Any], counter: Any) -> dict[str, Any]:
-        return handle.segment._apply({**env, **handle.static}, counter)
+    def call(handle: _Specialised, env: dict[str, Any], counter: Any) -> Any:
+        def apply(env: dict[str, Any], counter: Any) -> dict[str, Any]:
+            return handle.segment._apply({**env, **handle.static}, counter)
+
+        # ops that check traced values (EnforceFinite, Gather's indices) run under checkify, as in CompiledNet
+        return checked_call(apply)(env, counter) if handle.segment.runtime_checks else apply(env, counter)
 
     return call
 
@@ -113,6 +118,9 @@ class PureSegment:
             name for name in self.inputs if all(lookup(op).shape_only for op in ops if name in op.inputs)
         )
         self.code = SharedCode()
+        # Ops whose kernels check values only known when the segment runs: the segment returns the first
+        # failed check too, raised after the call (ops/checks.py), as Caffe2 refused the input at the op.
+        self.runtime_checks = any(op.type in CHECKED_OP_TYPES for op in net.walk())
 
     def _apply(self, env: dict[str, Any], counter: Any) -> dict[str, Any]:
         key = jax.random.fold_in(jax.random.key(self._seed), counter) if self.random else None
@@ -141,6 +149,9 @@ class PureSegment:
         except TypeError:
             self._check_arrays(env)
             raise
+        if self.runtime_checks:
+            error, result = result
+            raise_failed(error)
         workspace._write_all(result)
 
     def _executable(self, key: tuple) -> Any:

@@ -128,7 +128,8 @@ def test_matches_caffe2(caffe2, case, data):
     ],
 )
 def test_assert_fails_a_workspace_net_as_caffe2_does(caffe2, x, fails):
-    """In a workspace, Assert is checked on the host when it runs (its jitted segments skip run-time checks)."""
+    """In a workspace, Assert fails the net at the op, as in Caffe2: the jitted segment holding it raises its failed
+    run-time check after the call."""
     op = make_op("Assert", ["x"], [], error_msg="boom")
     check_net(caffe2, [op], {"x": x}, fails=fails)
     error = run_rnn2jax_net([op], {"x": x})

@@ -267,3 +267,22 @@ def test_nets_that_differ_only_in_name_share_compiled_code(monkeypatch):
 def test_db_root_of_the_wrong_type_is_an_input_type_error():
     with pytest.raises(InputTypeError, match=r"Workspace: db_root must be a str or os\.PathLike, got a int"):
         rnn2jax.Workspace(db_root=5)
+
+
+@pytest.mark.parametrize(
+    "ops, feeds, message",
+    [
+        ([op("EnforceFinite", ["x"], []), op("Relu", ["x"], ["y"])], {"x": [1.0, np.inf]}, r"op #0 \(EnforceFinite\)"),
+        ([op("Gather", ["d", "i"], ["y"])], {"d": [1.0, 2.0], "i": np.array([0, 5], np.int64)}, r"op #0 \(Gather\)"),
+    ],
+)
+def test_values_a_segment_checks_fail_the_net_as_in_caffe2(caffe2, ops, feeds, message):
+    """Ops that check values only known when the jitted segment runs (non-finite values, indices out of range)
+    fail a workspace's net at that op, as real Caffe2 does, instead of answering with their fallbacks."""
+    feeds = {name: np.asarray(value, np.float32 if name in "xd" else None) for name, value in feeds.items()}
+    checked = net("checked", *ops)
+    with pytest.raises(Exception):  # real Caffe2 refuses the net
+        caffe2.run([("net", checked)], feeds, None)
+    workspace = _workspace(**feeds)
+    with pytest.raises(ShapeError, match=rf"net 'checked', {message}"):
+        workspace.run(checked)
