@@ -44,6 +44,10 @@ WHY_UNSUPPORTED: Mapping[str, str] = MappingProxyType(
             ("RecurrentParamGet_ENGINE_CUDNN", "RecurrentParamSet_ENGINE_CUDNN"),
             "reads or writes one weight inside cuDNN's opaque RNN buffer (engine CUDNN): CUDA-only in Caffe2",
         ),
+        "Reduce": (
+            "Caffe2 registers no implementation of it for CPU: it has no default engine and Gloo none either "
+            "('does not have a default engine implementation'); Allreduce, which rnn2jax runs, sums onto every process"
+        ),
         "RoIPoolGradient": "Caffe2 has no CPU kernel for it (roi_pool_op.h: 'Not Implemented' on CPU)",
         "SendTensor": (
             "point-to-point Gloo transfer between processes of a Caffe2 common world; rnn2jax's collectives run on "
