@@ -1,19 +1,23 @@
 """Print, Caffe2's host op that writes a blob in the format of Caffe2's TensorPrinter (to stdout or a
-`<blob>.log` file): it runs on the host between the jitted segments around it (`register_host_op`).
+`<blob>.log` file): it runs on the host between the jitted segments around it (`register_host_op`). Inside a
+nested net (a loop's body, a branch: traced with the op that carries it, where no host op can run) its
+lowering prints the same text from the compiled code, through an ordered `jax.debug.callback`.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from ..errors import BadArgumentError, Rnn2JaxError
 from ..ir.netdef import Op
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
-from .registry import HostWorkspace, declare_family, host_op
+from .registry import HostWorkspace, Kernel, declare_family, host_op, register
 
 declare_family(
     __name__,
@@ -72,17 +76,16 @@ def _check_print(op: Op) -> None:
     op.bool("to_file", False)
 
 
-@host_op("Print", check=_check_print)
-def print_blob(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
-    """Print the input blob to stdout (or append it to `<blob>.log` with `to_file`); with `every_n`,
-    only the 1st, (n+1)th, ... run of the op prints, as in Caffe2."""
+def _print(op: Op, state: dict[str, Any], value: Any) -> None:
+    """Print `value`, the input blob, to stdout (or append it to `<blob>.log` with `to_file`); with
+    `every_n`, only the 1st, (n+1)th, ... run of the op prints, as in Caffe2."""
     count = state.get("count", 0)
     state["count"] = count + 1
     every_n = op.int("every_n", 1)
     if every_n > 1 and count % every_n:
         return
     name = op.inputs[0]
-    text = format_tensor(name, workspace.get(name, op), op.int("limit", 0))
+    text = format_tensor(name, value, op.int("limit", 0))
     if not op.bool("to_file", False):
         print(text, file=sys.stdout, flush=True)
         return
@@ -92,3 +95,23 @@ def print_blob(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
             stream.write(text + "\n")
     except OSError as error:
         raise Rnn2JaxError(f"{op.where}: cannot write '{path}': {error.strerror or error}") from None
+
+
+@host_op("Print", check=_check_print)
+def print_blob(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """At the top level of a net: print the blob from the workspace (`state` lives as long as the net)."""
+    _print(op, state, workspace.get(op.inputs[0], op))
+
+
+@register("Print", outputs=0)
+def print_traced(op: Op) -> Kernel:
+    """In a nested net: the same text, printed by a callback when the compiled code runs (ordered, so a
+    loop's iterations print in turn); `every_n` counts the runs of this lowered op."""
+    _check_print(op)
+    state: dict[str, Any] = {}
+
+    def kernel(x):
+        jax.debug.callback(functools.partial(_print, op, state), x, ordered=True)
+        return ()
+
+    return kernel

@@ -286,17 +286,16 @@ def _remove_padding_gradient_maker(g: GradientContext) -> GradientOps:
 @register("GatherPadding", inputs=2, outputs=(1, 2))
 def gather_padding(op: Op) -> Kernel:
     """(data [N, …], lengths) -> (Σ start padding rows, Σ end padding rows); with one output, the sum of
-    both. AddPadding's gradient on its padding inputs."""
+    both; with no padding widths, 0-d int64 zeros, as Caffe2. AddPadding's gradient on its padding inputs."""
     start, end = _padding_widths(op)
 
     def kernel(data, lengths):
+        if start == 0 and end == 0:
+            # No padding rows: as Caffe2, each output is a 0-d int64 zero, whatever the data (read neither).
+            zero = np.zeros((), np.int64)
+            return zero if len(op.outputs) == 1 else (zero, zero)
         if data.ndim < 1:
             raise ShapeError(f"{op.where}: input '{op.inputs[0]}' must have at least 1 dim")
-        if start == 0 and end == 0:
-            # No padding rows: the sums are zero rows. (Caffe2 returns an uninitialised 0-d int64 tensor
-            # here, which is no gradient of a float padding input.)
-            zero = jnp.zeros(data.shape[1:], data.dtype)
-            return zero if len(op.outputs) == 1 else (zero, zero)
         if data.dtype == jnp.bool_:
             raise ShapeError(f"{op.where}: GatherPadding cannot sum input '{op.inputs[0]}' of type bool")
         _check_lengths(op, lengths)

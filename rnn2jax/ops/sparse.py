@@ -834,9 +834,9 @@ def remove_data_blocks(op: Op) -> Kernel:
     (caffe2/operators/remove_data_blocks_op.h)."""
 
     def kernel(data, indices):
+        if np.shape(indices)[:1] == (0,):
+            return data  # Caffe2 copies DATA, whatever its rank and INDICES' type
         indices = _static_ints(op, indices, 1, "INDICES", ndim=None)
-        if indices.shape[:1] == (0,):
-            return data  # Caffe2 copies DATA, whatever its rank
         _check_ndim(op, data, 0, "DATA", 1, at_least=True)
         _check_ndim(op, indices, 1, "INDICES", 1)
         _check_index_range(op, indices, 1, 0, data.shape[0])
@@ -847,11 +847,11 @@ def remove_data_blocks(op: Op) -> Kernel:
 
 @register("FindDuplicateElements", static_inputs=(0,), gradient=should_not_do_gradient)
 def find_duplicate_elements(op: Op) -> Kernel:
-    """DATA [N] -> the positions (int64) of the elements equal to an earlier one
+    """DATA [N] (numbers or strings) -> the positions (int64) of the elements equal to an earlier one
     (caffe2/operators/find_duplicate_elements_op.h)."""
 
     def kernel(data):
-        data = _static_ints(op, data, 0, "DATA", (np.float32, np.float64, np.int32, np.int64))
+        data = _static_ints(op, data, 0, "DATA", (np.float32, np.float64, np.int32, np.int64, np.object_))
         seen: set = set()
         duplicates = []
         for i, value in enumerate(data.tolist()):  # floats: -0.0 == 0.0, NaN equals nothing, as in C++

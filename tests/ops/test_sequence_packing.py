@@ -190,12 +190,12 @@ def test_gather_padding(jit, lengths, start, end, feat, seed):
     np.testing.assert_allclose(both, ref_s + ref_e, rtol=1e-5, atol=1e-6)
 
 
-def test_gather_padding_zero_widths_gives_zero_rows(jit):
-    """No padding rows: zero sums shaped like a row (real Caffe2 returns an uninitialised 0-d int64
-    tensor here, which is no gradient of a float padding input; see test_caffe2_ops_sequence.py)."""
+def test_gather_padding_zero_widths_gives_int64_zeros(jit):
+    """No padding rows: as real Caffe2, each output is a 0-d int64 zero, whatever the data's shape and type
+    (see test_sequence.py's test_zero_padding_widths)."""
     data, lengths = np.ones((2, 3), np.float32), np.array([2], np.int32)
     s, e = run_op("GatherPadding", [data, lengths], 2, jit=jit, padding_width=0)
-    assert s.shape == e.shape == (3,) and s.dtype == np.float32
+    assert s.shape == e.shape == () and s.dtype == e.dtype == np.int64
     assert not s.any() and not e.any()
 
 

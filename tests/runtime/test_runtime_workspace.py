@@ -3,6 +3,7 @@ input signature), host ops between jitted segments, and Print in Caffe2's format
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from runtime_helpers import net, op
@@ -170,6 +171,31 @@ def test_print_limit_every_n_and_to_file(capsys, tmp_path, monkeypatch):
     workspace.run(net("file", op("Print", ["big"], [], to_file=1, limit=2)))
     workspace.run(net("file", op("Print", ["big"], [], to_file=1, limit=2)))
     assert (tmp_path / "big.log").read_text() == "Tensor big of type int. Dims: (30,): 0,1\n" * 2
+    assert capsys.readouterr().out == ""
+
+
+def test_print_in_a_nested_net_prints_from_the_compiled_code(capsys, tmp_path, monkeypatch):
+    """Inside a loop's body (traced with the While, where no host op runs) Print is lowered: each iteration
+    prints in the same format, every_n counting the lowered op's runs, to_file appending; an If's branch too.
+    (Caffe2 runs Print there; its serialized golden onnx_while_test.test_onnx_while_fibb has one.)"""
+    body = net(
+        "body",
+        op("Add", ["x", "one"], ["x"]),
+        op("Print", ["x"], [], every_n=2),
+        op("LT", ["x", "lim"], ["c"]),
+    )
+    workspace = _workspace(
+        x=np.zeros(1, np.float32), one=np.ones(1, np.float32), lim=np.array([5.0], np.float32), c=np.array([True])
+    )
+    workspace.run(net("loop", op("While", ["c"], [], loop_net=body)))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(workspace.fetch("x"), [5.0])
+    assert capsys.readouterr().out == "".join(f"Tensor x of type float. Dims: (1,): {v}\n" for v in (1, 3, 5))
+    monkeypatch.chdir(tmp_path)
+    branch = net("then", op("Print", ["x"], [], to_file=1))
+    workspace.run(net("if", op("If", ["c"], [], then_net=branch, else_net=branch)))
+    jax.effects_barrier()
+    assert (tmp_path / "x.log").read_text() == "Tensor x of type float. Dims: (1,): 5\n"
     assert capsys.readouterr().out == ""
 
 
