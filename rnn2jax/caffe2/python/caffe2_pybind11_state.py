@@ -379,7 +379,7 @@ def register_python_op(func: Callable, pass_workspace: bool, name: str) -> str:
     """Keep `func` for the Python ops of token returned (`f(inputs, outputs[, workspace])`)."""
     if func is None:
         raise BadArgumentError("register_python_op: func is None")
-    return python_op.register_python_function(func, None, None, Workspace if pass_workspace else None)
+    return python_op.register_python_function(func, None, None, Workspace if pass_workspace else None, name)
 
 
 def register_python_gradient_op(token: str, func: Callable) -> None:

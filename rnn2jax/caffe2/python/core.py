@@ -16,6 +16,7 @@ OperatorDefs real Caffe2 emitted, byte for byte.
 
 from __future__ import annotations
 
+import pickle
 import sys
 from collections import OrderedDict, defaultdict, namedtuple
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -465,6 +466,34 @@ def remap_input(op: caffe2_pb2.OperatorDef, blob_name_remapping: Mapping[str, st
 # Net
 
 
+def _RegisterPythonImpl(
+    f: Callable | tuple,
+    grad_f: Callable | tuple | None = None,
+    python_func_type: Any = None,
+    pass_workspace: bool = False,
+) -> str:
+    """Register a Python op's function (and gradient function) in this process; returns its token."""
+    from .python_op import register_python_function
+
+    return register_python_function(f, grad_f, python_func_type, C.Workspace if pass_workspace else None)
+
+
+def CreatePythonOperator(
+    f: Callable | tuple,
+    inputs: Any,
+    outputs: Any,
+    grad_f: Callable | tuple | None = None,
+    pass_workspace: bool = False,
+    python_func_type: Any = None,
+    *args: Any,
+    **kwargs: Any,
+) -> caffe2_pb2.OperatorDef:
+    """A Python op as one OperatorDef: `f(inputs, outputs)` (with `pass_workspace`, `f(inputs, outputs,
+    workspace)`, the workspace the op runs in) is registered in this process under the op's `token`."""
+    kwargs["token"] = _RegisterPythonImpl(f, grad_f, python_func_type, pass_workspace=pass_workspace)
+    return CreateOperator("Python", inputs, outputs, *args, **kwargs)
+
+
 def _next_unused_name(basename: str, used: set[str]) -> str:
     """`basename`, else `basename_1`, `basename_2`, ...: the first not in `used`, which it joins (Caffe2 named
     nets and execution steps so)."""
@@ -665,26 +694,43 @@ class Net:
 
     def Python(
         self,
-        f: Callable,
-        grad_f: Callable | None = None,
+        f: Callable | tuple,
+        grad_f: Callable | tuple | None = None,
         python_func_type: Any = None,
         pass_workspace: bool = False,
         grad_output_indices: Sequence[int] | None = None,
         grad_input_indices: Sequence[int] | None = None,
     ) -> Callable[..., Any]:
         """A Python op: `f(inputs, outputs)` runs on the host with the input blobs and writable outputs
-        (`f(inputs, outputs, workspace)` with `pass_workspace`); `grad_f` likewise for its gradient."""
-        from .python_op import register_python_function
-        from .workspace import C
+        (`f(inputs, outputs, workspace)` with `pass_workspace`); `grad_f` likewise for its gradient.
 
-        token = register_python_function(f, grad_f, python_func_type, C.Workspace if pass_workspace else None)
+        `f` (and `grad_f`) may be a builder tuple `(func, args, kwargs)`: as in Caffe2 it is pickled into
+        the op (`pickled_builder`), and `func(*args, **kwargs)` builds the function once per created net."""
+
+        def make_builder(t: Any) -> bytes:
+            if not isinstance(t, tuple):
+                return b""
+            assert len(t) == 3, "Expected builder tuple (func, args, kwargs)"
+            func, args, kwargs = t
+            return pickle.dumps((func, tuple(args), dict(kwargs)))
+
+        f_builder, grad_f_builder = make_builder(f), make_builder(grad_f)
+        assert (not grad_f) or ((not f_builder) == (not grad_f_builder)), (
+            "A tuple has to be passed to both f and grad_f or neither."
+        )
+        core_kwargs: dict[str, Any] = {}
+        if f_builder:
+            core_kwargs.update(
+                pickled_builder=f_builder, pickled_grad_builder=grad_f_builder, pass_workspace=pass_workspace
+            )
+        else:
+            core_kwargs["token"] = _RegisterPythonImpl(f, grad_f, python_func_type, pass_workspace=pass_workspace)
         return lambda *args, **kwargs: self._CreateAndAddToSelf(
             "Python",
             *args,
             grad_output_indices=list(grad_output_indices or []),  # Caffe2's argument order; [] = all
             grad_input_indices=list(grad_input_indices or []),
-            token=token,
-            **kwargs,
+            **{**kwargs, **core_kwargs},
         )
 
     # -- whole-net operations ----------------------------------------------------------------------

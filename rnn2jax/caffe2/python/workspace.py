@@ -768,6 +768,9 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
             self.run(parse_binary(op, caffe2_pb2.OperatorDef, "Workspace._run_operator"))
 
 
+python_op.default_workspace_view = _CWorkspace  # what a built `pass_workspace` Python op function gets
+
+
 class _OpSchema:
     """Caffe2's `C.OpSchema`: what is known about an op type's interface (arity, docs).
 
