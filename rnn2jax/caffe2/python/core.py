@@ -124,6 +124,21 @@ def RefreshRegisteredOperators(trigger_lazy: bool = True) -> None:
     """Ops registered with `rnn2jax.register_op` are seen at once; nothing to refresh."""
 
 
+_GLOBAL_INIT_ARGS: list[str] = []
+
+
+def GlobalInit(args: Sequence[str]) -> None:
+    """Initialize with Caffe2's command-line flags (`args[0]` is the program name); the others are kept
+    for `GetGlobalInitArgs`, as Caffe2 keeps them (even when a flag is refused)."""
+    TriggerLazyImport()
+    _GLOBAL_INIT_ARGS.extend(args[1:])
+    C.global_init(args)
+
+
+def GetGlobalInitArgs() -> list[str]:
+    return _GLOBAL_INIT_ARGS[:]
+
+
 def IsOperator(op_type: str) -> bool:
     """True for op types rnn2jax can run: lowered ops, user ops, host ops and the Python op."""
     from ...ops.registry import supported

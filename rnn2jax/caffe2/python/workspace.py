@@ -35,14 +35,13 @@ from ...storage.serialization import serialize_blob as _serialize_blob
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
-from . import _step_blobs, python_op, scope  # noqa: F401
+from . import _flags, _step_blobs, python_op, scope  # noqa: F401
 
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
 _current = "default"
 # a `C.Workspace` object switched to (`SwitchWorkspace(ws)`): current until a switch by name; the name stays
 _current_object: _RuntimeWorkspace | None = None
-_global_flags: list[str] = []
 # net name -> op index -> the Python stack (file, line, function) that created the op, as Caffe2 records it
 operator_tracebacks: collections.defaultdict[str, dict[int, list[tuple[str, int, str]]]] = collections.defaultdict(dict)
 _run_limits: dict[str, int] = {}
@@ -182,6 +181,11 @@ def _caffe2_errors() -> Iterator[None]:
         yield
     except Rnn2JaxError as error:
         raise _as_runtime_error(error) from error.__cause__
+    except FloatingPointError as error:  # JAX's NaN/inf checks, on with Caffe2's floating-point exception flags
+        message = _flags.fp_exception_error(error)
+        if message is None:
+            raise
+        raise _as_runtime_error(Rnn2JaxError(message)) from error
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,10 +293,12 @@ def RootFolder() -> str:
     return _ws().db_root or "."
 
 
-def GlobalInit(args: Sequence[str]) -> bool:
-    """Caffe2's command-line flags are accepted and kept; none of them changes what XLA runs."""
-    _global_flags[:] = list(args)
-    return True
+def GlobalInit(args: Sequence[str]) -> None:
+    """Caffe2's `C.global_init`: parse Caffe2's command-line flags (`args[0]` is the program). Flags that
+    only tune what rnn2jax has no counterpart of are accepted; one rnn2jax cannot honour, or an unknown
+    one, is an error naming it (`_flags` lists them)."""
+    with _caffe2_errors():
+        _flags.global_init(args)
 
 
 # ------------------------------------------------------------------------------------------------
