@@ -454,6 +454,35 @@ def _operator(op: Any) -> caffe2_pb2.OperatorDef:
     return op
 
 
+def FillRandomNetworkInputs(
+    net: Any, input_dims: Sequence[Sequence[Sequence[int]]], input_types: Sequence[Sequence[str]]
+) -> None:
+    """Feed random data to every blob `net` reads before writing it (Caffe2's TestDataRandomFiller): per op
+    that reads such blobs, in order, their shapes and type names ("float", "int64_t", ...)."""
+    from ._fillers import random_inputs
+
+    with _caffe2_errors():
+        values = random_inputs(_proto(net), input_dims, input_types, lambda t: _OpSchema.get(t) is not None)
+        for name, value in values.items():
+            _ws().feed(name, value)
+
+
+def GetOperatorCost(operator: Any, blobs: Sequence[Any]) -> tuple[int, int, int]:
+    """Caffe2's cost inference for one op, from the shapes and dtypes of `blobs` (its inputs, in the
+    current workspace): (flops, bytes_written, bytes_read), as Caffe2's op schema computes them."""
+    from ._cost import operator_cost
+
+    op = _operator(operator)
+    with _caffe2_errors():
+        if _OpSchema.get(op.type) is None:
+            raise BadArgumentError(f"GetOperatorCost: no schema for op type {op.type}")
+        shapes = []
+        for name in blobs:
+            value = np.asarray(_ws().fetch(StringifyBlobName(name)))
+            shapes.append((tuple(value.shape), value.dtype))
+        return tuple(operator_cost(op, shapes))
+
+
 def RunOperatorOnce(operator: Any) -> bool:
     """Run one op in the current workspace (compiled once per op and input signature)."""
     with _caffe2_errors():
@@ -680,6 +709,12 @@ class _Blob:
     def is_tensor(self) -> bool:
         return isinstance(self._ws.get(self.name), jax.Array | np.ndarray)
 
+    def tensor(self) -> _BlobTensor:
+        """The blob as Caffe2's TensorCPU: `data` writes through to the blob."""
+        return _BlobTensor(self._ws, self.name)
+
+    as_tensor = tensor
+
     def serialize(self, name: str) -> bytes:
         """The blob as one BlobProto named `name`, as Caffe2's SerializeBlob writes it."""
         with _caffe2_errors():
@@ -708,6 +743,68 @@ class _NetHandle:
     def run(self) -> None:
         with _caffe2_errors():
             self._ws.run_net(self.name)
+
+    def cancel(self) -> None:
+        """Caffe2's NetBase::Cancel, which wakes ops blocked on a queue. rnn2jax's queue ops never block
+        (an op that would wait raises instead), so no run of this net can be waiting: nothing to do."""
+
+
+class _BlobTensor:
+    """Caffe2's `TensorCPU` of a blob (`C.Blob.tensor()`): `data` is the blob's own array, so writing into
+    it changes the blob. A numeric blob held as a JAX array becomes a NumPy array (same values) on first
+    access; the next op that writes the blob makes it a JAX array again."""
+
+    def __init__(self, ws: _RuntimeWorkspace, name: str):
+        self._ws = ws
+        self._name = name
+
+    @property
+    def data(self) -> np.ndarray:
+        value = self._ws.get(self._name)
+        if isinstance(value, np.ndarray) and value.flags.writeable:
+            return value
+        if not isinstance(value, jax.Array | np.ndarray):
+            raise _as_runtime_error(InputTypeError(f"blob '{self._name}' holds a {type(value).__name__}, not a tensor"))
+        array = np.array(value, copy=True)
+        self._ws.put(self._name, array)
+        return array
+
+    @property
+    def _shape(self) -> list[int]:
+        return list(self.data.shape)
+
+    @property
+    def shape(self) -> list[int]:
+        return self._shape
+
+    def init(self, dims: Sequence[int], caffe_type: int) -> None:
+        """Resize the blob to `dims` of Caffe2 data type `caffe_type` (its values are not meaningful until
+        written, as in Caffe2; rnn2jax's are zeros). Strings cannot be made this way, as in Caffe2."""
+        if caffe_type == caffe2_pb2.TensorProto.STRING:
+            raise _as_runtime_error(BadArgumentError("TensorCPU.init: Cannot initialize strings from Python"))
+        dtype = DATA_TYPES.get(caffe_type)
+        if dtype is None:
+            raise _as_runtime_error(BadArgumentError(f"TensorCPU.init: unknown data type {caffe_type}"))
+        self._ws.put(self._name, np.zeros([int(d) for d in dims], dtype=dtype))
+
+    def _reshape(self, dims: Sequence[int]) -> None:
+        self.reshape(dims)
+
+    def reshape(self, dims: Sequence[int]) -> None:
+        data = self.data
+        dims = tuple(int(d) for d in dims)
+        if data.shape != dims:
+            self._ws.put(self._name, np.zeros(dims, dtype=data.dtype if data.size else np.float32))
+
+    def feed(self, arr: Any) -> bool:
+        """Copy `arr` into the blob."""
+        with _caffe2_errors():
+            self._ws.feed(self._name, np.array(arr, copy=True))
+        return True
+
+    def fetch(self) -> Any:
+        """A copy of the blob's value."""
+        return np.array(self.data, copy=True)
 
 
 class _CurrentWorkspaceProperty(type):
@@ -738,6 +835,9 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
     def create_blob(self, name: str) -> _Blob:
         self._ws._declare([name])
         return _Blob(self._ws, name)
+
+    def has_blob(self, name: str) -> bool:
+        return self._ws.exists(StringifyBlobName(name))
 
     def fetch_blob(self, name: str) -> Any:
         return _Blob(self._ws, StringifyBlobName(name)).fetch()
@@ -774,6 +874,7 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
             self.run(parse_binary(op, caffe2_pb2.OperatorDef, "Workspace._run_operator"))
 
 
+Workspace = _CWorkspace  # Caffe2's `workspace.Workspace`, its `C.Workspace`
 python_op.default_workspace_view = _CWorkspace  # what a built `pass_workspace` Python op function gets
 
 
