@@ -37,7 +37,7 @@ from ..proto import caffe2_pb2
 from . import _import_c_extension as C
 from . import scope, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
-from .scope import DeviceScope, NameScope  # noqa: F401  (Caffe2 scripts use core.NameScope)
+from .scope import DeviceScope, NameScope
 
 DataType = caffe2_pb2.TensorProto.DataType
 GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
@@ -1096,6 +1096,156 @@ def _recover_record_by_prefix(names: Iterable[str], prefix: str = "") -> Any:
     if not columns:
         return None
     return schema.from_column_list(columns, col_blobs=[_get_blob_ref(prefix + name) for name in columns])
+
+
+# ------------------------------------------------------------------------------------------------
+# Cross-device copies (Caffe2's pass over a net's device options; on one device it changes nothing)
+
+
+def InferOpDeviceAsBlobDevices(op: caffe2_pb2.OperatorDef) -> tuple[list, list]:
+    """Every input and output on the op's own device (for placeholder ops, which have no schema)."""
+    device = op.device_option if op.HasField("device_option") else caffe2_pb2.DeviceOption()
+    return [device] * len(op.input), [device] * len(op.output)
+
+
+def device_equal(src: caffe2_pb2.DeviceOption, dst: caffe2_pb2.DeviceOption) -> bool:
+    """Same device type and id (an unset option and CPU id 0 are equal, unlike `==` on the messages)."""
+    return src.device_type == dst.device_type and src.device_id == dst.device_id
+
+
+def copy_func_between_devices(src: caffe2_pb2.DeviceOption, dst: caffe2_pb2.DeviceOption) -> Callable | None:
+    """How a blob goes from device `src` to `dst` (a function adding the copy op to a net), or None."""
+    src_gpu, dst_gpu = IsGPUDeviceType(src.device_type), IsGPUDeviceType(dst.device_type)
+    if src.device_type == caffe2_pb2.CPU and dst.device_type == caffe2_pb2.CPU:
+        return None
+    if src_gpu and dst_gpu:
+        if src.device_id == dst.device_id:
+            return None
+        op_type, scope_device = "Copy", dst
+    elif src_gpu and dst.device_type == caffe2_pb2.CPU:
+        op_type, scope_device = "CopyGPUToCPU", src
+    elif src.device_type == caffe2_pb2.CPU and dst_gpu:
+        op_type, scope_device = "CopyCPUToGPU", dst
+    else:
+        raise ValueError(f"Non-supported devices: {src} and {dst}")
+
+    def copy(net: Net, *args: Any, **kwargs: Any) -> Any:
+        with DeviceScope(scope_device):
+            return net._CreateAndAddToSelf(op_type, *args, **kwargs)
+
+    return copy
+
+
+def update_placeholder_op_output(op: caffe2_pb2.OperatorDef, blob_to_device: Mapping[str, Any]) -> None:
+    """Placeholder ops (Recv, ...) run on the CPU: an output known to live elsewhere gets a `_cpu` twin."""
+    outputs = [
+        o + "_cpu" if o in blob_to_device and blob_to_device[o].device_type != caffe2_pb2.CPU else o for o in op.output
+    ]
+    op.output[:] = outputs
+
+
+class RemapEntry:
+    """A (blob, device) key of InjectCrossDeviceCopies's `blob_remap`."""
+
+    def __init__(self, blob: str, device: caffe2_pb2.DeviceOption):
+        self.blob = blob
+        self.device = device
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemapEntry) and self.blob == other.blob and self.device == other.device
+
+    def __hash__(self) -> int:
+        return hash(self.blob + str(self.device))
+
+
+def _copied_name(blob: str, device: caffe2_pb2.DeviceOption) -> str:
+    if device.device_type == caffe2_pb2.CPU:
+        return blob + "_cpu"
+    if IsGPUDeviceType(device.device_type):
+        return f"{blob}_gpu_{device.device_id}"
+    raise RuntimeError(f"Unknown device type: {device.device_type}")
+
+
+def InjectCrossDeviceCopies(
+    net: Net,
+    blob_to_device: dict[str, caffe2_pb2.DeviceOption] | None = None,
+    blob_remap: dict[RemapEntry, str] | None = None,
+    placeHolderOps: Sequence[str] | None = None,
+) -> tuple[Net, dict[str, caffe2_pb2.DeviceOption]]:
+    """A copy of `net` (named `<name>_cross_device`) with a copy op before each op that reads a blob living
+    on another device, and the map from each blob to its device. `blob_to_device` says where blobs from
+    earlier nets live (updated and returned); `blob_remap` maps (blob, device) to copies made already.
+    Ops of a `placeHolderOps` type keep all their blobs on their own device. On one device (what rnn2jax
+    runs) no copy is needed and the ops come back unchanged."""
+    new_net = net.Clone(net._net.name + "_cross_device", keep_schema=True)
+    del new_net._net.op[:]
+    blob_to_device = {} if blob_to_device is None else blob_to_device
+    blob_remap = {} if blob_remap is None else blob_remap
+    net_option = net._net.device_option if net._net.HasField("device_option") else caffe2_pb2.DeviceOption()
+    mapped: dict[str, list[str]] = defaultdict(list)
+    for entry, mapped_blob in blob_remap.items():
+        mapped[entry.blob].append(mapped_blob)
+    new_net._net.external_input.extend([m for name in list(new_net._net.external_input) for m in mapped[name]])
+    for op in net._net.op:
+        remap: dict[str, str] = {}
+        placeholder = placeHolderOps is not None and op.type in placeHolderOps
+        input_dev, output_dev = InferOpDeviceAsBlobDevices(op) if placeholder else InferOpBlobDevices(op)
+        for dev, name in zip(input_dev, op.input, strict=True):
+            if not net.BlobIsDefined(name):
+                raise AssertionError(f"input {name} should be defined in the net.")
+            if name not in blob_to_device:
+                if not net.is_external_input(name):
+                    raise AttributeError(f"No device information found for blob {name}.")
+                blob_to_device[name] = net_option
+            if device_equal(blob_to_device[name], dev):
+                continue
+            entry = RemapEntry(name, dev)
+            if entry in blob_remap and blob_to_device[blob_remap[entry]] == dev:  # moved already
+                remap[name] = blob_remap[entry]
+                continue
+            copied = _copied_name(name, dev)
+            copy_func_between_devices(blob_to_device[name], dev)(new_net, name, copied)
+            blob_remap[entry] = remap[name] = copied
+            blob_to_device[copied] = dev
+        if placeholder:
+            update_placeholder_op_output(op, blob_to_device)
+        for dev, name in zip(output_dev, op.output, strict=True):
+            if name in blob_to_device and name not in op.input and not device_equal(blob_to_device[name], dev):
+                raise RuntimeError(
+                    f"In-place blob: {name} is not supported between operators with different device option "
+                    f"previous:{blob_to_device[name]} now: {dev}. Failed op:\n {op}"
+                )
+        new_op = caffe2_pb2.OperatorDef()
+        new_op.CopyFrom(op)
+        new_op.input[:] = [remap.get(b, b) for b in new_op.input]
+        original_inputs = list(op.input)
+        for i, out in enumerate(new_op.output):  # an in-place op stays in place
+            if out in original_inputs:
+                new_op.output[i] = new_op.input[original_inputs.index(out)]
+        blob_to_device.update({o: d for d, o in zip(output_dev, new_op.output, strict=True)})
+        new_net.extend_ops([new_op])
+    return new_net, blob_to_device
+
+
+def InjectDeviceCopiesAmongNets(
+    nets: list[Net], blob_to_device_init: dict[str, caffe2_pb2.DeviceOption] | None = None
+) -> tuple[list[Net], dict[str, caffe2_pb2.DeviceOption]]:
+    """InjectCrossDeviceCopies over nets in execution order, sharing where each blob lives."""
+    assert isinstance(nets, list), f"nets {nets} should be a list of nets."
+    assert all(isinstance(net, Net) for net in nets), f"nets {nets} should be a list of nets."
+    blob_to_device = blob_to_device_init or {}
+    blob_remap: dict[RemapEntry, str] = {}
+    new_nets = []
+    for net in nets:
+        new_net, blob_to_device = InjectCrossDeviceCopies(net, blob_to_device=blob_to_device, blob_remap=blob_remap)
+        new_nets.append(new_net)
+    return new_nets, blob_to_device
+
+
+def InjectDeviceCopiesAmongNetsWithoutB2D(
+    nets: list[Net], blob_to_device_init: dict[str, caffe2_pb2.DeviceOption] | None = None
+) -> list[Net]:
+    return InjectDeviceCopiesAmongNets(nets, blob_to_device_init)[0]
 
 
 def clone_and_bind_net(
