@@ -769,8 +769,11 @@ class Net:
         keep_schema: bool = True,
         update_external_list: bool = False,
     ) -> Net:
-        """A copy of this net under a new (unique) name, blobs renamed by `blob_remap`."""
+        """A copy of this net under a new (unique) name, blobs renamed by `blob_remap`; as in Caffe2, the
+        nets inside If, While, AsyncIf and RecurrentNetwork(Gradient) ops are renamed too (`remap_funcs`,
+        op type -> function(op, prefix, blob_remap), adds to or replaces those)."""
         remap = {str(k): str(v) for k, v in (blob_remap or {}).items()}
+        remap_funcs = {**DEFAULT_REMAP_FUNCS, **(remap_funcs or {})}
         proto = caffe2_pb2.NetDef()
         proto.CopyFrom(self._net)
         proto.name = name
@@ -783,16 +786,9 @@ class Net:
         for op_id in mask:
             op = caffe2_pb2.OperatorDef()
             op.CopyFrom(self._net.op[op_id])
-            if remap and any(a.HasField("n") or a.nets for a in op.arg):
-                from ...errors import Rnn2JaxError
-
-                raise Rnn2JaxError(
-                    f"net '{self.Name()}', op #{op_id} ({op.type}): Clone with blob_remap does not rename "
-                    "blobs inside nested nets"
-                )
             op.input[:] = remapped(op.input)
             op.output[:] = remapped(op.output)
-            if remap_funcs and op.type in remap_funcs:
+            if op.type in remap_funcs:
                 remap_funcs[op.type](op, (name + "/") if name else "", remap)
             proto.op.append(op)
         proto.external_input[:] = remapped(proto.external_input)
@@ -1246,6 +1242,47 @@ def InjectDeviceCopiesAmongNetsWithoutB2D(
     nets: list[Net], blob_to_device_init: dict[str, caffe2_pb2.DeviceOption] | None = None
 ) -> list[Net]:
     return InjectDeviceCopiesAmongNets(nets, blob_to_device_init)[0]
+
+
+def remap_proto(argument: caffe2_pb2.Argument, blob_remap: Mapping[str, str]) -> None:
+    """Rename the blobs of the net an argument holds (in place), as `Net.Clone` renames a net's."""
+    argument.n.CopyFrom(Net(argument.n).Clone("cloned_sub_net", blob_remap).Proto())
+
+
+def recurrent_network_op_remap(op: caffe2_pb2.OperatorDef, prefix: str, blob_remap: Mapping[str, str]) -> None:
+    """Clone's renaming inside a RecurrentNetwork(Gradient) op: its string-list arguments (links, aliases),
+    `timestep`, and the step nets (`prefix` is unused, as in Caffe2)."""
+
+    def remapped(name: str | bytes) -> bytes:
+        text = name.decode("utf-8") if isinstance(name, bytes) else name
+        return str(blob_remap.get(text, text)).encode("utf-8")
+
+    for argument in op.arg:
+        if len(argument.strings) > 0:
+            argument.strings[:] = [remapped(b) for b in argument.strings]
+        elif argument.name == "timestep":
+            argument.s = remapped(argument.s)
+        elif argument.name.endswith("step_net"):
+            remap_proto(argument, blob_remap)
+
+
+def control_op_remap(op: caffe2_pb2.OperatorDef, prefix: str, blob_remap: Mapping[str, str]) -> None:
+    """Clone's renaming inside If/AsyncIf (then_net, else_net) and While (loop_net, cond_net)."""
+    names = ("then_net", "else_net") if op.type in ("If", "AsyncIf") else ("loop_net", "cond_net")
+    for argument in op.arg:
+        if argument.name in names:
+            assert argument.n, f"Expected non empty net in {op.type}'s {argument.name} argument"
+            subnet = Net(argument.n)
+            argument.n.CopyFrom(subnet.Clone(name=subnet._net.name + "_remapped", blob_remap=blob_remap).Proto())
+
+
+DEFAULT_REMAP_FUNCS: dict[str, Callable] = {
+    "RecurrentNetwork": recurrent_network_op_remap,
+    "RecurrentNetworkGradient": recurrent_network_op_remap,
+    "If": control_op_remap,
+    "While": control_op_remap,
+    "AsyncIf": control_op_remap,
+}
 
 
 def clone_and_bind_net(
