@@ -83,7 +83,7 @@ def operator_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[Shape]) -> tuple[
             f"{', '.join(sorted(_CONV | set(_POINTWISE)))})",
             (("GetOperatorCost", op.type),),
         )
-    raise BadArgumentError(f"GetOperatorCost: {op.type}: No cost inference function registered.")
+    raise BadArgumentError(f"GetOperatorCost: {op.type}: Cost inference function not defined.")
 
 
 def _args(op: caffe2_pb2.OperatorDef) -> dict[str, caffe2_pb2.Argument]:
