@@ -375,6 +375,20 @@ def infer_shapes_and_types_from_map(
 # Python ops
 
 
+def get_operator_cost(op_def: bytes, input_blobs: Sequence[str]) -> tuple[int, int, int]:
+    """Caffe2's cost inference of a serialized op, from its inputs' shapes in the current workspace."""
+    return workspace.GetOperatorCost(op_def, input_blobs)
+
+
+def fill_random_network_inputs(
+    net_def: bytes, input_dims: Sequence[Sequence[Sequence[int]]], input_types: Sequence[Sequence[str]]
+) -> None:
+    """Random data for the blobs a serialized net reads before writing (Caffe2's TestDataRandomFiller)."""
+    workspace.FillRandomNetworkInputs(
+        _parse(net_def, caffe2_pb2.NetDef, "fill_random_network_inputs"), input_dims, input_types
+    )
+
+
 def register_python_op(func: Callable, pass_workspace: bool, name: str) -> str:
     """Keep `func` for the Python ops of token returned (`f(inputs, outputs[, workspace])`)."""
     if func is None:
@@ -447,7 +461,6 @@ _UNAVAILABLE = {
     "num_observers_on_net": _NO_OBSERVERS,
     "clear_global_net_observer": _NO_OBSERVERS,
     "benchmark_net_once": _NO_OBSERVERS,
-    "get_operator_cost": "rnn2jax has no per-op cost model (XLA's cost analysis is of the whole compiled net)",
     "apply_transform": _NO_TRANSFORMS,
     "apply_transform_if_faster": _NO_TRANSFORMS,
     "run_transform": _NO_TRANSFORMS,
@@ -460,7 +473,6 @@ _UNAVAILABLE = {
     "fakeFp16FuseOps": _NO_TRANSFORMS,
     "export_to_onnx": "rnn2jax does not export ONNX (rnn2jax export writes a jax.export artifact)",
     "onnxifi": "rnn2jax has no ONNXIFI backend",
-    "fill_random_network_inputs": "rnn2jax does not fill a net's inputs with random data; feed them",
     "create_db": "use rnn2jax.read_blobs and rnn2jax.write_blobs, or the Load and Save ops",
     "get_blob_numa_node": "rnn2jax is built without NUMA support",
     "get_cuda_version": _NO_CUDA,
