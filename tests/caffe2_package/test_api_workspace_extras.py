@@ -1,7 +1,7 @@
 """Small parts of Caffe2's `workspace` and `core` API, against real Caffe2 running the same source:
 `workspace.Workspace`, `C.Workspace.has_blob`, `Blob.tensor()` (writes through to the blob),
-`FillRandomNetworkInputs`, `GetOperatorCost`, `InjectCrossDeviceCopies` and `Clone` renaming blobs inside
-control ops' and RecurrentNetwork's nets."""
+`FillRandomNetworkInputs`, `GetOperatorCost`, `InjectCrossDeviceCopies`, `Clone` renaming blobs inside
+control ops' nets, and net observers (TimeObserver, RunCountObserver)."""
 
 from __future__ import annotations
 
@@ -93,6 +93,24 @@ loop_net.Relu("a", "c")
 outer.If(["cond"], [], then_net=then_net.Proto())
 outer.While(["cond"], [], loop_net=loop_net.Proto())
 R["cloned"] = str(outer.Clone("cloned", blob_remap={"a": "z", "cond": "k"}).Proto())
+
+observed = core.Net("observed")
+observed.Relu("x", "y")
+workspace.FeedBlob("x", np.ones(3, np.float32))
+workspace.CreateNet(observed)
+timer = observed.AddObserver("TimeObserver")
+counter = observed.AddObserver("RunCountObserver")
+R["observers"] = [observed.NumObservers(), bool(np.isnan(timer.average_time()))]
+workspace.RunNet(observed)
+workspace.RunNet(observed.Name(), 2)
+R["observers"] += [timer.average_time() > 0, counter.debug_info(), timer.debug_info()]
+observed.RemoveObserver(timer)
+R["observers"].append(observed.NumObservers())
+for net, kind in ((observed, "NoSuchObserver"), (core.Net("not_created"), "TimeObserver")):
+    try:
+        net.AddObserver(kind)
+    except RuntimeError:
+        R["observers"].append("RuntimeError")
 """
 
 CONV_CASES = [
@@ -125,6 +143,16 @@ def test_workspace_extras_match_real_caffe2(real_caffe2) -> None:  # noqa: F811
     assert_same_protos(ours["injected"], theirs["injected"], caffe2_pb2.NetDef)
     assert ours["devices"] == theirs["devices"]
     assert_same_protos([ours["cloned"]], [theirs["cloned"]], caffe2_pb2.NetDef)
+    assert ours["observers"] == theirs["observers"]
+    assert ours["observers"] == [
+        2,
+        True,
+        True,
+        "This operator runs 3 times.",
+        "Not implemented.",
+        1,
+        *["RuntimeError"] * 2,
+    ]
 
 
 def test_cost_inference_rnn2jax_lacks_is_named() -> None:

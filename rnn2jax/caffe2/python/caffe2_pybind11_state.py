@@ -389,6 +389,21 @@ def fill_random_network_inputs(
     )
 
 
+def add_observer_to_net(net_name: str, observer_type: str) -> workspace.Observer:
+    return workspace.AddObserverToNet(net_name, observer_type)
+
+
+def remove_observer_from_net(net_name: str, observer: workspace.Observer) -> None:
+    workspace.RemoveObserverFromNet(net_name, observer)
+
+
+def num_observers_on_net(net_name: str) -> int:
+    return workspace.NumObserversOnNet(net_name)
+
+
+Observer = workspace.Observer
+
+
 def register_python_op(func: Callable, pass_workspace: bool, name: str) -> str:
     """Keep `func` for the Python ops of token returned (`f(inputs, outputs[, workspace])`)."""
     if func is None:
@@ -456,9 +471,6 @@ _NO_OBSERVERS = "XLA compiles a net into one program, so there are no single ops
 _NO_TRANSFORMS = "rnn2jax has none of Caffe2's graph transforms (XLA optimizes the compiled net)"
 _NO_CUDA = "rnn2jax asks JAX for its devices (workspace.NumGpuDevices()); it has no CUDA runtime of its own"
 _UNAVAILABLE = {
-    "add_observer_to_net": _NO_OBSERVERS,
-    "remove_observer_from_net": _NO_OBSERVERS,
-    "num_observers_on_net": _NO_OBSERVERS,
     "clear_global_net_observer": _NO_OBSERVERS,
     "benchmark_net_once": _NO_OBSERVERS,
     "apply_transform": _NO_TRANSFORMS,
@@ -503,5 +515,5 @@ _defined_here = {n for n, v in globals().items() if not n.startswith("_") and ge
 __all__ = sorted(
     _defined_here
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
-    | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor"}
+    | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor", "Observer"}
 )

@@ -750,6 +750,16 @@ class Net:
 
     # -- whole-net operations ----------------------------------------------------------------------
 
+    def AddObserver(self, observer_type: str) -> Any:
+        """Attach a TimeObserver or RunCountObserver to this net, created in the current workspace."""
+        return C.add_observer_to_net(self._net.name, observer_type)
+
+    def RemoveObserver(self, observer: Any) -> None:
+        C.remove_observer_from_net(self._net.name, observer)
+
+    def NumObservers(self) -> int:
+        return C.num_observers_on_net(self._net.name)
+
     def AddGradientOperators(self, ys: Any, skip: int = 0) -> dict:
         """Append the backward pass of this net's ops (from `skip` on) for `ys`; returns the map from
         each blob to its gradient (a BlobReference, or a GradientSlice for sparse gradients)."""

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -516,7 +517,8 @@ def CreateNet(net: Any, overwrite: bool = False, input_blobs: Iterable[Any] | No
     for name in input_blobs or ():
         CreateBlob(name)
     with _caffe2_errors():
-        _ws().create_net(_proto(net), overwrite=overwrite)
+        name = _ws().create_net(_proto(net), overwrite=overwrite)
+    _observers.get(_ws(), {}).pop(name, None)  # a new net: its predecessor's observers go with it
     return True
 
 
@@ -530,7 +532,7 @@ def RunNet(name: Any, num_iter: int = 1, allow_fail: bool = False) -> bool:
         _run_counts[name] = done + num_iter
     try:
         with _caffe2_errors():
-            _ws().run_net(name, num_iter)
+            _run_observed(_ws(), name, num_iter)
     except RuntimeError:
         if allow_fail:
             return False
@@ -595,6 +597,104 @@ def BenchmarkNet(name: Any, warmup_runs: int, main_runs: int, run_individual: bo
         RunNet(name)
     jax.effects_barrier()
     return [(time.perf_counter() - start) * 1000.0 / max(main_runs, 1)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Net observers: Caffe2's net-level TimeObserver and RunCountObserver (XLA fuses ops, so not per op)
+
+
+class Observer:
+    """Caffe2's `C.Observer` of a created net (`Net.AddObserver`): runs and milliseconds of the whole net."""
+
+    def __init__(self, kind: str):
+        self._kind = kind
+        self._runs = 0
+        self._total_ms = 0.0
+
+    def average_time(self) -> float:
+        """Milliseconds per run of the net (NaN before its first run, as in Caffe2)."""
+        return self._total_ms / self._runs if self._runs else float("nan")
+
+    def average_time_children(self) -> float:
+        raise _as_runtime_error(
+            Rnn2JaxError(
+                "Observer.average_time_children: the time of each op is not available on rnn2jax (XLA compiles "
+                "a net into one program); average_time() is the whole net's"
+            )
+        )
+
+    def debug_info(self) -> str:
+        if self._kind == "RunCountObserver":
+            return f"This operator runs {self._runs} times."
+        return "Not implemented."
+
+    def _record(self, ms: float) -> None:
+        self._runs += 1
+        self._total_ms += ms
+
+
+# runtime workspace -> net name -> its observers (a reset workspace, or a re-created net, drops them)
+_observers: weakref.WeakKeyDictionary[_RuntimeWorkspace, dict[str, list[Observer]]] = weakref.WeakKeyDictionary()
+_OBSERVER_TYPES = ("TimeObserver", "RunCountObserver")
+
+
+def _run_observed(ws: _RuntimeWorkspace, name: str, num_iter: int) -> None:
+    """Run a created net, timing each run for its observers (waiting for the run's results, as Caffe2's
+    synchronous run did)."""
+    observers = _observers.get(ws, {}).get(name)
+    if not observers:
+        ws.run_net(name, num_iter)
+        return
+    for _ in range(num_iter):
+        start = time.perf_counter()
+        ws.run_net(name)
+        jax.effects_barrier()
+        for name_ in ws.blobs():
+            value = ws._values.get(name_)
+            if isinstance(value, jax.Array):
+                value.block_until_ready()
+        elapsed = (time.perf_counter() - start) * 1000.0
+        for observer in observers:
+            observer._record(elapsed)
+
+
+def _observed_net(net_name: Any) -> tuple[_RuntimeWorkspace, str]:
+    ws, name = _ws(), GetNetName(net_name)
+    if not ws.has_net(name):
+        raise _as_runtime_error(WorkspaceError(f"Can't find net {name}"))
+    return ws, name
+
+
+def AddObserverToNet(net_name: Any, observer_type: str) -> Observer:
+    """Attach an observer to a created net of the current workspace (Caffe2's `C.add_observer_to_net`)."""
+    ws, name = _observed_net(net_name)
+    if observer_type not in _OBSERVER_TYPES:
+        why = (
+            "it observes each op, and XLA compiles a net into one program"
+            if observer_type == "ProfileObserver"
+            else f"Caffe2 has no observer '{observer_type}' to attach from Python"
+        )
+        raise _as_runtime_error(
+            BadArgumentError(
+                f"add_observer_to_net: {observer_type} is not available on rnn2jax ({why}); "
+                f"it has {', '.join(_OBSERVER_TYPES)}"
+            )
+        )
+    observer = Observer(observer_type)
+    _observers.setdefault(ws, {}).setdefault(name, []).append(observer)
+    return observer
+
+
+def RemoveObserverFromNet(net_name: Any, observer: Observer) -> None:
+    ws, name = _observed_net(net_name)
+    attached = _observers.get(ws, {}).get(name, [])
+    if observer in attached:
+        attached.remove(observer)
+
+
+def NumObserversOnNet(net_name: Any) -> int:
+    ws, name = _observed_net(net_name)
+    return len(_observers.get(ws, {}).get(name, []))
 
 
 class RunLimitReached(BaseException):
@@ -742,7 +842,7 @@ class _NetHandle:
 
     def run(self) -> None:
         with _caffe2_errors():
-            self._ws.run_net(self.name)
+            _run_observed(self._ws, self.name, 1)
 
     def cancel(self) -> None:
         """Caffe2's NetBase::Cancel, which wakes ops blocked on a queue. rnn2jax's queue ops never block
