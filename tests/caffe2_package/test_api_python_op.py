@@ -28,11 +28,11 @@ def failing():
 ''', builders.__dict__)
 builders.np = np
 
-def named(inputs, outputs):
+def token_probe_api2(inputs, outputs):  # a name no other test registers: tokens are per process
     pass
 
-R["tokens"] = [core.CreatePythonOperator(named, [], []).arg[0].s for _ in range(3)]
-op = core.CreatePythonOperator(named, ["x"], ["y"], grad_f=named, name="p")
+R["tokens"] = [core.CreatePythonOperator(token_probe_api2, [], []).arg[0].s for _ in range(3)]
+op = core.CreatePythonOperator(token_probe_api2, ["x"], ["y"], grad_f=token_probe_api2, name="p")
 R["op"] = str(op)
 
 def feeder(inputs, outputs):
@@ -74,14 +74,15 @@ try:
 except Exception as e:
     R["builder_error"] = type(e).__name__
 
-def f(inputs, outputs):
+def three_outputs_api2(inputs, outputs):
     for i in range(3):
         outputs[i].feed(inputs[i].data * (i + 2))
-def grad_f(inputs, outputs):
+def three_outputs_api2_grad(inputs, outputs):
     R.setdefault("grad_arity", []).append((len(inputs), len(outputs)))
     outputs[0].feed(inputs[6].data * 2 + inputs[7].data * 4)
 g = core.Net("grads")
-g.Python(f, grad_f, grad_output_indices=[0, 2], grad_input_indices=[0])(["x1", "x2", "x3"], ["y1", "y2", "y3"])
+python_op = g.Python(three_outputs_api2, three_outputs_api2_grad, grad_output_indices=[0, 2], grad_input_indices=[0])
+python_op(["x1", "x2", "x3"], ["y1", "y2", "y3"])
 grads = g.AddGradientOperators(["y1", "y3"])
 R["grad_ops"] = [str(o) for o in g.Proto().op[1:]]
 for i, name in enumerate(["x1", "x2", "x3"]):
@@ -101,7 +102,7 @@ def _net_with(f):
 def test_python_op_matches_real_caffe2(real_caffe2) -> None:  # noqa: F811
     theirs = real_caffe2(HELPER + SOURCE)
     ours = run_here(HELPER + SOURCE)
-    assert ours["tokens"] == theirs["tokens"] == [b"named", b"named:1", b"named:2"]
+    assert ours["tokens"] == theirs["tokens"] == [b"token_probe_api2", b"token_probe_api2:1", b"token_probe_api2:2"]
     assert_same_protos([ours["op"]], [theirs["op"]], caffe2_pb2.OperatorDef)
     assert ours["seen"] == theirs["seen"]
     for mine, real in zip(ours["fed"], theirs["fed"], strict=True):
