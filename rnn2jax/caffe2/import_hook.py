@@ -143,6 +143,21 @@ _REMOVED_NUMPY_NAMES: dict[str, Any] = {
 }
 
 
+def _numpy1_array(obj: Any, dtype: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """NumPy 1's `array`: a Python int outside an integer dtype's range wraps around as a C cast does (NumPy 2
+    raises OverflowError; Caffe2's sparse_to_dense_mask_test feeds 2e12 as int32 on purpose)."""
+    try:
+        return numpy.array(obj, dtype, *args, **kwargs)
+    except OverflowError:
+        if dtype is None or numpy.dtype(dtype).kind not in "iu":
+            raise
+        return numpy.array(obj, numpy.int64, *args, **kwargs).astype(dtype)
+
+
+# What NumPy 2 changed and Caffe2's sources rely on, as NumPy 1 did it (over NumPy 2's own)
+_NUMPY1_BEHAVIOUR: dict[str, Any] = {"array": _numpy1_array}
+
+
 class _NotBlobReferences(type):
     def __instancecheck__(cls, instance: Any) -> bool:
         from .python.core import BlobReference
@@ -170,10 +185,13 @@ def _proxy(module: ModuleType, names: dict[str, Any]) -> ModuleType:
 
 def _tree_view(module: ModuleType) -> ModuleType | None:
     """The tree's view of NumPy (plus the removed aliases it lacks: looked up in its namespace, not with getattr,
-    which warns about them) or of `past.builtins` (with `_basestring`); None for any other module."""
+    which warns about them; and NumPy 1's `array`) or of `past.builtins` (with `_basestring`); None for any other
+    module."""
     if module is numpy:
         present = vars(numpy)
-        return _proxy(numpy, {k: v for k, v in _REMOVED_NUMPY_NAMES.items() if k not in present})
+        return _proxy(
+            numpy, {**{k: v for k, v in _REMOVED_NUMPY_NAMES.items() if k not in present}, **_NUMPY1_BEHAVIOUR}
+        )
     if module.__name__ == "past.builtins":
         return _proxy(module, {"basestring": _basestring})
     return None

@@ -276,6 +276,11 @@ def test_python_op_in_a_net_with_jitted_ops_around_it(x, power):
         workspace.SwitchWorkspace("default")
 
 
+def make_adder(amount, *, sign=1):
+    """A Python op builder: module-level, as Caffe2 pickles the (func, args, kwargs) tuple into the op."""
+    return lambda inputs, outputs: outputs[0].feed(inputs[0].data + sign * amount)
+
+
 def test_python_op_builders_and_func_types():
     class Doubler:  # Caffe2's python_func_type: constructed with f, exposes forward and backward
         def __init__(self, offset):
@@ -287,12 +292,9 @@ def test_python_op_builders_and_func_types():
         def backward(self, inputs, outputs):
             outputs[0].feed(inputs[2].data * 2)
 
-    def make_adder(amount, *, sign=1):
-        return lambda inputs, outputs: outputs[0].feed(inputs[0].data + sign * amount)
-
     net = core.Net("builders")
     net.Python(1.5, python_func_type=Doubler)("x", "d")
-    net.Python((make_adder, (4.0,), {"sign": -1}))("x", "a")  # a (func, args, kwargs) builder
+    net.Python((make_adder, (4.0,), {"sign": -1}))("x", "a")  # a (func, args, kwargs) builder, pickled
     grads = net.AddGradientOperators({"d": "d_grad"})
     x = np.array([1.0, -2.0], np.float32)
     workspace.FeedBlob("x", x)

@@ -500,8 +500,8 @@ def test_c_workspace_current_is_the_current_workspace():
 
 
 def test_global_init_accepts_caffe2_flags():
-    # What caffe2's test_util.TestCase.setUpClass passes.
-    assert workspace.GlobalInit(
+    # What caffe2's test_util.TestCase.setUpClass passes; Caffe2's C.global_init returns None.
+    assert None is workspace.GlobalInit(
         [
             "caffe2",
             "--caffe2_log_level=0",

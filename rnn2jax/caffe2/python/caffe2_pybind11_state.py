@@ -375,11 +375,40 @@ def infer_shapes_and_types_from_map(
 # Python ops
 
 
+def get_operator_cost(op_def: bytes, input_blobs: Sequence[str]) -> tuple[int, int, int]:
+    """Caffe2's cost inference of a serialized op, from its inputs' shapes in the current workspace."""
+    return workspace.GetOperatorCost(op_def, input_blobs)
+
+
+def fill_random_network_inputs(
+    net_def: bytes, input_dims: Sequence[Sequence[Sequence[int]]], input_types: Sequence[Sequence[str]]
+) -> None:
+    """Random data for the blobs a serialized net reads before writing (Caffe2's TestDataRandomFiller)."""
+    workspace.FillRandomNetworkInputs(
+        _parse(net_def, caffe2_pb2.NetDef, "fill_random_network_inputs"), input_dims, input_types
+    )
+
+
+def add_observer_to_net(net_name: str, observer_type: str) -> workspace.Observer:
+    return workspace.AddObserverToNet(net_name, observer_type)
+
+
+def remove_observer_from_net(net_name: str, observer: workspace.Observer) -> None:
+    workspace.RemoveObserverFromNet(net_name, observer)
+
+
+def num_observers_on_net(net_name: str) -> int:
+    return workspace.NumObserversOnNet(net_name)
+
+
+Observer = workspace.Observer
+
+
 def register_python_op(func: Callable, pass_workspace: bool, name: str) -> str:
     """Keep `func` for the Python ops of token returned (`f(inputs, outputs[, workspace])`)."""
     if func is None:
         raise BadArgumentError("register_python_op: func is None")
-    return python_op.register_python_function(func, None, None, Workspace if pass_workspace else None)
+    return python_op.register_python_function(func, None, None, Workspace if pass_workspace else None, name)
 
 
 def register_python_gradient_op(token: str, func: Callable) -> None:
@@ -442,12 +471,8 @@ _NO_OBSERVERS = "XLA compiles a net into one program, so there are no single ops
 _NO_TRANSFORMS = "rnn2jax has none of Caffe2's graph transforms (XLA optimizes the compiled net)"
 _NO_CUDA = "rnn2jax asks JAX for its devices (workspace.NumGpuDevices()); it has no CUDA runtime of its own"
 _UNAVAILABLE = {
-    "add_observer_to_net": _NO_OBSERVERS,
-    "remove_observer_from_net": _NO_OBSERVERS,
-    "num_observers_on_net": _NO_OBSERVERS,
     "clear_global_net_observer": _NO_OBSERVERS,
     "benchmark_net_once": _NO_OBSERVERS,
-    "get_operator_cost": "rnn2jax has no per-op cost model (XLA's cost analysis is of the whole compiled net)",
     "apply_transform": _NO_TRANSFORMS,
     "apply_transform_if_faster": _NO_TRANSFORMS,
     "run_transform": _NO_TRANSFORMS,
@@ -460,7 +485,6 @@ _UNAVAILABLE = {
     "fakeFp16FuseOps": _NO_TRANSFORMS,
     "export_to_onnx": "rnn2jax does not export ONNX (rnn2jax export writes a jax.export artifact)",
     "onnxifi": "rnn2jax has no ONNXIFI backend",
-    "fill_random_network_inputs": "rnn2jax does not fill a net's inputs with random data; feed them",
     "create_db": "use rnn2jax.read_blobs and rnn2jax.write_blobs, or the Load and Save ops",
     "get_blob_numa_node": "rnn2jax is built without NUMA support",
     "get_cuda_version": _NO_CUDA,
@@ -491,5 +515,5 @@ _defined_here = {n for n, v in globals().items() if not n.startswith("_") and ge
 __all__ = sorted(
     _defined_here
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
-    | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor"}
+    | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor", "Observer"}
 )

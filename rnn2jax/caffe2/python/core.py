@@ -16,6 +16,7 @@ OperatorDefs real Caffe2 emitted, byte for byte.
 
 from __future__ import annotations
 
+import pickle
 import sys
 from collections import OrderedDict, defaultdict, namedtuple
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,7 +37,7 @@ from ..proto import caffe2_pb2
 from . import _import_c_extension as C
 from . import scope, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
-from .scope import DeviceScope, NameScope  # noqa: F401  (Caffe2 scripts use core.NameScope)
+from .scope import DeviceScope, NameScope
 
 DataType = caffe2_pb2.TensorProto.DataType
 GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
@@ -121,6 +122,21 @@ def TriggerLazyImport() -> None:
 
 def RefreshRegisteredOperators(trigger_lazy: bool = True) -> None:
     """Ops registered with `rnn2jax.register_op` are seen at once; nothing to refresh."""
+
+
+_GLOBAL_INIT_ARGS: list[str] = []
+
+
+def GlobalInit(args: Sequence[str]) -> None:
+    """Initialize with Caffe2's command-line flags (`args[0]` is the program name); the others are kept
+    for `GetGlobalInitArgs`, as Caffe2 keeps them (even when a flag is refused)."""
+    TriggerLazyImport()
+    _GLOBAL_INIT_ARGS.extend(args[1:])
+    C.global_init(args)
+
+
+def GetGlobalInitArgs() -> list[str]:
+    return _GLOBAL_INIT_ARGS[:]
 
 
 def IsOperator(op_type: str) -> bool:
@@ -465,6 +481,34 @@ def remap_input(op: caffe2_pb2.OperatorDef, blob_name_remapping: Mapping[str, st
 # Net
 
 
+def _RegisterPythonImpl(
+    f: Callable | tuple,
+    grad_f: Callable | tuple | None = None,
+    python_func_type: Any = None,
+    pass_workspace: bool = False,
+) -> str:
+    """Register a Python op's function (and gradient function) in this process; returns its token."""
+    from .python_op import register_python_function
+
+    return register_python_function(f, grad_f, python_func_type, C.Workspace if pass_workspace else None)
+
+
+def CreatePythonOperator(
+    f: Callable | tuple,
+    inputs: Any,
+    outputs: Any,
+    grad_f: Callable | tuple | None = None,
+    pass_workspace: bool = False,
+    python_func_type: Any = None,
+    *args: Any,
+    **kwargs: Any,
+) -> caffe2_pb2.OperatorDef:
+    """A Python op as one OperatorDef: `f(inputs, outputs)` (with `pass_workspace`, `f(inputs, outputs,
+    workspace)`, the workspace the op runs in) is registered in this process under the op's `token`."""
+    kwargs["token"] = _RegisterPythonImpl(f, grad_f, python_func_type, pass_workspace=pass_workspace)
+    return CreateOperator("Python", inputs, outputs, *args, **kwargs)
+
+
 def _next_unused_name(basename: str, used: set[str]) -> str:
     """`basename`, else `basename_1`, `basename_2`, ...: the first not in `used`, which it joins (Caffe2 named
     nets and execution steps so)."""
@@ -665,29 +709,56 @@ class Net:
 
     def Python(
         self,
-        f: Callable,
-        grad_f: Callable | None = None,
+        f: Callable | tuple,
+        grad_f: Callable | tuple | None = None,
         python_func_type: Any = None,
         pass_workspace: bool = False,
         grad_output_indices: Sequence[int] | None = None,
         grad_input_indices: Sequence[int] | None = None,
     ) -> Callable[..., Any]:
         """A Python op: `f(inputs, outputs)` runs on the host with the input blobs and writable outputs
-        (`f(inputs, outputs, workspace)` with `pass_workspace`); `grad_f` likewise for its gradient."""
-        from .python_op import register_python_function
-        from .workspace import C
+        (`f(inputs, outputs, workspace)` with `pass_workspace`); `grad_f` likewise for its gradient.
 
-        token = register_python_function(f, grad_f, python_func_type, C.Workspace if pass_workspace else None)
+        `f` (and `grad_f`) may be a builder tuple `(func, args, kwargs)`: as in Caffe2 it is pickled into
+        the op (`pickled_builder`), and `func(*args, **kwargs)` builds the function once per created net."""
+
+        def make_builder(t: Any) -> bytes:
+            if not isinstance(t, tuple):
+                return b""
+            assert len(t) == 3, "Expected builder tuple (func, args, kwargs)"
+            func, args, kwargs = t
+            return pickle.dumps((func, tuple(args), dict(kwargs)))
+
+        f_builder, grad_f_builder = make_builder(f), make_builder(grad_f)
+        assert (not grad_f) or ((not f_builder) == (not grad_f_builder)), (
+            "A tuple has to be passed to both f and grad_f or neither."
+        )
+        core_kwargs: dict[str, Any] = {}
+        if f_builder:
+            core_kwargs.update(
+                pickled_builder=f_builder, pickled_grad_builder=grad_f_builder, pass_workspace=pass_workspace
+            )
+        else:
+            core_kwargs["token"] = _RegisterPythonImpl(f, grad_f, python_func_type, pass_workspace=pass_workspace)
         return lambda *args, **kwargs: self._CreateAndAddToSelf(
             "Python",
             *args,
             grad_output_indices=list(grad_output_indices or []),  # Caffe2's argument order; [] = all
             grad_input_indices=list(grad_input_indices or []),
-            token=token,
-            **kwargs,
+            **{**kwargs, **core_kwargs},
         )
 
     # -- whole-net operations ----------------------------------------------------------------------
+
+    def AddObserver(self, observer_type: str) -> Any:
+        """Attach a TimeObserver or RunCountObserver to this net, created in the current workspace."""
+        return C.add_observer_to_net(self._net.name, observer_type)
+
+    def RemoveObserver(self, observer: Any) -> None:
+        C.remove_observer_from_net(self._net.name, observer)
+
+    def NumObservers(self) -> int:
+        return C.num_observers_on_net(self._net.name)
 
     def AddGradientOperators(self, ys: Any, skip: int = 0) -> dict:
         """Append the backward pass of this net's ops (from `skip` on) for `ys`; returns the map from
@@ -708,8 +779,11 @@ class Net:
         keep_schema: bool = True,
         update_external_list: bool = False,
     ) -> Net:
-        """A copy of this net under a new (unique) name, blobs renamed by `blob_remap`."""
+        """A copy of this net under a new (unique) name, blobs renamed by `blob_remap`; as in Caffe2, the
+        nets inside If, While, AsyncIf and RecurrentNetwork(Gradient) ops are renamed too (`remap_funcs`,
+        op type -> function(op, prefix, blob_remap), adds to or replaces those)."""
         remap = {str(k): str(v) for k, v in (blob_remap or {}).items()}
+        remap_funcs = {**DEFAULT_REMAP_FUNCS, **(remap_funcs or {})}
         proto = caffe2_pb2.NetDef()
         proto.CopyFrom(self._net)
         proto.name = name
@@ -722,16 +796,9 @@ class Net:
         for op_id in mask:
             op = caffe2_pb2.OperatorDef()
             op.CopyFrom(self._net.op[op_id])
-            if remap and any(a.HasField("n") or a.nets for a in op.arg):
-                from ...errors import Rnn2JaxError
-
-                raise Rnn2JaxError(
-                    f"net '{self.Name()}', op #{op_id} ({op.type}): Clone with blob_remap does not rename "
-                    "blobs inside nested nets"
-                )
             op.input[:] = remapped(op.input)
             op.output[:] = remapped(op.output)
-            if remap_funcs and op.type in remap_funcs:
+            if op.type in remap_funcs:
                 remap_funcs[op.type](op, (name + "/") if name else "", remap)
             proto.op.append(op)
         proto.external_input[:] = remapped(proto.external_input)
@@ -1035,6 +1102,197 @@ def _recover_record_by_prefix(names: Iterable[str], prefix: str = "") -> Any:
     if not columns:
         return None
     return schema.from_column_list(columns, col_blobs=[_get_blob_ref(prefix + name) for name in columns])
+
+
+# ------------------------------------------------------------------------------------------------
+# Cross-device copies (Caffe2's pass over a net's device options; on one device it changes nothing)
+
+
+def InferOpDeviceAsBlobDevices(op: caffe2_pb2.OperatorDef) -> tuple[list, list]:
+    """Every input and output on the op's own device (for placeholder ops, which have no schema)."""
+    device = op.device_option if op.HasField("device_option") else caffe2_pb2.DeviceOption()
+    return [device] * len(op.input), [device] * len(op.output)
+
+
+def device_equal(src: caffe2_pb2.DeviceOption, dst: caffe2_pb2.DeviceOption) -> bool:
+    """Same device type and id (an unset option and CPU id 0 are equal, unlike `==` on the messages)."""
+    return src.device_type == dst.device_type and src.device_id == dst.device_id
+
+
+def copy_func_between_devices(src: caffe2_pb2.DeviceOption, dst: caffe2_pb2.DeviceOption) -> Callable | None:
+    """How a blob goes from device `src` to `dst` (a function adding the copy op to a net), or None."""
+    src_gpu, dst_gpu = IsGPUDeviceType(src.device_type), IsGPUDeviceType(dst.device_type)
+    if src.device_type == caffe2_pb2.CPU and dst.device_type == caffe2_pb2.CPU:
+        return None
+    if src_gpu and dst_gpu:
+        if src.device_id == dst.device_id:
+            return None
+        op_type, scope_device = "Copy", dst
+    elif src_gpu and dst.device_type == caffe2_pb2.CPU:
+        op_type, scope_device = "CopyGPUToCPU", src
+    elif src.device_type == caffe2_pb2.CPU and dst_gpu:
+        op_type, scope_device = "CopyCPUToGPU", dst
+    else:
+        raise ValueError(f"Non-supported devices: {src} and {dst}")
+
+    def copy(net: Net, *args: Any, **kwargs: Any) -> Any:
+        with DeviceScope(scope_device):
+            return net._CreateAndAddToSelf(op_type, *args, **kwargs)
+
+    return copy
+
+
+def update_placeholder_op_output(op: caffe2_pb2.OperatorDef, blob_to_device: Mapping[str, Any]) -> None:
+    """Placeholder ops (Recv, ...) run on the CPU: an output known to live elsewhere gets a `_cpu` twin."""
+    outputs = [
+        o + "_cpu" if o in blob_to_device and blob_to_device[o].device_type != caffe2_pb2.CPU else o for o in op.output
+    ]
+    op.output[:] = outputs
+
+
+class RemapEntry:
+    """A (blob, device) key of InjectCrossDeviceCopies's `blob_remap`."""
+
+    def __init__(self, blob: str, device: caffe2_pb2.DeviceOption):
+        self.blob = blob
+        self.device = device
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemapEntry) and self.blob == other.blob and self.device == other.device
+
+    def __hash__(self) -> int:
+        return hash(self.blob + str(self.device))
+
+
+def _copied_name(blob: str, device: caffe2_pb2.DeviceOption) -> str:
+    if device.device_type == caffe2_pb2.CPU:
+        return blob + "_cpu"
+    if IsGPUDeviceType(device.device_type):
+        return f"{blob}_gpu_{device.device_id}"
+    raise RuntimeError(f"Unknown device type: {device.device_type}")
+
+
+def InjectCrossDeviceCopies(
+    net: Net,
+    blob_to_device: dict[str, caffe2_pb2.DeviceOption] | None = None,
+    blob_remap: dict[RemapEntry, str] | None = None,
+    placeHolderOps: Sequence[str] | None = None,
+) -> tuple[Net, dict[str, caffe2_pb2.DeviceOption]]:
+    """A copy of `net` (named `<name>_cross_device`) with a copy op before each op that reads a blob living
+    on another device, and the map from each blob to its device. `blob_to_device` says where blobs from
+    earlier nets live (updated and returned); `blob_remap` maps (blob, device) to copies made already.
+    Ops of a `placeHolderOps` type keep all their blobs on their own device. On one device (what rnn2jax
+    runs) no copy is needed and the ops come back unchanged."""
+    new_net = net.Clone(net._net.name + "_cross_device", keep_schema=True)
+    del new_net._net.op[:]
+    blob_to_device = {} if blob_to_device is None else blob_to_device
+    blob_remap = {} if blob_remap is None else blob_remap
+    net_option = net._net.device_option if net._net.HasField("device_option") else caffe2_pb2.DeviceOption()
+    mapped: dict[str, list[str]] = defaultdict(list)
+    for entry, mapped_blob in blob_remap.items():
+        mapped[entry.blob].append(mapped_blob)
+    new_net._net.external_input.extend([m for name in list(new_net._net.external_input) for m in mapped[name]])
+    for op in net._net.op:
+        remap: dict[str, str] = {}
+        placeholder = placeHolderOps is not None and op.type in placeHolderOps
+        input_dev, output_dev = InferOpDeviceAsBlobDevices(op) if placeholder else InferOpBlobDevices(op)
+        for dev, name in zip(input_dev, op.input, strict=True):
+            if not net.BlobIsDefined(name):
+                raise AssertionError(f"input {name} should be defined in the net.")
+            if name not in blob_to_device:
+                if not net.is_external_input(name):
+                    raise AttributeError(f"No device information found for blob {name}.")
+                blob_to_device[name] = net_option
+            if device_equal(blob_to_device[name], dev):
+                continue
+            entry = RemapEntry(name, dev)
+            if entry in blob_remap and blob_to_device[blob_remap[entry]] == dev:  # moved already
+                remap[name] = blob_remap[entry]
+                continue
+            copied = _copied_name(name, dev)
+            copy_func_between_devices(blob_to_device[name], dev)(new_net, name, copied)
+            blob_remap[entry] = remap[name] = copied
+            blob_to_device[copied] = dev
+        if placeholder:
+            update_placeholder_op_output(op, blob_to_device)
+        for dev, name in zip(output_dev, op.output, strict=True):
+            if name in blob_to_device and name not in op.input and not device_equal(blob_to_device[name], dev):
+                raise RuntimeError(
+                    f"In-place blob: {name} is not supported between operators with different device option "
+                    f"previous:{blob_to_device[name]} now: {dev}. Failed op:\n {op}"
+                )
+        new_op = caffe2_pb2.OperatorDef()
+        new_op.CopyFrom(op)
+        new_op.input[:] = [remap.get(b, b) for b in new_op.input]
+        original_inputs = list(op.input)
+        for i, out in enumerate(new_op.output):  # an in-place op stays in place
+            if out in original_inputs:
+                new_op.output[i] = new_op.input[original_inputs.index(out)]
+        blob_to_device.update({o: d for d, o in zip(output_dev, new_op.output, strict=True)})
+        new_net.extend_ops([new_op])
+    return new_net, blob_to_device
+
+
+def InjectDeviceCopiesAmongNets(
+    nets: list[Net], blob_to_device_init: dict[str, caffe2_pb2.DeviceOption] | None = None
+) -> tuple[list[Net], dict[str, caffe2_pb2.DeviceOption]]:
+    """InjectCrossDeviceCopies over nets in execution order, sharing where each blob lives."""
+    assert isinstance(nets, list), f"nets {nets} should be a list of nets."
+    assert all(isinstance(net, Net) for net in nets), f"nets {nets} should be a list of nets."
+    blob_to_device = blob_to_device_init or {}
+    blob_remap: dict[RemapEntry, str] = {}
+    new_nets = []
+    for net in nets:
+        new_net, blob_to_device = InjectCrossDeviceCopies(net, blob_to_device=blob_to_device, blob_remap=blob_remap)
+        new_nets.append(new_net)
+    return new_nets, blob_to_device
+
+
+def InjectDeviceCopiesAmongNetsWithoutB2D(
+    nets: list[Net], blob_to_device_init: dict[str, caffe2_pb2.DeviceOption] | None = None
+) -> list[Net]:
+    return InjectDeviceCopiesAmongNets(nets, blob_to_device_init)[0]
+
+
+def remap_proto(argument: caffe2_pb2.Argument, blob_remap: Mapping[str, str]) -> None:
+    """Rename the blobs of the net an argument holds (in place), as `Net.Clone` renames a net's."""
+    argument.n.CopyFrom(Net(argument.n).Clone("cloned_sub_net", blob_remap).Proto())
+
+
+def recurrent_network_op_remap(op: caffe2_pb2.OperatorDef, prefix: str, blob_remap: Mapping[str, str]) -> None:
+    """Clone's renaming inside a RecurrentNetwork(Gradient) op: its string-list arguments (links, aliases),
+    `timestep`, and the step nets (`prefix` is unused, as in Caffe2)."""
+
+    def remapped(name: str | bytes) -> bytes:
+        text = name.decode("utf-8") if isinstance(name, bytes) else name
+        return str(blob_remap.get(text, text)).encode("utf-8")
+
+    for argument in op.arg:
+        if len(argument.strings) > 0:
+            argument.strings[:] = [remapped(b) for b in argument.strings]
+        elif argument.name == "timestep":
+            argument.s = remapped(argument.s)
+        elif argument.name.endswith("step_net"):
+            remap_proto(argument, blob_remap)
+
+
+def control_op_remap(op: caffe2_pb2.OperatorDef, prefix: str, blob_remap: Mapping[str, str]) -> None:
+    """Clone's renaming inside If/AsyncIf (then_net, else_net) and While (loop_net, cond_net)."""
+    names = ("then_net", "else_net") if op.type in ("If", "AsyncIf") else ("loop_net", "cond_net")
+    for argument in op.arg:
+        if argument.name in names:
+            assert argument.n, f"Expected non empty net in {op.type}'s {argument.name} argument"
+            subnet = Net(argument.n)
+            argument.n.CopyFrom(subnet.Clone(name=subnet._net.name + "_remapped", blob_remap=blob_remap).Proto())
+
+
+DEFAULT_REMAP_FUNCS: dict[str, Callable] = {
+    "RecurrentNetwork": recurrent_network_op_remap,
+    "RecurrentNetworkGradient": recurrent_network_op_remap,
+    "If": control_op_remap,
+    "While": control_op_remap,
+    "AsyncIf": control_op_remap,
+}
 
 
 def clone_and_bind_net(

@@ -3,17 +3,20 @@
 `f(inputs, outputs)` gets the input blobs and the outputs as Caffe2's TensorCPU-like objects: `.data`
 (a NumPy array; writable for outputs), `.shape`, `.reshape(shape)`, `.feed(array)`. Functions are kept
 in this process by token, as Caffe2 kept them; a net holding a token from another process cannot run.
-`PythonGradient` runs `grad_f` with the forward inputs, outputs and output gradients as inputs.
-`PythonDLPack` (and `PythonDLPackGradient`) run the same registered functions, handing them the blobs as
-Caffe2's DLPackTensorCPU objects instead: `.data` is a DLPack capsule of the blob, `.feed(capsule)` sets it
-from one, `._shape` and `._reshape(shape)`. All four are host ops of the op registry; this module builds on no other
-module of the Caffe2 API (what
-`pass_workspace` hands `f` is made by the caller of `register_python_function`, `core.Net.Python`).
+An op may instead carry a pickled `(func, args, kwargs)` builder (`pickled_builder`, Caffe2's distributed
+form): each created net builds its own function from it. `PythonGradient` runs `grad_f` with the forward
+inputs, outputs and output gradients as inputs. What `f` raises surfaces as itself, as in Caffe2.
+`PythonDLPack` (and `PythonDLPackGradient`) run the same functions, handing them the blobs as Caffe2's
+DLPackTensorCPU objects instead: `.data` is a DLPack capsule of the blob, `.feed(capsule)` sets it from one,
+`._shape` and `._reshape(shape)`. All four are host ops of the op registry; this module builds on no other
+module of the Caffe2 API (what `pass_workspace` hands `f` is made by the caller of `register_python_function`,
+`core.Net.Python`, or for built functions `default_workspace_view`, which the workspace module sets).
 """
 
 from __future__ import annotations
 
 import itertools
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -27,13 +30,20 @@ from ...ops.registry import declare_family, facet, find_host, register_host_op
 
 WorkspaceView = Callable[[Any], Any]  # the running workspace -> what a `pass_workspace` function gets
 _FUNCTIONS: dict[str, tuple[Callable, Callable | None, WorkspaceView | None]] = {}
-_tokens = itertools.count()
+# what a `pass_workspace` function gets, for ops built from a pickled builder (set by the workspace module,
+# which makes Caffe2's `C.Workspace` objects)
+default_workspace_view: WorkspaceView | None = None
 
 
 def register_python_function(
-    f: Callable, grad_f: Callable | None, python_func_type: Any, workspace_view: WorkspaceView | None
+    f: Callable,
+    grad_f: Callable | None,
+    python_func_type: Any,
+    workspace_view: WorkspaceView | None,
+    name: str = "",
 ) -> str:
-    """Keep `f` (and `grad_f`) under a new token, as Caffe2's `_RegisterPythonImpl` did. With a
+    """Keep `f` (and `grad_f`) under a new token, as Caffe2's `register_python_op` did: the token is
+    `name:` (when given) and the function's name, then that with `:1`, `:2`, ... appended. With a
     `workspace_view` (Caffe2's `pass_workspace`), they get a third argument: that view of the workspace
     running the op."""
     if python_func_type is not None:
@@ -44,8 +54,13 @@ def register_python_function(
             f = f[0](*f[1], **f[2])
         if isinstance(grad_f, tuple):
             grad_f = grad_f[0](*grad_f[1], **grad_f[2])
-    token = f"python_op:{next(_tokens)}"
-    _FUNCTIONS[token] = (f, grad_f, workspace_view)
+    if f is None:
+        raise BadArgumentError("register_python_op: func is None")
+    name = (f"{name}:" if name else "") + str(getattr(f, "__name__", type(f).__name__))
+    token, suffix = name, itertools.count(1)
+    while token in _FUNCTIONS:
+        token = f"{name}:{next(suffix)}"
+    _FUNCTIONS[token] = (f, grad_f or None, workspace_view)
     return token
 
 
@@ -140,10 +155,20 @@ class DLPackTensorCPU:
             self.array = np.zeros(shape, self.array.dtype if self.array is not None else np.float32)
 
 
-def _function(op: Any, gradient: bool) -> tuple[Callable, WorkspaceView | None]:
+def _function(op: Any, gradient: bool, state: dict[str, Any]) -> tuple[Callable, WorkspaceView | None]:
+    """The function the op runs: built from its pickled builder (once per created net, kept in `state`, as
+    Caffe2 built it once per op instance), else the one registered under its token."""
+    if "function" in state:
+        return state["function"]
+    builder = op.args.get("pickled_grad_builder" if gradient else "pickled_builder")
+    if builder is not None and builder.kind == "s" and builder.value:
+        state["function"] = _build(op, builder.name, builder.value)
+        return state["function"]
     token = op.str("token", "")
     entry = _FUNCTIONS.get(token)
     if entry is None:
+        if not token:
+            raise BadArgumentError(f"{op.where}: PythonOp requires either pickled_builder or token arg.")
         raise BadArgumentError(
             f"{op.where}: Python op token '{token}' was not registered in this process "
             "(Python ops run functions defined by the script that built the net)"
@@ -156,12 +181,27 @@ def _function(op: Any, gradient: bool) -> tuple[Callable, WorkspaceView | None]:
     return f, workspace_view
 
 
+def _build(op: Any, arg_name: str, pickled: str | bytes) -> tuple[Callable, WorkspaceView | None]:
+    """Caffe2's `(func, args, kwargs)` builder, pickled by `Net.Python`: `func(*args, **kwargs)` is the
+    function. What the builder raises surfaces as itself, as in Caffe2 (which builds when the net is
+    created; here the first run builds)."""
+    data = pickled.encode("utf-8") if isinstance(pickled, str) else pickled
+    try:
+        func, args, kwargs = pickle.loads(data)
+        built = func(*args, **kwargs)
+    except Exception as error:
+        error.add_note(f"{op.where}: Python exception encountered while creating PythonOp (from '{arg_name}')")
+        raise
+    # Caffe2 reads `pass_workspace` for a built function, the gradient's too (its op copies the arguments)
+    return built, default_workspace_view if op.bool("pass_workspace", False) else None
+
+
 def _run(gradient: bool, dlpack: bool = False) -> Callable:
     def run(workspace: Any, op: Any, state: dict[str, Any]) -> None:
         def wrap(value: Any, name: str) -> TensorCPU | DLPackTensorCPU:
             return DLPackTensorCPU(value, op.where, name) if dlpack else TensorCPU(value)
 
-        f, workspace_view = _function(op, gradient)
+        f, workspace_view = _function(op, gradient, state)
         inputs = [wrap(np.asarray(workspace.get(name, op)), name) for name in op.inputs]
         outputs = []
         for name in op.outputs:

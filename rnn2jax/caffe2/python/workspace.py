@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,14 +36,13 @@ from ...storage.serialization import serialize_blob as _serialize_blob
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
-from . import _step_blobs, python_op, scope  # noqa: F401
+from . import _flags, _step_blobs, python_op, scope  # noqa: F401
 
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
 _current = "default"
 # a `C.Workspace` object switched to (`SwitchWorkspace(ws)`): current until a switch by name; the name stays
 _current_object: _RuntimeWorkspace | None = None
-_global_flags: list[str] = []
 # net name -> op index -> the Python stack (file, line, function) that created the op, as Caffe2 records it
 operator_tracebacks: collections.defaultdict[str, dict[int, list[tuple[str, int, str]]]] = collections.defaultdict(dict)
 _run_limits: dict[str, int] = {}
@@ -182,6 +182,11 @@ def _caffe2_errors() -> Iterator[None]:
         yield
     except Rnn2JaxError as error:
         raise _as_runtime_error(error) from error.__cause__
+    except FloatingPointError as error:  # JAX's NaN/inf checks, on with Caffe2's floating-point exception flags
+        message = _flags.fp_exception_error(error)
+        if message is None:
+            raise
+        raise _as_runtime_error(Rnn2JaxError(message)) from error
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,10 +294,12 @@ def RootFolder() -> str:
     return _ws().db_root or "."
 
 
-def GlobalInit(args: Sequence[str]) -> bool:
-    """Caffe2's command-line flags are accepted and kept; none of them changes what XLA runs."""
-    _global_flags[:] = list(args)
-    return True
+def GlobalInit(args: Sequence[str]) -> None:
+    """Caffe2's `C.global_init`: parse Caffe2's command-line flags (`args[0]` is the program). Flags that
+    only tune what rnn2jax has no counterpart of are accepted; one rnn2jax cannot honour, or an unknown
+    one, is an error naming it (`_flags` lists them)."""
+    with _caffe2_errors():
+        _flags.global_init(args)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -448,6 +455,35 @@ def _operator(op: Any) -> caffe2_pb2.OperatorDef:
     return op
 
 
+def FillRandomNetworkInputs(
+    net: Any, input_dims: Sequence[Sequence[Sequence[int]]], input_types: Sequence[Sequence[str]]
+) -> None:
+    """Feed random data to every blob `net` reads before writing it (Caffe2's TestDataRandomFiller): per op
+    that reads such blobs, in order, their shapes and type names ("float", "int64_t", ...)."""
+    from ._fillers import random_inputs
+
+    with _caffe2_errors():
+        values = random_inputs(_proto(net), input_dims, input_types, lambda t: _OpSchema.get(t) is not None)
+        for name, value in values.items():
+            _ws().feed(name, value)
+
+
+def GetOperatorCost(operator: Any, blobs: Sequence[Any]) -> tuple[int, int, int]:
+    """Caffe2's cost inference for one op, from the shapes and dtypes of `blobs` (its inputs, in the
+    current workspace): (flops, bytes_written, bytes_read), as Caffe2's op schema computes them."""
+    from ._cost import operator_cost
+
+    op = _operator(operator)
+    with _caffe2_errors():
+        if _OpSchema.get(op.type) is None:
+            raise BadArgumentError(f"GetOperatorCost: no schema for op type {op.type}")
+        shapes = []
+        for name in blobs:
+            value = np.asarray(_ws().fetch(StringifyBlobName(name)))
+            shapes.append((tuple(value.shape), value.dtype))
+        return tuple(operator_cost(op, shapes))
+
+
 def RunOperatorOnce(operator: Any) -> bool:
     """Run one op in the current workspace (compiled once per op and input signature)."""
     with _caffe2_errors():
@@ -481,7 +517,8 @@ def CreateNet(net: Any, overwrite: bool = False, input_blobs: Iterable[Any] | No
     for name in input_blobs or ():
         CreateBlob(name)
     with _caffe2_errors():
-        _ws().create_net(_proto(net), overwrite=overwrite)
+        name = _ws().create_net(_proto(net), overwrite=overwrite)
+    _observers.get(_ws(), {}).pop(name, None)  # a new net: its predecessor's observers go with it
     return True
 
 
@@ -495,7 +532,7 @@ def RunNet(name: Any, num_iter: int = 1, allow_fail: bool = False) -> bool:
         _run_counts[name] = done + num_iter
     try:
         with _caffe2_errors():
-            _ws().run_net(name, num_iter)
+            _run_observed(_ws(), name, num_iter)
     except RuntimeError:
         if allow_fail:
             return False
@@ -560,6 +597,104 @@ def BenchmarkNet(name: Any, warmup_runs: int, main_runs: int, run_individual: bo
         RunNet(name)
     jax.effects_barrier()
     return [(time.perf_counter() - start) * 1000.0 / max(main_runs, 1)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Net observers: Caffe2's net-level TimeObserver and RunCountObserver (XLA fuses ops, so not per op)
+
+
+class Observer:
+    """Caffe2's `C.Observer` of a created net (`Net.AddObserver`): runs and milliseconds of the whole net."""
+
+    def __init__(self, kind: str):
+        self._kind = kind
+        self._runs = 0
+        self._total_ms = 0.0
+
+    def average_time(self) -> float:
+        """Milliseconds per run of the net (NaN before its first run, as in Caffe2)."""
+        return self._total_ms / self._runs if self._runs else float("nan")
+
+    def average_time_children(self) -> float:
+        raise _as_runtime_error(
+            Rnn2JaxError(
+                "Observer.average_time_children: the time of each op is not available on rnn2jax (XLA compiles "
+                "a net into one program); average_time() is the whole net's"
+            )
+        )
+
+    def debug_info(self) -> str:
+        if self._kind == "RunCountObserver":
+            return f"This operator runs {self._runs} times."
+        return "Not implemented."
+
+    def _record(self, ms: float) -> None:
+        self._runs += 1
+        self._total_ms += ms
+
+
+# runtime workspace -> net name -> its observers (a reset workspace, or a re-created net, drops them)
+_observers: weakref.WeakKeyDictionary[_RuntimeWorkspace, dict[str, list[Observer]]] = weakref.WeakKeyDictionary()
+_OBSERVER_TYPES = ("TimeObserver", "RunCountObserver")
+
+
+def _run_observed(ws: _RuntimeWorkspace, name: str, num_iter: int) -> None:
+    """Run a created net, timing each run for its observers (waiting for the run's results, as Caffe2's
+    synchronous run did)."""
+    observers = _observers.get(ws, {}).get(name)
+    if not observers:
+        ws.run_net(name, num_iter)
+        return
+    for _ in range(num_iter):
+        start = time.perf_counter()
+        ws.run_net(name)
+        jax.effects_barrier()
+        for name_ in ws.blobs():
+            value = ws._values.get(name_)
+            if isinstance(value, jax.Array):
+                value.block_until_ready()
+        elapsed = (time.perf_counter() - start) * 1000.0
+        for observer in observers:
+            observer._record(elapsed)
+
+
+def _observed_net(net_name: Any) -> tuple[_RuntimeWorkspace, str]:
+    ws, name = _ws(), GetNetName(net_name)
+    if not ws.has_net(name):
+        raise _as_runtime_error(WorkspaceError(f"Can't find net {name}"))
+    return ws, name
+
+
+def AddObserverToNet(net_name: Any, observer_type: str) -> Observer:
+    """Attach an observer to a created net of the current workspace (Caffe2's `C.add_observer_to_net`)."""
+    ws, name = _observed_net(net_name)
+    if observer_type not in _OBSERVER_TYPES:
+        why = (
+            "it observes each op, and XLA compiles a net into one program"
+            if observer_type == "ProfileObserver"
+            else f"Caffe2 has no observer '{observer_type}' to attach from Python"
+        )
+        raise _as_runtime_error(
+            BadArgumentError(
+                f"add_observer_to_net: {observer_type} is not available on rnn2jax ({why}); "
+                f"it has {', '.join(_OBSERVER_TYPES)}"
+            )
+        )
+    observer = Observer(observer_type)
+    _observers.setdefault(ws, {}).setdefault(name, []).append(observer)
+    return observer
+
+
+def RemoveObserverFromNet(net_name: Any, observer: Observer) -> None:
+    ws, name = _observed_net(net_name)
+    attached = _observers.get(ws, {}).get(name, [])
+    if observer in attached:
+        attached.remove(observer)
+
+
+def NumObserversOnNet(net_name: Any) -> int:
+    ws, name = _observed_net(net_name)
+    return len(_observers.get(ws, {}).get(name, []))
 
 
 class RunLimitReached(BaseException):
@@ -674,6 +809,12 @@ class _Blob:
     def is_tensor(self) -> bool:
         return isinstance(self._ws.get(self.name), jax.Array | np.ndarray)
 
+    def tensor(self) -> _BlobTensor:
+        """The blob as Caffe2's TensorCPU: `data` writes through to the blob."""
+        return _BlobTensor(self._ws, self.name)
+
+    as_tensor = tensor
+
     def serialize(self, name: str) -> bytes:
         """The blob as one BlobProto named `name`, as Caffe2's SerializeBlob writes it."""
         with _caffe2_errors():
@@ -701,7 +842,69 @@ class _NetHandle:
 
     def run(self) -> None:
         with _caffe2_errors():
-            self._ws.run_net(self.name)
+            _run_observed(self._ws, self.name, 1)
+
+    def cancel(self) -> None:
+        """Caffe2's NetBase::Cancel, which wakes ops blocked on a queue. rnn2jax's queue ops never block
+        (an op that would wait raises instead), so no run of this net can be waiting: nothing to do."""
+
+
+class _BlobTensor:
+    """Caffe2's `TensorCPU` of a blob (`C.Blob.tensor()`): `data` is the blob's own array, so writing into
+    it changes the blob. A numeric blob held as a JAX array becomes a NumPy array (same values) on first
+    access; the next op that writes the blob makes it a JAX array again."""
+
+    def __init__(self, ws: _RuntimeWorkspace, name: str):
+        self._ws = ws
+        self._name = name
+
+    @property
+    def data(self) -> np.ndarray:
+        value = self._ws.get(self._name)
+        if isinstance(value, np.ndarray) and value.flags.writeable:
+            return value
+        if not isinstance(value, jax.Array | np.ndarray):
+            raise _as_runtime_error(InputTypeError(f"blob '{self._name}' holds a {type(value).__name__}, not a tensor"))
+        array = np.array(value, copy=True)
+        self._ws.put(self._name, array)
+        return array
+
+    @property
+    def _shape(self) -> list[int]:
+        return list(self.data.shape)
+
+    @property
+    def shape(self) -> list[int]:
+        return self._shape
+
+    def init(self, dims: Sequence[int], caffe_type: int) -> None:
+        """Resize the blob to `dims` of Caffe2 data type `caffe_type` (its values are not meaningful until
+        written, as in Caffe2; rnn2jax's are zeros). Strings cannot be made this way, as in Caffe2."""
+        if caffe_type == caffe2_pb2.TensorProto.STRING:
+            raise _as_runtime_error(BadArgumentError("TensorCPU.init: Cannot initialize strings from Python"))
+        dtype = DATA_TYPES.get(caffe_type)
+        if dtype is None:
+            raise _as_runtime_error(BadArgumentError(f"TensorCPU.init: unknown data type {caffe_type}"))
+        self._ws.put(self._name, np.zeros([int(d) for d in dims], dtype=dtype))
+
+    def _reshape(self, dims: Sequence[int]) -> None:
+        self.reshape(dims)
+
+    def reshape(self, dims: Sequence[int]) -> None:
+        data = self.data
+        dims = tuple(int(d) for d in dims)
+        if data.shape != dims:
+            self._ws.put(self._name, np.zeros(dims, dtype=data.dtype if data.size else np.float32))
+
+    def feed(self, arr: Any) -> bool:
+        """Copy `arr` into the blob."""
+        with _caffe2_errors():
+            self._ws.feed(self._name, np.array(arr, copy=True))
+        return True
+
+    def fetch(self) -> Any:
+        """A copy of the blob's value."""
+        return np.array(self.data, copy=True)
 
 
 class _CurrentWorkspaceProperty(type):
@@ -732,6 +935,9 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
     def create_blob(self, name: str) -> _Blob:
         self._ws._declare([name])
         return _Blob(self._ws, name)
+
+    def has_blob(self, name: str) -> bool:
+        return self._ws.exists(StringifyBlobName(name))
 
     def fetch_blob(self, name: str) -> Any:
         return _Blob(self._ws, StringifyBlobName(name)).fetch()
@@ -766,6 +972,10 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
     def _run_operator(self, op: bytes) -> None:
         with _caffe2_errors():
             self.run(parse_binary(op, caffe2_pb2.OperatorDef, "Workspace._run_operator"))
+
+
+Workspace = _CWorkspace  # Caffe2's `workspace.Workspace`, its `C.Workspace`
+python_op.default_workspace_view = _CWorkspace  # what a built `pass_workspace` Python op function gets
 
 
 class _OpSchema:
