@@ -47,6 +47,7 @@ from . import (  # noqa: F401
     reduce,
     rnn_internal,
     rnn_units,
+    rowwise_quant,
     sampling,
     segment,
     sequence,
