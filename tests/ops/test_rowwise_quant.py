@@ -10,7 +10,6 @@ levels, and rnn2jax's to be unbiased on average (`test_random_quantization_*`).
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -236,7 +235,9 @@ def draw_quant_decode_gradient(data):
 
 
 CASES = cases(
-    *(Case(op_type, draw_sparse(op_type)) for op_type in _SPARSE),
+    # Under jit for the plain sums (traced indices and mapping, checked when the net runs); eagerly for the rest,
+    # which share that code and would each pay for XLA compiling every drawn shape.
+    *(Case(op_type, draw_sparse(op_type), jit=op_type.startswith("SparseLengthsSum")) for op_type in _SPARSE),
     Case("SparseLengthsSumSparseLookup", draw_sparse_lookup, jit=False),
     *(Case(op_type, draw_fake(op_type)) for op_type in _FAKE),
     Case(
@@ -358,7 +359,7 @@ def test_unpruned_marker_traced(caffe2):
     """A mapping of [0] is decided when the compiled net runs (the mapping is traced there)."""
     rng = np.random.default_rng(0)
     table = np.concatenate([rng.integers(0, 255, (4, 3)), np.ones((4, 8))], axis=1).astype(np.uint8)
-    for mapping in ([0], [3], [-1]):
+    for mapping in ([0], [3]):
         inputs = {
             "data": table,
             "indices": np.array([0, 0, 0], np.int64),
@@ -368,14 +369,18 @@ def test_unpruned_marker_traced(caffe2):
         check_op(caffe2, make_op("SparseLengthsSum8BitRowwiseSparse", list(inputs), ["y"]), inputs)
 
 
-@settings(max_examples=10)
+@settings(max_examples=4)
 @given(data=st.data())
 def test_greedy_engine_on_longer_rows(caffe2, data):
-    """GREEDY's range search on rows long enough for many steps."""
-    x = floats(data, (2, data.draw(st.integers(20, 64))), low=-4, high=4)
-    op = make_op("FloatToFused4BitFakeRowwiseQuantized", ["x"], ["y"])
+    """GREEDY's range search on rows long enough for many steps (one shape: one compilation)."""
+    x = floats(data, (3, 40), low=-4, high=4)
+    op = make_op(
+        data.draw(st.sampled_from(["FloatToFused4BitFakeRowwiseQuantized", "FloatToFused2BitFakeRowwiseQuantized"])),
+        ["x"],
+        ["y"],
+    )
     op.engine = "GREEDY"
-    check_op(caffe2, op, {"x": x})
+    check_op(caffe2, op, {"x": x}, jit=False)
 
 
 def test_quant_decode_gradient_maker_matches_caffe2(caffe2):
@@ -396,20 +401,6 @@ def test_sparse_lookup_output_count():
     inputs = {"i": np.zeros(1, np.int32), "l": np.ones(1, np.int32), "m": np.zeros(1, np.int32)}
     with pytest.raises(Rnn2JaxError, match="outputs"):
         run_rnn2jax([make_op("SparseLengthsSumSparseLookup", list(inputs), ["a", "b", "c"])], inputs, ["a"], jit=False)
-
-
-def test_jax_key_varies_the_draws():
-    """Different net keys give different stochastic levels (rnn2jax's draws come from the net's key)."""
-    from rnn2jax.caffe2.opdef import create_net
-    from rnn2jax.ir.loader import load
-    from rnn2jax.lowering.interpreter import lower
-
-    x = np.tile(np.linspace(0, 1, 9, dtype=F32), (50, 1))
-    net = create_net("n", [make_op("FloatToFusedRandRowwiseQuantized", ["x"], ["y"], bitwidth=1)])
-    fn = lower(load(net))
-    a = np.asarray(fn({"x": x}, key=jax.random.key(1))["y"])
-    b = np.asarray(fn({"x": x}, key=jax.random.key(2))["y"])
-    assert not np.array_equal(a, b)
 
 
 def test_shape_error_names_blob():
