@@ -156,10 +156,9 @@ def _build_sparse(op: Op) -> Kernel:
         if rows == 0:  # every entry is pruned (checked)
             return jnp.zeros((segments, block), jnp.float32)
         values = _dequantize_fused(jnp.take(data, jnp.clip(looked_up, 0, rows - 1), axis=0), spec.bits, spec.sb_dtype)
-        keep = (looked_up != -1).astype(jnp.float32)
         if weights is not None:
-            keep = keep * weights
-        values = values * keep[:, None]
+            values = values * weights[:, None]
+        values = jnp.where((looked_up != -1)[:, None], values, 0.0)  # a pruned entry adds nothing, not 0 * row
         out = jax.ops.segment_sum(values, _segment_ids(lengths, count), num_segments=segments, indices_are_sorted=True)
         if spec.mean:
             out = out * _per_row(_mean_scale(lengths), out.ndim)
