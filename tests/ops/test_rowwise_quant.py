@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from differential import Case, arrays, cases, check_op, invalid, make_op, run_case, run_rnn2jax
@@ -367,20 +367,6 @@ def test_unpruned_marker_traced(caffe2):
             "mapping": np.array(mapping, np.int32),
         }
         check_op(caffe2, make_op("SparseLengthsSum8BitRowwiseSparse", list(inputs), ["y"]), inputs)
-
-
-@settings(max_examples=4)
-@given(data=st.data())
-def test_greedy_engine_on_longer_rows(caffe2, data):
-    """GREEDY's range search on rows long enough for many steps (one shape: one compilation)."""
-    x = floats(data, (3, 40), low=-4, high=4)
-    op = make_op(
-        data.draw(st.sampled_from(["FloatToFused4BitFakeRowwiseQuantized", "FloatToFused2BitFakeRowwiseQuantized"])),
-        ["x"],
-        ["y"],
-    )
-    op.engine = "GREEDY"
-    check_op(caffe2, op, {"x": x}, jit=False)
 
 
 def test_quant_decode_gradient_maker_matches_caffe2(caffe2):
