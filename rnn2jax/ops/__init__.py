@@ -48,6 +48,7 @@ from . import (  # noqa: F401
     reduce,
     rnn_internal,
     rnn_units,
+    rowwise_quant,
     sampling,
     segment,
     sequence,
