@@ -1,0 +1,220 @@
+"""Caffe2's DNNLOWP quantization server (caffe2/quantization/server/*_dnnlowp_op.cc), on `Int8Tensor` blobs.
+
+These types exist in Caffe2 only under an engine (`Quantize_ENGINE_DNNLOWP`, no plain `Quantize`): each record
+declares the engines Caffe2 registers it under, and an op of the type with another engine, or none, is refused
+as Caffe2 refuses it ("Cannot create operator of type 'Quantize'"). The `_16` engines hold uint16 data.
+
+DNNLOWP chooses quantization parameters itself: from an op's `Y_scale`/`Y_zero_point` (static quantization,
+adjusted by `followed_by`), or else from the min and max of the data (`fbgemm::ChooseQuantizationParams`, with
+the `activation_precision`, `preserve_activation_sparsity` and `force_scale_power_of_two` arguments). A scale is
+static in an `Int8Tensor` (rnn2jax/ir/int8.py says why), so an op that chooses it from data reads that input's
+values (`static_inputs`): rnn2jax.compile makes the net input it comes from static, specialised per value.
+
+The arithmetic is fbgemm's as this Caffe2 build runs it on x86 with AVX2 and FMA: an 8-bit quantization rounds
+`x * (1/scale) + zero_point` fused (one rounding), a NaN saturating to 255; other precisions round
+`zero_point + x * (1/scale)` in float32 and clamp (a NaN becomes 0).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import BadArgumentError, InputTypeError
+from ..ir.int8 import Int8Tensor
+from ..ir.netdef import Op
+from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
+from .registry import Kernel, declare_family, register
+
+declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
+
+f32 = np.float32
+ENGINES = ("DNNLOWP", "DNNLOWP_ROWWISE", "DNNLOWP_16", "DNNLOWP_ROWWISE_16")
+SMALL_SCALE_THRESHOLD = float(f32(6.1e-5))  # fbgemm: a smaller scale is cut off to this
+TANH_IN = (float(f32(3.0 / 127)), 128)  # dnnlowp::Tanh<uint8_t>'s input quantization (max_abs_err 0.02: x_sq 3)
+SIGMOID_IN = (float(f32(2 * f32(3.0 / 127))), 128)  # Sigmoid's: tanh(x / 2)
+
+
+def _dtype(op: Op) -> Any:
+    return np.uint16 if op.engine.endswith("_16") else np.uint8
+
+
+# --------------------------------------------------------------------------------------------------
+# Quantization parameters: fbgemm::ChooseQuantizationParams and DNNLOWP's arguments
+
+
+def choose_quantization_params(
+    low: float, high: float, precision: int = 8, preserve_sparsity: bool = False, power_of_two: bool = False
+) -> tuple[float, int]:
+    """fbgemm's ChooseQuantizationParams for [low, high] onto [0, 2**precision - 1]: (scale, zero point)."""
+    qmin, qmax = 0, (1 << precision) - 1
+    low, high = f32(low), f32(high)
+    if low < 0 < high and preserve_sparsity:
+        sym_min, sym_max = -((qmax - qmin) // 2 + 1), (qmax - qmin) // 2
+        largest = max(abs(float(low / f32(sym_min))), abs(float(high / f32(sym_max))))
+        low, high = f32(largest * sym_min), f32(largest * sym_max)
+    low, high = min(low, f32(0)), max(high, f32(0))
+    scale = (float(high) - float(low)) / (qmax - qmin)
+    if f32(scale) == 0 or math.isinf(float(f32(1) / f32(scale))):
+        scale = 0.1
+    if power_of_two:  # (1 << k) in C's int: the shift count wraps at 32
+        if scale < 1:
+            scale = 1.0 / _c_shift(math.floor(math.log(1.0 / scale) / math.log(2)))
+        else:
+            scale = float(_c_shift(math.ceil(math.log(scale) / math.log(2))))
+    if scale < SMALL_SCALE_THRESHOLD:
+        original, scale = f32(scale), SMALL_SCALE_THRESHOLD
+        if low == 0:
+            high = f32(SMALL_SCALE_THRESHOLD * (qmax - qmin))
+        elif high == 0:
+            low = f32(-SMALL_SCALE_THRESHOLD * (qmax - qmin))
+        else:
+            amplifier = f32(f32(SMALL_SCALE_THRESHOLD) / original)
+            low, high = f32(low * amplifier), f32(high * amplifier)
+    from_min, from_max = qmin - float(low) / scale, qmax - float(high) / scale
+    error_min, error_max = abs(qmin) - abs(float(low) / scale), abs(qmax) - abs(float(high) / scale)
+    zero_point = from_min if error_min < error_max else from_max
+    if low < 0 < high and preserve_sparsity:
+        zero_point = (qmin + qmax) / 2.0
+    nudged = qmin if zero_point < qmin else qmax if zero_point > qmax else int(np.rint(zero_point))
+    return float(f32(scale)), nudged
+
+
+def _c_shift(count: int) -> int:
+    value = (1 << (count & 31)) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+class Factory:
+    """An op's QuantizationFactory: the DNNLOWP arguments that choose quantization parameters."""
+
+    def __init__(self, op: Op) -> None:
+        self.precision = op.int("activation_precision", 8)
+        if not 1 <= self.precision <= 16:
+            raise BadArgumentError(f"{op.where}: activation_precision {self.precision} is outside [1, 16]")
+        self.preserve_sparsity = op.bool("preserve_activation_sparsity", False)
+        self.power_of_two = op.bool("force_scale_power_of_two", False)
+        for name in ("activation_quantization_kind", "weight_quantization_kind"):
+            kind = op.str(name, "min_max").lower() if op.has(name) else "min_max"
+            if kind != "min_max":
+                raise BadArgumentError(
+                    f"{op.where}: {name} '{kind}' (histogram-based quantization) is not supported; only min_max"
+                )
+
+    def choose(self, low: float, high: float) -> tuple[float, int]:
+        return choose_quantization_params(low, high, self.precision, self.preserve_sparsity, self.power_of_two)
+
+    def of_values(self, values: np.ndarray) -> tuple[float, int]:
+        """fbgemm::FindMinMax (0 and 0 for no values), then the parameters of that range."""
+        values = np.asarray(values, np.float32)
+        if values.size == 0:
+            return self.choose(0.0, 0.0)
+        return self.choose(float(values.min()), float(values.max()))
+
+
+def static_quantization(op: Op, factory: Factory) -> tuple[float, int] | None:
+    """`Y_scale` (a float argument: an integer one is no static quantization, as in Caffe2) and `Y_zero_point`,
+    after `followed_by` (ParseDNNLowPOperatorArguments): Sigmoid and Tanh fix them to their lookup tables' input
+    quantization, Relu narrows a static range to [0, its max]."""
+    followed_by = op.str("followed_by", "") if op.has("followed_by") else ""
+    if followed_by == "Sigmoid":
+        return SIGMOID_IN
+    if followed_by == "Tanh":
+        return TANH_IN
+    arg = op.args.get("Y_scale")
+    if arg is None or arg.kind != "f":
+        return None
+    scale, zero_point = float(f32(arg.value)), op.int("Y_zero_point", 0)
+    if followed_by == "Relu":
+        top = f32(scale) * f32((1 << factory.precision) - 1 - zero_point)
+        return factory.choose(0.0, float(top))
+    return scale, zero_point
+
+
+def quantize(x: Any, scale: float, zero_point: int, precision: int, dtype: Any) -> Any:
+    """fbgemm::Quantize<T> of float32 `x` (module docstring: which rounding)."""
+    inverse = f32(1) / f32(scale)
+    if np.dtype(dtype) == np.uint8 and precision == 8:  # QuantizeAvx2: fmadd, min with INT32_MAX, cvtps
+        t = (x.astype(jnp.float64) * np.float64(inverse) + np.float64(zero_point)).astype(jnp.float32)
+        t = jnp.where(jnp.isnan(t), f32(2147483520.0), jnp.minimum(t, f32(2147483520.0)))
+        return jnp.clip(jnp.rint(t), 0, 255).astype(jnp.uint8)
+    t = jnp.rint(jnp.float32(zero_point) + x * jnp.float32(inverse))
+    t = jnp.clip(t, 0, (1 << precision) - 1)
+    q = jnp.where(jnp.isnan(t), 0, t).astype(jnp.int32)
+    return (q & 0xFF if np.dtype(dtype) == np.uint8 else q).astype(dtype)  # a precision over 8 wraps in uint8
+
+
+def dequantize(x: Int8Tensor) -> Any:
+    """fbgemm::Dequantize: `scale * (q - zero_point)` in float32."""
+    return jnp.float32(x.scale) * (x.data.astype(jnp.int32) - jnp.int32(x.zero_point)).astype(jnp.float32)
+
+
+def _int8_input(op: Op, index: int, x: Any, dtype: Any) -> Int8Tensor:
+    name = op.inputs[index]
+    if not isinstance(x, Int8Tensor):
+        raise InputTypeError(
+            f"{op.where}: blob '{name}' must be an Int8 tensor (Int8TensorCPU), got "
+            f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', []))}"
+        )
+    if np.dtype(x.dtype) != np.dtype(dtype):
+        raise InputTypeError(
+            f"{op.where}: Int8 blob '{name}' holds {np.dtype(x.dtype)} data; {op.engine} reads {np.dtype(dtype)}"
+        )
+    return x
+
+
+def _float_input(op: Op, index: int, x: Any) -> Any:
+    if isinstance(x, Int8Tensor) or np.dtype(x.dtype) != np.float32:
+        raise InputTypeError(
+            f"{op.where}: input '{op.inputs[index]}' must be float32, got "
+            f"{'an Int8 tensor' if isinstance(x, Int8Tensor) else np.dtype(x.dtype)}"
+        )
+    return x
+
+
+# --------------------------------------------------------------------------------------------------
+# Quantize, Dequantize
+
+
+def _quantize_static_inputs(op: Op) -> tuple[int, ...]:
+    """For parameters chosen from the data, the data itself."""
+    factory_free = op.has("followed_by") and op.args["followed_by"].value in ("Sigmoid", "Tanh")
+    has_scale = op.has("Y_scale") and op.args["Y_scale"].kind == "f"
+    return () if factory_free or has_scale else (0,)
+
+
+@register("Quantize", inputs=(1, 2), engines=ENGINES, static_inputs=_quantize_static_inputs)
+def quantize_dnnlowp(op: Op) -> Kernel:
+    """QuantizeDNNLowPOp: float32 to an Int8 blob, with the op's static quantization or the data's min and max."""
+    if len(op.inputs) == 2:
+        raise BadArgumentError(
+            f"{op.where}: the quantization-parameters input '{op.inputs[1]}' (an Int8QuantParams blob made by "
+            "Int8GenQuantParams) is not supported; give Y_scale and Y_zero_point"
+        )
+    factory, dtype = Factory(op), _dtype(op)
+    fixed = static_quantization(op, factory)
+
+    def kernel(x: Any) -> Int8Tensor:
+        x = _float_input(op, 0, x)
+        scale, zero_point = fixed if fixed is not None else factory.of_values(np.asarray(x))
+        return Int8Tensor(quantize(x, scale, zero_point, factory.precision, dtype), scale, zero_point)
+
+    return kernel
+
+
+@register("Dequantize", engines=ENGINES)
+def dequantize_dnnlowp(op: Op) -> Kernel:
+    """DequantizeDNNLowPOp: an Int8 blob (uint16 data for the _16 engines) to float32."""
+    dtype = _dtype(op)
+    Factory(op)
+    return lambda x: dequantize(_int8_input(op, 0, x, dtype))
+
+
+@register("Int8DequantizeRowWise", engines=("DNNLOWP",))
+def int8_dequantize_row_wise(op: Op) -> Kernel:
+    """Caffe2 registers DequantizeDNNLowPOp<uint8_t> for it: the blob's one scale and zero point, not per row."""
+    Factory(op)
+    return lambda x: dequantize(_int8_input(op, 0, x, np.uint8))

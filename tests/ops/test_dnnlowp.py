@@ -1,0 +1,126 @@
+"""DNNLOWP's quantization ops (rnn2jax/ops/dnnlowp.py) against real Caffe2: quantized data compared exactly, with
+the scale and zero point Caffe2 chooses (from the data's min and max, or the op's static quantization).
+
+Each case is keyed by Caffe2's operator key (`Quantize_ENGINE_DNNLOWP`): these types exist only under an engine.
+uint16 Int8 inputs (the _16 engines) are made in Caffe2 by Quantize_ENGINE_DNNLOWP_16, exactly, from a
+power-of-two scale (the oracle's `_uint16_fill`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from differential import Case, arrays, cases, check_op, make_op, run_rnn2jax, shapes
+from rnn2jax.errors import InputTypeError, Rnn2JaxError, UnsupportedOpError
+from rnn2jax.ir.int8 import int8_tensor
+
+ENGINES = ("DNNLOWP", "DNNLOWP_ROWWISE", "DNNLOWP_16", "DNNLOWP_ROWWISE_16")
+
+
+def dnnlowp_op(op_type: str, engine: str, inputs, outputs, **args):
+    op = make_op(op_type, inputs, outputs, **args)
+    op.engine = engine
+    return op
+
+
+def quantization_args(data, engine: str) -> dict:
+    """DNNLOWP's arguments: precision, symmetric quantization, power-of-two scales, static quantization."""
+    args = {}
+    if data.draw(st.booleans()):
+        args["activation_precision"] = data.draw(st.sampled_from([8, 12, 16] if engine.endswith("_16") else [8, 4, 7]))
+    if data.draw(st.integers(0, 3)) == 0:
+        args["preserve_activation_sparsity"] = 1
+    if data.draw(st.integers(0, 4)) == 0:
+        args["force_scale_power_of_two"] = 1
+    choice = data.draw(st.integers(0, 5))
+    if choice == 0:
+        args.update(
+            Y_scale=data.draw(st.sampled_from([0.01, 0.037, 0.5, 2.0])), Y_zero_point=data.draw(st.integers(0, 255))
+        )
+    elif choice == 1:
+        args["followed_by"] = data.draw(st.sampled_from(["Relu", "Tanh", "Sigmoid"]))
+        if data.draw(st.booleans()):
+            args.update(Y_scale=0.05, Y_zero_point=data.draw(st.integers(0, 200)))
+    return args
+
+
+def draw_quantize(engine: str):
+    def draw(data):
+        bounds = st.sampled_from([-300.0, -2.0, -1e-6, 0.0, 1e-7, 0.5, 3.0, 100.0]).map(lambda v: float(np.float32(v)))
+        low, high = sorted(data.draw(st.lists(bounds, min_size=2, max_size=2)))
+        x = data.draw(arrays(shapes(0, 3), np.float32, low, high))
+        args = quantization_args(data, engine)
+        return dnnlowp_op("Quantize", engine, ["x"], ["y"], **args), {"x": x}
+
+    return draw
+
+
+def draw_dequantize(op_type: str, engine: str):
+    def draw(data):
+        shape = data.draw(shapes(0, 3))
+        if engine.endswith("_16"):
+            values = data.draw(arrays(shape, np.uint16, 0, 65535))
+            x = int8_tensor(
+                values, data.draw(st.sampled_from([2.0**-12, 2.0**-5, 0.5, 1.0])), data.draw(st.integers(0, 65535))
+            )
+        else:
+            values = data.draw(arrays(shape, np.uint8, 0, 255))
+            x = int8_tensor(values, data.draw(st.sampled_from([0.01, 0.037, 0.5, 1.7])), data.draw(st.integers(0, 255)))
+        return dnnlowp_op(op_type, engine, ["x"], ["y"]), {"x": x}
+
+    return draw
+
+
+CASES = cases(
+    *(Case(f"Quantize_ENGINE_{e}", draw_quantize(e)) for e in ENGINES),
+    *(Case(f"Dequantize_ENGINE_{e}", draw_dequantize("Dequantize", e)) for e in ENGINES),
+    Case("Int8DequantizeRowWise_ENGINE_DNNLOWP", draw_dequantize("Int8DequantizeRowWise", "DNNLOWP")),
+)
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@given(data=st.data())
+def test_matches_caffe2(caffe2, case, data):
+    from differential import run_case
+
+    run_case(caffe2, case, data)
+
+
+# --------------------------------------------------------------------------------------------------
+# Refusals
+
+
+def test_an_engine_only_type_needs_its_engine(caffe2):
+    """Caffe2 registers Quantize only under the DNNLOWP engines: without one it cannot create the op."""
+    x = np.array([1.0, -2.0], np.float32)
+    for engine in ("", "CUDNN"):
+        op = dnnlowp_op("Quantize", engine, ["x"], ["y"])
+        assert check_op(caffe2, op, {"x": x}) is None
+        with pytest.raises(UnsupportedOpError, match="cannot create operator of type 'Quantize'"):
+            run_rnn2jax([op], {"x": x}, ["y"])
+
+
+def test_refusals_match_caffe2(caffe2):
+    x = np.array([1.0, -2.0, 0.5], np.float32)
+    q = int8_tensor(np.array([1, 2, 3], np.uint8), 0.5, 3)
+    refused = [
+        (dnnlowp_op("Quantize", "DNNLOWP", ["x", "s"], ["y"]), {"x": x, "s": np.ones(1, np.float32)}),
+        (dnnlowp_op("Quantize", "DNNLOWP", ["x"], ["y"]), {"x": x.astype(np.float64)}),
+        (
+            dnnlowp_op("Quantize", "DNNLOWP", ["x", "s", "z"], ["y"]),
+            {"x": x, "s": np.ones(1, np.float32), "z": np.zeros(1, np.int32)},
+        ),
+        (dnnlowp_op("Dequantize", "DNNLOWP", ["x"], ["y"]), {"x": x}),
+        (dnnlowp_op("Dequantize", "DNNLOWP_16", ["q"], ["y"]), {"q": q}),
+    ]
+    for op, inputs in refused:
+        assert check_op(caffe2, op, inputs) is None
+    with pytest.raises(InputTypeError, match="must be an Int8 tensor"):
+        run_rnn2jax([dnnlowp_op("Dequantize", "DNNLOWP", ["x"], ["y"])], {"x": x}, ["y"])
+    with pytest.raises(Rnn2JaxError):
+        run_rnn2jax(
+            [dnnlowp_op("Quantize", "DNNLOWP", ["x"], ["y"], activation_quantization_kind="kl")], {"x": x}, ["y"]
+        )
