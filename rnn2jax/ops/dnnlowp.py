@@ -20,14 +20,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import BadArgumentError, InputTypeError
+from ..errors import BadArgumentError, InputTypeError, ShapeError
 from ..ir.int8 import Int8Tensor
 from ..ir.netdef import Op
+from . import shape as _shape  # noqa: F401  (Gather, which Int8Gather runs on float data, is registered first)
+from .checks import runtime_checked
 from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
-from .registry import Kernel, declare_family, register
+from .registry import REGISTRY, Kernel, declare_family, register
+from .shape import _check_indices, _check_range
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 
@@ -218,3 +222,100 @@ def int8_dequantize_row_wise(op: Op) -> Kernel:
     """Caffe2 registers DequantizeDNNLowPOp<uint8_t> for it: the blob's one scale and zero point, not per row."""
     Factory(op)
     return lambda x: dequantize(_int8_input(op, 0, x, np.uint8))
+
+
+# --------------------------------------------------------------------------------------------------
+# Int8Tanh: dnnlowp::Tanh's lookup table
+
+
+def _tanh_table() -> np.ndarray:
+    """dnnlowp::Tanh<uint8_t>::Compute for every input byte: the input is read as (3/127, 128) whatever the
+    blob's quantization, the output is (1/127, 128); each table entry rounds the mean of tanh at the ends of
+    its quantization bin (pass region empty: GetPassRegionEnd_ returns 0)."""
+    scale_in, scale_out = float(f32(3.0 / 127)), float(f32(1.0 / 127))
+    table = [
+        int(np.rint((math.tanh((i - 0.5) * scale_in) + math.tanh((i + 0.5) * scale_in)) / 2 / scale_out))
+        for i in range(127)
+    ]
+    table += [127, 127]  # saturation: magnitudes 127 and 128
+    out = np.empty(256, np.uint8)
+    for x in range(256):
+        adjusted = x - 128
+        out[x] = 128 + int(np.sign(adjusted)) * table[abs(adjusted)]
+    return out
+
+
+TANH_OUT = (float(f32(1.0 / 127)), 128)
+
+
+@register("Int8Tanh", engines=("DNNLOWP",))
+def int8_tanh(op: Op) -> Kernel:
+    """UnaryElementwiseWithArgsDNNLowPOp with TanhFunctor: a 256-entry table; the output is (1/127, 128)."""
+    Factory(op)
+    table = _tanh_table()
+
+    def kernel(x: Any) -> Int8Tensor:
+        x = _int8_input(op, 0, x, np.uint8)
+        return Int8Tensor(jnp.asarray(table)[x.data.astype(jnp.int32)], *TANH_OUT)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Int8Gather
+
+
+def _concrete(op: Op, x: Any, what: str) -> np.ndarray:
+    """Values the op chooses quantization parameters from: known only outside jitted code."""
+    if isinstance(x, jax.core.Tracer):
+        raise BadArgumentError(
+            f"{op.where}: {what} is traced here, but DNNLOWP chooses the output's quantization from its values; "
+            "give Y_scale (static quantization), or run it eagerly"
+        )
+    return np.asarray(x)
+
+
+def output_quantization(op: Op, factory: Factory, y: Any) -> tuple[float, int]:
+    """The output's parameters: static (Y_scale, followed_by), else OpWrapper's from the float output's min and
+    max (with followed_by Relu, the range is clipped at 0 first)."""
+    fixed = static_quantization(op, factory)
+    if fixed is not None:
+        return fixed
+    values = _concrete(op, y, f"output '{op.outputs[0]}'")
+    if values.size == 0:
+        low = high = 0.0
+    else:
+        low, high = float(values.min()), float(values.max())
+    if op.has("followed_by") and op.args["followed_by"].value == "Relu":
+        low, high = max(0.0, low), max(0.0, high)
+    return factory.choose(low, high)
+
+
+runtime_checked("Int8Gather")
+
+
+@register("Int8Gather", inputs=2, engines=("DNNLOWP",))
+def int8_gather(op: Op) -> Kernel:
+    """GatherDNNLowPOp: rows (axis 0, whatever `axis` says) of Int8 DATA, keeping its quantization; float DATA is
+    gathered by the float Gather, then quantized (or, with `dequantize_output`, left float)."""
+    factory = Factory(op)
+    dequantize_output = op.bool("dequantize_output", False)
+    fp32_gather = REGISTRY["Gather"].build(op)
+
+    def kernel(data: Any, indices: Any) -> Any:
+        if not isinstance(data, Int8Tensor):
+            data = _float_input(op, 0, data)
+            y = fp32_gather(data, indices)
+            if dequantize_output:
+                return y
+            scale, zero_point = output_quantization(op, factory, y)
+            return Int8Tensor(quantize(y, scale, zero_point, factory.precision, np.uint8), scale, zero_point)
+        data = _int8_input(op, 0, data, np.uint8)
+        _check_indices(op, indices)
+        if data.data.ndim < 1:
+            raise ShapeError(f"{op.where}: DATA '{op.inputs[0]}' should be at least 1-D")
+        _check_range(op, indices, data.shape[0], False)
+        rows = jnp.take(data.data, indices, axis=0, mode="clip")
+        return Int8Tensor(rows, data.scale, data.zero_point)
+
+    return kernel

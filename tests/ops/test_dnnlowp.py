@@ -74,10 +74,41 @@ def draw_dequantize(op_type: str, engine: str):
     return draw
 
 
+def int8(data, shape, dtype=np.uint8):
+    values = data.draw(arrays(shape, dtype, 0, np.iinfo(dtype).max))
+    return int8_tensor(values, data.draw(st.sampled_from([0.01, 0.037, 0.5, 1.7])), data.draw(st.integers(0, 255)))
+
+
+def draw_tanh(data):
+    return dnnlowp_op("Int8Tanh", "DNNLOWP", ["x"], ["y"]), {"x": int8(data, shapes(0, 3))}
+
+
+def draw_gather(data):
+    """Int8 DATA (rows, whatever `axis`), or float DATA quantized after the float Gather."""
+    shape = data.draw(shapes(1, 3))
+    indices = data.draw(arrays(shapes(0, 2), data.draw(st.sampled_from([np.int32, np.int64])), 0, shape[0] - 1))
+    if data.draw(st.integers(0, 7)) == 0:
+        indices = indices.copy().ravel()
+        if indices.size:
+            indices[0] = shape[0] + data.draw(st.integers(0, 2))  # out of DATA's bounds: refused
+    args = {}
+    if data.draw(st.booleans()):
+        x = data.draw(arrays(shape, np.float32, -4.0, 4.0))
+        args = quantization_args(data, "DNNLOWP")
+        args.pop("followed_by", None)  # Sigmoid and Tanh fix the quantization; see test_gather_followed_by
+        if data.draw(st.integers(0, 3)) == 0:
+            args["dequantize_output"] = 1
+    else:
+        x = int8(data, shape)
+    return dnnlowp_op("Int8Gather", "DNNLOWP", ["x", "i"], ["y"], **args), {"x": x, "i": indices}
+
+
 CASES = cases(
     *(Case(f"Quantize_ENGINE_{e}", draw_quantize(e)) for e in ENGINES),
     *(Case(f"Dequantize_ENGINE_{e}", draw_dequantize("Dequantize", e)) for e in ENGINES),
     Case("Int8DequantizeRowWise_ENGINE_DNNLOWP", draw_dequantize("Int8DequantizeRowWise", "DNNLOWP")),
+    Case("Int8Tanh_ENGINE_DNNLOWP", draw_tanh),
+    Case("Int8Gather_ENGINE_DNNLOWP", draw_gather, jit=False),
 )
 
 
