@@ -29,6 +29,7 @@ from ..ir.int8 import Int8Tensor
 from ..ir.netdef import Op
 from . import shape as _shape  # noqa: F401  (Gather, which Int8Gather runs on float data, is registered first)
 from .checks import runtime_checked
+from .elementwise import _legacy_axis, _legacy_b_shape
 from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .registry import REGISTRY, Kernel, declare_family, register
 from .shape import _check_indices, _check_range
@@ -319,3 +320,140 @@ def int8_gather(op: Op) -> Kernel:
         return Int8Tensor(rows, data.scale, data.zero_point)
 
     return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# DNNLowPOp: inputs Int8 or float, the output's parameters static or from the float op's output
+
+
+class WeightFactory(Factory):
+    """The weight side of an op's QuantizationFactory (ElementwiseLinear's `a`): weight_precision and
+    preserve_weight_sparsity."""
+
+    def __init__(self, op: Op) -> None:
+        super().__init__(op)
+        self.precision = op.int("weight_precision", 8)
+        if not 1 <= self.precision <= 16:
+            raise BadArgumentError(f"{op.where}: weight_precision {self.precision} is outside [1, 16]")
+        self.preserve_sparsity = op.bool("preserve_weight_sparsity", False)
+
+
+def input_quantization(op: Op, factory: Factory, index: int, x: Any) -> tuple[float, int]:
+    """GetInputTensorQuantizationParamsOf: an Int8 blob's own, or those of a float input's min and max."""
+    if isinstance(x, Int8Tensor):
+        return x.scale, x.zero_point
+    x = _float_input(op, index, x)
+    return factory.of_values(_concrete(op, x, f"input '{op.inputs[index]}'"))
+
+
+def quantized(op: Op, index: int, x: Any, qparams: tuple[float, int], precision: int) -> Any:
+    """QuantizeInputIfNeeded: an Int8 blob's uint8 data, or the float input quantized with `qparams`."""
+    if isinstance(x, Int8Tensor):
+        return _int8_input(op, index, x, np.uint8).data
+    return quantize(x, *qparams, precision, np.uint8)
+
+
+def dequantized(x: Any) -> Any:
+    """OpWrapper::DequantizeInput: what the float op reads."""
+    return dequantize(x) if isinstance(x, Int8Tensor) else x
+
+
+def requantize(raw: Any, multiplier: Any, zero_point: int, precision: int) -> Any:
+    """fbgemm::Requantize<uint8_t> with the real multiplier: `zero_point + lrintf(float(raw) * multiplier)`,
+    clamped to the precision."""
+    q = jnp.rint(raw.astype(jnp.float32) * jnp.float32(multiplier)).astype(jnp.int64) + zero_point
+    return (jnp.clip(q, 0, (1 << precision) - 1) & 0xFF).astype(jnp.uint8)
+
+
+def finish(op: Op, q: Any, qparams: tuple[float, int]) -> Any:
+    """RunOnDeviceEpilogue_: the Int8 output, or with `dequantize_output` its float values."""
+    if op.bool("dequantize_output", False):
+        return dequantize(Int8Tensor(q, *qparams))
+    return Int8Tensor(q, *qparams)
+
+
+def _real_multiplier(*scales: float, out: float) -> float:
+    product = f32(1)
+    for scale in scales:
+        product = f32(product * f32(scale))
+    return float(f32(product / f32(out)))
+
+
+@register("Int8Mul", inputs=2, engines=("DNNLOWP",))
+def int8_mul(op: Op) -> Kernel:
+    """MulDNNLowPOp: `(qa - za) * (qb - zb)` requantized by `sa * sb / sy`; with broadcast=1, B is a scalar or
+    Caffe2's legacy broadcast of B over A (`axis`)."""
+    factory = Factory(op)
+    broadcast = op.bool("broadcast", False)
+    if not broadcast and (op.int("axis", -1) != -1 or op.str("axis_str", "")):
+        raise BadArgumentError(f"{op.where}: do not specify axis or axis_str if broadcast is not enabled")
+    axis = _legacy_axis(op) if broadcast else -1
+
+    def kernel(a: Any, b: Any) -> Any:
+        qa, qb = (input_quantization(op, factory, i, x) for i, x in enumerate((a, b)))
+        if broadcast:
+            view = _legacy_b_shape(op, a.shape, b.shape, axis)
+        elif tuple(a.shape) != tuple(b.shape):
+            raise ShapeError(
+                f"{op.where}: '{op.inputs[0]}' {list(a.shape)} and '{op.inputs[1]}' {list(b.shape)} differ: "
+                "dimension mismatch - did you forget to set broadcast=1?"
+            )
+        else:
+            view = tuple(b.shape)
+        out = output_quantization_of(op, factory, lambda: dequantized(a) * jnp.reshape(dequantized(b), view))
+        xa = quantized(op, 0, a, qa, factory.precision).astype(jnp.int32) - qa[1]
+        xb = quantized(op, 1, b, qb, factory.precision).astype(jnp.int32) - qb[1]
+        raw = xa * jnp.reshape(xb, view)
+        multiplier = _real_multiplier(qa[0], qb[0], out=out[0])
+        return finish(op, requantize(raw, multiplier, out[1], factory.precision), out)
+
+    return kernel
+
+
+def output_quantization_of(op: Op, factory: Factory, reference: Any) -> tuple[float, int]:
+    """GetOutputQuantizationParams_: static, else from the float op's output (`reference()`, run only then)."""
+    fixed = static_quantization(op, factory)
+    return fixed if fixed is not None else output_quantization(op, factory, reference())
+
+
+@register("Int8ElementwiseLinear", inputs=3, engines=("DNNLOWP",))
+def int8_elementwise_linear(op: Op) -> Kernel:
+    """ElementwiseLinearDNNLowPOp: X (N x D from `axis`) times `a` quantized as a weight, plus `b` quantized to
+    int32 with scale `sx * sa`, requantized by `sx * sa / sy`."""
+    factory, weights = Factory(op), WeightFactory(op)
+    axis = op.int("axis", 1)
+
+    def kernel(x: Any, a: Any, b: Any) -> Any:
+        a, b = _float_input(op, 1, a), _float_input(op, 2, b)
+        qx = input_quantization(op, factory, 0, x)
+        rank = len(x.shape)
+        if not -rank <= axis < rank:
+            raise ShapeError(f"{op.where}: axis {axis} is out of range for '{op.inputs[0]}' of rank {rank}")
+        ax = axis % rank
+        d = math.prod(x.shape[ax:])
+        for index, v in ((1, a), (2, b)):
+            if v.ndim != 1 or v.shape[0] != d:
+                raise ShapeError(
+                    f"{op.where}: '{op.inputs[index]}' {list(v.shape)} must be 1-D of size {d} (X's dims from axis)"
+                )
+        qa = weights.of_values(_concrete(op, a, f"input '{op.inputs[1]}'"))
+        flat = (math.prod(x.shape[:ax]), d)
+
+        def reference() -> Any:
+            return jnp.reshape(jnp.reshape(dequantized(x), flat) * a + b, x.shape)
+
+        out = output_quantization_of(op, factory, reference)
+        xq = jnp.reshape(quantized(op, 0, x, qx, factory.precision), flat).astype(jnp.int32) - qx[1]
+        aq = quantize(a, *qa, weights.precision, np.uint8).astype(jnp.int32) - qa[1]
+        bq = quantize_int32(b, float(f32(f32(qx[0]) * f32(qa[0]))))
+        raw = xq * aq + bq
+        multiplier = _real_multiplier(qx[0], qa[0], out=out[0])
+        return finish(op, jnp.reshape(requantize(raw, multiplier, out[1], factory.precision), x.shape), out)
+
+    return kernel
+
+
+def quantize_int32(x: Any, scale: float) -> Any:
+    """fbgemm::Quantize<int32_t> (zero point 0, 32-bit signed): `nearbyint(x * (1/scale))`, clamped."""
+    t = jnp.rint(x * jnp.float32(f32(1) / f32(scale))).astype(jnp.float64)
+    return jnp.clip(t, -(2.0**31), 2.0**31 - 1).astype(jnp.int32)
