@@ -457,3 +457,82 @@ def quantize_int32(x: Any, scale: float) -> Any:
     """fbgemm::Quantize<int32_t> (zero point 0, 32-bit signed): `nearbyint(x * (1/scale))`, clamped."""
     t = jnp.rint(x * jnp.float32(f32(1) / f32(scale))).astype(jnp.float64)
     return jnp.clip(t, -(2.0**31), 2.0**31 - 1).astype(jnp.int32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Int8BatchMatMul
+
+
+def _batch_matmul_geometry(
+    op: Op, a_shape: tuple[int, ...], b_shape: tuple[int, ...], trans_a: bool, trans_b: bool, broadcast: bool
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """BatchMatMulDNNLowPOp's checks: A's and B's shapes as matrices (a 1-D A is [1, K], a 1-D B [K, 1]) and
+    the output's shape (a vector-vector product is [1])."""
+    if not broadcast and (len(a_shape) != len(b_shape) or len(a_shape) < 2):
+        raise ShapeError(
+            f"{op.where}: inputs with dimensions A = {len(a_shape)} and B = {len(b_shape)} is not supported with "
+            "broadcast=0. Did you forget to set the broadcast flag?"
+        )
+    if len(a_shape) == 1 and len(b_shape) == 1:
+        if a_shape[0] != b_shape[0]:
+            raise ShapeError(f"{op.where}: vector-vector product requires each of the vectors to be the same size")
+        return (1, a_shape[0]), (b_shape[0], 1), (1,)
+    a_dims = (1, *a_shape) if len(a_shape) == 1 else tuple(a_shape)
+    b_dims = (*b_shape, 1) if len(b_shape) == 1 else tuple(b_shape)
+    for i in range(2, min(len(a_dims), len(b_dims))):
+        if a_dims[-1 - i] != b_dims[-1 - i]:
+            raise ShapeError(
+                f"{op.where}: expected dimension {len(a_dims) - i - 1} of tensor A with value {a_dims[-1 - i]} to "
+                f"match dimension {len(b_dims) - i - 1} of tensor B with value {b_dims[-1 - i]}"
+            )
+    m, k = (a_dims[-1], a_dims[-2]) if trans_a else (a_dims[-2], a_dims[-1])
+    n, kb = (b_dims[-2], b_dims[-1]) if trans_b else (b_dims[-1], b_dims[-2])
+    if k != kb:
+        raise ShapeError(
+            f"{op.where}: A's K {k} must match B's {kb} (trans_a = {int(trans_a)}, trans_b = {int(trans_b)})"
+        )
+    batch = a_dims[:-2] if len(a_dims) >= len(b_dims) else b_dims[:-2]
+    out = [*batch, m if len(a_shape) > 1 else 1, n if len(b_shape) > 1 else 1]
+    if len(a_shape) == 1:
+        del out[-2]
+    elif len(b_shape) == 1:
+        del out[-1]
+    return a_dims, b_dims, tuple(out)
+
+
+@register("Int8BatchMatMul", inputs=2, engines=("DNNLOWP",))
+def int8_batch_matmul(op: Op) -> Kernel:
+    """BatchMatMulDNNLowPOp's exact path: `sum_k (qa - za) * (qb - zb)` in int32, requantized by `sa * sb / sy`.
+    With `constant_B` Caffe2 packs B for fbgemm (B quantized as int8, a different rounding): not supported."""
+    factory = Factory(op)
+    trans_a, trans_b = op.bool("trans_a", False), op.bool("trans_b", False)
+    broadcast = op.int("broadcast", 0) != 0
+    if op.bool("constant_B", False):
+        raise BadArgumentError(f"{op.where}: constant_B=1 (fbgemm's packed int8 B) is not supported")
+
+    def matrices(x: Any, dims: tuple[int, ...], trans: bool) -> Any:
+        x = jnp.reshape(x, dims)
+        return jnp.swapaxes(x, -1, -2) if trans else x
+
+    def kernel(a: Any, b: Any) -> Any:
+        a_dims, b_dims, out_shape = _batch_matmul_geometry(op, a.shape, b.shape, trans_a, trans_b, broadcast)
+        vectors = len(a.shape) == 1 and len(b.shape) == 1  # a dot product: the trans flags play no part
+        ta, tb = trans_a and not vectors, trans_b and not vectors
+        if math.prod(a_dims[:-2]) == 0 or math.prod(b_dims[:-2]) == 0:  # no batches: Caffe2 returns early
+            if op.bool("dequantize_output", False):
+                return jnp.zeros(out_shape, jnp.float32)
+            return Int8Tensor(jnp.zeros(out_shape, jnp.uint8), 1.0, 0)  # a new Int8TensorCPU's scale and zero point
+        qa, qb = (input_quantization(op, factory, i, x) for i, x in enumerate((a, b)))
+
+        def reference() -> Any:
+            ma, mb = matrices(dequantized(a), a_dims, ta), matrices(dequantized(b), b_dims, tb)
+            return jnp.matmul(ma, mb, precision="highest")
+
+        out = output_quantization_of(op, factory, reference)
+        xa = matrices(quantized(op, 0, a, qa, factory.precision).astype(jnp.int32) - qa[1], a_dims, ta)
+        xb = matrices(quantized(op, 1, b, qb, factory.precision).astype(jnp.int32) - qb[1], b_dims, tb)
+        raw = jnp.matmul(xa, xb, preferred_element_type=jnp.int32)
+        multiplier = _real_multiplier(qa[0], qb[0], out=out[0])
+        return finish(op, jnp.reshape(requantize(raw, multiplier, out[1], factory.precision), out_shape), out)
+
+    return kernel

@@ -154,6 +154,42 @@ def draw_elementwise_linear(data):
     return dnnlowp_op("Int8ElementwiseLinear", "DNNLOWP", ["x", "a", "b"], ["y"], **args), {"x": x, "a": a, "b": b}
 
 
+def exact_operand(data, shape):
+    """An operand whose float products and sums are exact in any order (a power-of-two scale, values on a grid
+    of eighths), so the float op's output, which picks the output's parameters, is the same in rnn2jax."""
+    if data.draw(st.booleans()):
+        values = data.draw(arrays(shape, np.uint8, 0, 255))
+        return int8_tensor(values, data.draw(st.sampled_from([2.0**-6, 2.0**-3, 0.5])), data.draw(st.integers(0, 255)))
+    return data.draw(arrays(shape, np.int32, -32, 32)).astype(np.float32) / 8
+
+
+def draw_batch_matmul(data):
+    """Batches of matrices, B without A's batch dims, or 1-D operands (broadcast=1). Caffe2's float
+    BatchMatMul, which picks the output's parameters, reads past a 1-D operand paired with batched or empty
+    matrices (a garbage scale, or SIGFPE): those are not drawn."""
+    kind = data.draw(st.sampled_from(["batches", "batches", "b_batch", "a_vector", "b_vector", "vectors"]))
+    vector = kind in ("a_vector", "b_vector", "vectors")
+    m, k, n = data.draw(st.integers(int(vector), 3)), data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3))
+    trans_a, trans_b = data.draw(st.booleans()), data.draw(st.booleans())
+    trans_a = trans_a and kind not in ("b_vector", "vectors")  # a garbage scale from Caffe2 too
+    batch = () if vector else tuple(data.draw(st.lists(st.integers(1, 3), max_size=2)))
+    a_shape = (*batch, *((k, m) if trans_a else (m, k)))
+    b_shape = (*batch, *((n, k) if trans_b else (k, n)))
+    args = {"trans_a": int(trans_a), "trans_b": int(trans_b), **output_args(data)}
+    if kind != "batches":
+        args["broadcast"] = 1
+    if kind == "b_batch":
+        b_shape = b_shape[len(batch) :]
+    if kind in ("a_vector", "vectors"):
+        a_shape = (k,)
+    if kind in ("b_vector", "vectors"):
+        b_shape = (k,)
+    if rarely(data):
+        b_shape = (*b_shape[:-1], b_shape[-1] + 1)
+    a, b = exact_operand(data, a_shape), exact_operand(data, b_shape)
+    return dnnlowp_op("Int8BatchMatMul", "DNNLOWP", ["a", "b"], ["y"], **args), {"a": a, "b": b}
+
+
 CASES = cases(
     *(Case(f"Quantize_ENGINE_{e}", draw_quantize(e)) for e in ENGINES),
     *(Case(f"Dequantize_ENGINE_{e}", draw_dequantize("Dequantize", e)) for e in ENGINES),
@@ -162,6 +198,7 @@ CASES = cases(
     Case("Int8Gather_ENGINE_DNNLOWP", draw_gather, jit=False),
     Case("Int8Mul_ENGINE_DNNLOWP", draw_mul, jit=False),
     Case("Int8ElementwiseLinear_ENGINE_DNNLOWP", draw_elementwise_linear, jit=False),
+    Case("Int8BatchMatMul_ENGINE_DNNLOWP", draw_batch_matmul, jit=False),
 )
 
 
