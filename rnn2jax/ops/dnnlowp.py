@@ -536,3 +536,92 @@ def int8_batch_matmul(op: Op) -> Kernel:
         return finish(op, jnp.reshape(requantize(raw, multiplier, out[1], factory.precision), out_shape), out)
 
     return kernel
+
+
+# --------------------------------------------------------------------------------------------------
+# Int8SpatialBN, Int8SpatialBNRelu (inference only)
+
+
+def _spatial_bn(op: Op, relu: bool) -> Kernel:
+    """SpatialBNDNNLowPOp: `alpha = scale / sqrt(var + epsilon)`, `beta = bias - alpha * mean` (float32), scaled by
+    `sx / sy` and `1 / sy`; each output `zy + lrintf(alpha * (qx - zx) + beta)` (fused multiply-add in NHWC's
+    AVX2 kernel), at least `zy` with Relu, clamped to [0, 255]. Caffe2 computes `1 / sqrt` with Eigen, whose
+    vectorised path (4 or more channels) approximates it (`rsqrtps` and a Newton step, CPU-specific): rnn2jax
+    rounds it exactly, as Eigen's scalar path does."""
+    factory = Factory(op)
+    if not op.bool("is_test", False):
+        raise BadArgumentError(f"{op.where}: SpatialBN DNNLOWP op only works for inference (is_test=1)")
+    order = op.str("order", "NCHW")
+    if order not in ("NCHW", "NHWC"):
+        raise BadArgumentError(f'{op.where}: order should be either "NCHW" or "NHWC", got {order!r}')
+    epsilon = f32(op.float("epsilon", 1e-5))
+    if not epsilon > 0:
+        raise BadArgumentError(f"{op.where}: epsilon {float(epsilon):g} must be positive")
+    nhwc = order == "NHWC"
+
+    def fused(scale: Any, bias: Any, mean: Any, var: Any) -> tuple[Any, Any]:
+        alpha = scale * (jnp.float32(1) / jnp.sqrt(var + epsilon))
+        return alpha, bias - alpha * mean
+
+    def kernel(x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
+        for index, v in ((1, scale), (2, bias), (3, mean), (4, var)):
+            _float_input(op, index, v)
+        if len(x.shape) < 3:
+            raise ShapeError(f"{op.where}: X '{op.inputs[0]}' must have at least 3 dims, got {list(x.shape)}")
+        c = x.shape[-1] if nhwc else x.shape[1]
+        for index, v in ((1, scale), (2, bias), (3, mean), (4, var)):
+            if math.prod(v.shape) != c:
+                raise ShapeError(
+                    f"{op.where}: '{op.inputs[index]}' has {math.prod(v.shape)} values, X has {c} channels"
+                )
+        channel = (1,) * (len(x.shape) - 1) + (c,) if nhwc else (1, c) + (1,) * (len(x.shape) - 2)
+        alpha, beta = (jnp.reshape(v, channel) for v in fused(*(jnp.ravel(v) for v in (scale, bias, mean, var))))
+
+        def reference() -> Any:
+            return dequantized(x) * alpha + beta
+
+        out = _bn_output_quantization(op, factory, relu, reference)
+        qx = input_quantization(op, factory, 0, x)
+        if x.shape[0] == 0:  # Caffe2 returns before quantizing: a new Int8TensorCPU's (1, 0)
+            if op.bool("dequantize_output", False):
+                return jnp.zeros(x.shape, jnp.float32)
+            return Int8Tensor(jnp.zeros(x.shape, jnp.uint8), 1.0, 0)
+        a = alpha * jnp.float32(f32(qx[0]) / f32(out[0]))
+        b = beta / jnp.float32(out[0])
+        xq = (quantized(op, 0, x, qx, factory.precision).astype(jnp.int32) - qx[1]).astype(jnp.float32)
+        if nhwc:
+            t = (a.astype(jnp.float64) * xq.astype(jnp.float64) + b.astype(jnp.float64)).astype(jnp.float32)
+        else:
+            t = a * xq + b
+        y = jnp.rint(t).astype(jnp.int64) + out[1]
+        if relu:
+            y = jnp.maximum(y, out[1])
+        return finish(op, jnp.clip(y, 0, 255).astype(jnp.uint8), out)
+
+    return kernel
+
+
+def _bn_output_quantization(op: Op, factory: Factory, relu: bool, reference: Any) -> tuple[float, int]:
+    """Int8SpatialBNRelu applies followed_by Relu after the op's own arguments: a static range (Y_scale, or
+    Sigmoid's and Tanh's) narrowed to [0, its max]; a dynamic one from the float output clipped at 0."""
+    fixed = static_quantization(op, factory)
+    if relu and fixed is not None:  # after the op's own followed_by, Relu's narrowing once more
+        top = f32(fixed[0]) * f32((1 << factory.precision) - 1 - fixed[1])
+        fixed = factory.choose(0.0, float(top))
+    if fixed is not None:
+        return fixed
+    values = _concrete(op, reference(), f"output '{op.outputs[0]}'")
+    low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+    if relu or (op.has("followed_by") and op.args["followed_by"].value == "Relu"):
+        low, high = max(0.0, low), max(0.0, high)
+    return factory.choose(low, high)
+
+
+@register("Int8SpatialBN", inputs=5, engines=("DNNLOWP",))
+def int8_spatial_bn(op: Op) -> Kernel:
+    return _spatial_bn(op, relu=False)
+
+
+@register("Int8SpatialBNRelu", inputs=5, engines=("DNNLOWP",))
+def int8_spatial_bn_relu(op: Op) -> Kernel:
+    return _spatial_bn(op, relu=True)

@@ -190,6 +190,33 @@ def draw_batch_matmul(data):
     return dnnlowp_op("Int8BatchMatMul", "DNNLOWP", ["a", "b"], ["y"], **args), {"a": a, "b": b}
 
 
+def draw_spatial_bn(op_type: str):
+    """At most 3 channels: Caffe2's Eigen computes 1/sqrt(var + epsilon) exactly only on its scalar path."""
+
+    def draw(data):
+        order = data.draw(st.sampled_from(["NCHW", "NHWC"]))
+        c = data.draw(st.integers(1, 3))
+        spatial = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
+        n = data.draw(st.integers(1, 2))  # N = 0: Caffe2 leaves an Int8 blob the oracle cannot fetch
+        shape = (n, *spatial, c) if order == "NHWC" else (n, c, *spatial)
+        args = {"order": order, "is_test": 1, **output_args(data)}
+        if data.draw(st.booleans()):
+            args["epsilon"] = data.draw(st.sampled_from([1e-3, 0.1]))
+        if rarely(data):
+            args["is_test"] = 0
+        x = int8_or_float(data, shape)
+        params = {
+            "scale": data.draw(arrays((c,), np.float32, -2.0, 2.0)),
+            "bias": data.draw(arrays((c,), np.float32, -1.0, 1.0)),
+            "mean": data.draw(arrays((c,), np.float32, -1.0, 1.0)),
+            "var": data.draw(arrays((c,), np.float32, 0.0, 2.0)),
+        }
+        names = ["x", *params]
+        return dnnlowp_op(op_type, "DNNLOWP", names, ["y"], **args), {"x": x, **params}
+
+    return draw
+
+
 CASES = cases(
     *(Case(f"Quantize_ENGINE_{e}", draw_quantize(e)) for e in ENGINES),
     *(Case(f"Dequantize_ENGINE_{e}", draw_dequantize("Dequantize", e)) for e in ENGINES),
@@ -199,6 +226,8 @@ CASES = cases(
     Case("Int8Mul_ENGINE_DNNLOWP", draw_mul, jit=False),
     Case("Int8ElementwiseLinear_ENGINE_DNNLOWP", draw_elementwise_linear, jit=False),
     Case("Int8BatchMatMul_ENGINE_DNNLOWP", draw_batch_matmul, jit=False),
+    Case("Int8SpatialBN_ENGINE_DNNLOWP", draw_spatial_bn("Int8SpatialBN"), jit=False),
+    Case("Int8SpatialBNRelu_ENGINE_DNNLOWP", draw_spatial_bn("Int8SpatialBNRelu"), jit=False),
 )
 
 
