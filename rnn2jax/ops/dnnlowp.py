@@ -17,6 +17,7 @@ The arithmetic is fbgemm's as this Caffe2 build runs it on x86 with AVX2 and FMA
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -139,6 +140,7 @@ def static_quantization(op: Op, factory: Factory) -> tuple[float, int] | None:
     return scale, zero_point
 
 
+@functools.partial(jax.jit, static_argnames=("scale", "zero_point", "precision", "dtype"))
 def quantize(x: Any, scale: float, zero_point: int, precision: int, dtype: Any) -> Any:
     """fbgemm::Quantize<T> of float32 `x` (module docstring: which rounding)."""
     inverse = f32(1) / f32(scale)
@@ -152,6 +154,7 @@ def quantize(x: Any, scale: float, zero_point: int, precision: int, dtype: Any) 
     return (q & 0xFF if np.dtype(dtype) == np.uint8 else q).astype(dtype)  # a precision over 8 wraps in uint8
 
 
+@jax.jit
 def dequantize(x: Int8Tensor) -> Any:
     """fbgemm::Dequantize: `scale * (q - zero_point)` in float32."""
     return jnp.float32(x.scale) * (x.data.astype(jnp.int32) - jnp.int32(x.zero_point)).astype(jnp.float32)
@@ -358,6 +361,7 @@ def dequantized(x: Any) -> Any:
     return dequantize(x) if isinstance(x, Int8Tensor) else x
 
 
+@functools.partial(jax.jit, static_argnames=("multiplier", "zero_point", "precision"))
 def requantize(raw: Any, multiplier: Any, zero_point: int, precision: int) -> Any:
     """fbgemm::Requantize<uint8_t> with the real multiplier: `zero_point + lrintf(float(raw) * multiplier)`,
     clamped to the precision."""
@@ -453,6 +457,7 @@ def int8_elementwise_linear(op: Op) -> Kernel:
     return kernel
 
 
+@functools.partial(jax.jit, static_argnames=("scale",))
 def quantize_int32(x: Any, scale: float) -> Any:
     """fbgemm::Quantize<int32_t> (zero point 0, 32-bit signed): `nearbyint(x * (1/scale))`, clamped."""
     t = jnp.rint(x * jnp.float32(f32(1) / f32(scale))).astype(jnp.float64)
@@ -586,19 +591,27 @@ def _spatial_bn(op: Op, relu: bool) -> Kernel:
             if op.bool("dequantize_output", False):
                 return jnp.zeros(x.shape, jnp.float32)
             return Int8Tensor(jnp.zeros(x.shape, jnp.uint8), 1.0, 0)
-        a = alpha * jnp.float32(f32(qx[0]) / f32(out[0]))
-        b = beta / jnp.float32(out[0])
-        xq = (quantized(op, 0, x, qx, factory.precision).astype(jnp.int32) - qx[1]).astype(jnp.float32)
-        if nhwc:
-            t = (a.astype(jnp.float64) * xq.astype(jnp.float64) + b.astype(jnp.float64)).astype(jnp.float32)
-        else:
-            t = a * xq + b
-        y = jnp.rint(t).astype(jnp.int64) + out[1]
-        if relu:
-            y = jnp.maximum(y, out[1])
-        return finish(op, jnp.clip(y, 0, 255).astype(jnp.uint8), out)
+        xq = quantized(op, 0, x, qx, factory.precision)
+        y = _bn_requantize(xq, alpha, beta, float(f32(f32(qx[0]) / f32(out[0]))), out[0], qx[1], out[1], relu, nhwc)
+        return finish(op, y, out)
 
     return kernel
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 8))
+def _bn_requantize(
+    xq: Any, alpha: Any, beta: Any, ratio: float, out_scale: float, in_zero: int, out_zero: int, relu: bool, nhwc: bool
+) -> Any:
+    a, b = alpha * jnp.float32(ratio), beta / jnp.float32(out_scale)
+    x = (xq.astype(jnp.int32) - in_zero).astype(jnp.float32)
+    if nhwc:  # _mm256_fmadd_ps: one rounding
+        t = (a.astype(jnp.float64) * x.astype(jnp.float64) + b.astype(jnp.float64)).astype(jnp.float32)
+    else:
+        t = a * x + b
+    y = jnp.rint(t).astype(jnp.int64) + out_zero
+    if relu:
+        y = jnp.maximum(y, out_zero)
+    return jnp.clip(y, 0, 255).astype(jnp.uint8)
 
 
 def _bn_output_quantization(op: Op, factory: Factory, relu: bool, reference: Any) -> tuple[float, int]:
