@@ -102,13 +102,8 @@ class Factory:
         if not 1 <= self.precision <= 16:
             raise BadArgumentError(f"{op.where}: activation_precision {self.precision} is outside [1, 16]")
         self.preserve_sparsity = op.bool("preserve_activation_sparsity", False)
+        # activation_quantization_kind plays no part: these ops choose activations' parameters from min and max
         self.power_of_two = op.bool("force_scale_power_of_two", False)
-        for name in ("activation_quantization_kind", "weight_quantization_kind"):
-            kind = op.str(name, "min_max").lower() if op.has(name) else "min_max"
-            if kind != "min_max":
-                raise BadArgumentError(
-                    f"{op.where}: {name} '{kind}' (histogram-based quantization) is not supported; only min_max"
-                )
 
     def choose(self, low: float, high: float) -> tuple[float, int]:
         return choose_quantization_params(low, high, self.precision, self.preserve_sparsity, self.power_of_two)
@@ -339,6 +334,9 @@ class WeightFactory(Factory):
         if not 1 <= self.precision <= 16:
             raise BadArgumentError(f"{op.where}: weight_precision {self.precision} is outside [1, 16]")
         self.preserve_sparsity = op.bool("preserve_weight_sparsity", False)
+        kind = op.str("weight_quantization_kind", "min_max").lower()
+        if kind != "min_max":
+            raise BadArgumentError(f"{op.where}: weight_quantization_kind '{kind}' is not supported (only min_max)")
 
 
 def input_quantization(op: Op, factory: Factory, index: int, x: Any) -> tuple[float, int]:

@@ -270,7 +270,25 @@ def test_refusals_match_caffe2(caffe2):
         assert check_op(caffe2, op, inputs) is None
     with pytest.raises(InputTypeError, match="must be an Int8 tensor"):
         run_rnn2jax([dnnlowp_op("Dequantize", "DNNLOWP", ["x"], ["y"])], {"x": x}, ["y"])
-    with pytest.raises(Rnn2JaxError):
-        run_rnn2jax(
-            [dnnlowp_op("Quantize", "DNNLOWP", ["x"], ["y"], activation_quantization_kind="kl")], {"x": x}, ["y"]
-        )
+    # A histogram-based choice of the weight's parameters (KL divergence, ...) is not ported: refused, not guessed.
+    a, b = np.ones(3, np.float32), np.zeros(3, np.float32)
+    linear = dnnlowp_op("Int8ElementwiseLinear", "DNNLOWP", ["x", "a", "b"], ["y"], weight_quantization_kind="kl")
+    with pytest.raises(Rnn2JaxError, match="weight_quantization_kind 'kl'"):
+        run_rnn2jax([linear], {"x": x.reshape(1, 3), "a": a, "b": b}, ["y"], jit=False)
+
+
+def test_the_activation_kind_plays_no_part(caffe2):
+    """Caffe2 chooses activations' parameters from their min and max whatever activation_quantization_kind says."""
+    x = np.array([1.0, -2.0, 3.5, 0.3, 7.1], np.float32)
+    assert check_op(
+        caffe2, dnnlowp_op("Quantize", "DNNLOWP", ["x"], ["y"], activation_quantization_kind="kl"), {"x": x}
+    )
+
+
+def test_dynamic_quantization_needs_the_values(caffe2):
+    """A float operand DNNLOWP quantizes from its min and max cannot be traced: rnn2jax names the op and blob
+    (Quantize's own input is made static by compile, so it runs jitted)."""
+    a = np.array([[1.0, -2.0]], np.float32)
+    with pytest.raises(Rnn2JaxError, match=r"Int8Mul.*input 'a' is traced"):
+        run_rnn2jax([dnnlowp_op("Int8Mul", "DNNLOWP", ["a", "b"], ["y"])], {"a": a, "b": a}, ["y"])
+    assert check_op(caffe2, dnnlowp_op("Quantize", "DNNLOWP", ["a"], ["y"]), {"a": a}) is not None
