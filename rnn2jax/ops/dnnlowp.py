@@ -278,9 +278,13 @@ def output_quantization(op: Op, factory: Factory, y: Any) -> tuple[float, int]:
     """The output's parameters: static (Y_scale, followed_by), else OpWrapper's from the float output's min and
     max (with followed_by Relu, the range is clipped at 0 first)."""
     fixed = static_quantization(op, factory)
-    if fixed is not None:
-        return fixed
-    values = _concrete(op, y, f"output '{op.outputs[0]}'")
+    return fixed if fixed is not None else dynamic_quantization(op, factory, y, 0)
+
+
+def dynamic_quantization(op: Op, factory: Factory, y: Any, index: int) -> tuple[float, int]:
+    """OpWrapper::GetOutputQuantizationParams: from the float op's output `index` (clipped at 0 with followed_by
+    Relu)."""
+    values = _concrete(op, y, f"output '{op.outputs[index]}'")
     if values.size == 0:
         low = high = 0.0
     else:
@@ -636,3 +640,123 @@ def int8_spatial_bn(op: Op) -> Kernel:
 @register("Int8SpatialBNRelu", inputs=5, engines=("DNNLOWP",))
 def int8_spatial_bn_relu(op: Op) -> Kernel:
     return _spatial_bn(op, relu=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Int8LSTMUnit
+
+
+SIGMOID_OUT = (float(f32(0.5 / 127)), 0)
+
+
+def _requantize_real(src: Any, multiplier: float, zero_point: int, low: int, high: int) -> Any:
+    """fbgemm::Requantize with the real multiplier: `zero_point + lrintf(float(src) * multiplier)`, clamped."""
+    q = jnp.rint(src.astype(jnp.float32) * jnp.float32(multiplier)).astype(jnp.int64) + zero_point
+    return jnp.clip(q, low, high)
+
+
+def _divide(a: float, b: float) -> float:
+    return float(f32(f32(a) / f32(b)))
+
+
+def _output_static(op: Op, factory: Factory, index: int) -> tuple[float, int] | None:
+    """HasStaticQuantization(op, index): `Y_scale` for output 0 (after followed_by), `Y2_scale` for output 1."""
+    if index == 0:
+        return static_quantization(op, factory)
+    arg = op.args.get(f"Y{index + 1}_scale")
+    if arg is None or arg.kind != "f":
+        return None
+    return float(f32(arg.value)), op.int(f"Y{index + 1}_zero_point", 0)
+
+
+@register("Int8LSTMUnit", inputs=5, outputs=2, engines=("DNNLOWP",))
+def int8_lstm_unit(op: Op) -> Kernel:
+    """LSTMUnitDNNLowPOp: (hidden_prev, cell_prev, gates [1, N, 4D], seq_lengths, timestep) -> (hidden, cell),
+    with dnnlowp's sigmoid and tanh tables and fbgemm's float requantization between them. The gates are read
+    with fixed parameters covering the tables' inputs (whatever an Int8 gates blob says); the outputs' parameters
+    are static (`Y_scale`, `Y2_scale`) or from the float LSTMUnit's outputs."""
+    factory = Factory(op)
+    forget_bias = f32(op.float("forget_bias", 0.0))
+    drop_states = op.bool("drop_states", False)
+    tanh_table = _tanh_table().astype(np.int32)
+    sigmoid_table = tanh_table - 1
+    sig_in, tanh_in = SIGMOID_IN, TANH_IN
+    sig_min, sig_max = f32(sig_in[0]) * f32(0 - sig_in[1]), f32(sig_in[0]) * f32(255 - sig_in[1])
+    tanh_min, tanh_max = f32(tanh_in[0]) * f32(0 - tanh_in[1]), f32(tanh_in[0]) * f32(255 - tanh_in[1])
+    gates_q = factory.choose(float(min(sig_min, tanh_min)), float(max(sig_max, tanh_max)))
+    top = (1 << factory.precision) - 1
+
+    def kernel(h_prev: Any, c_prev: Any, gates: Any, lengths: Any, timestep: Any) -> tuple[Any, Any]:
+        if len(c_prev.shape) != 3 or len(gates.shape) != 3:
+            raise ShapeError(f"{op.where}: cell_t_prev and gates must be 3-D ([1, N, D] and [1, N, 4D])")
+        n, d = c_prev.shape[1], c_prev.shape[2]
+        if gates.shape[2] != 4 * d:
+            raise ShapeError(f"{op.where}: gates '{op.inputs[2]}' has {gates.shape[2]} columns; 4 * D = {4 * d}")
+        for index, v in ((3, lengths), (4, timestep)):
+            if isinstance(v, Int8Tensor) or np.dtype(v.dtype) != np.int32:
+                raise InputTypeError(f"{op.where}: '{op.inputs[index]}' must be int32")
+        if math.prod(lengths.shape) != n:
+            raise ShapeError(f"{op.where}: seq_lengths '{op.inputs[3]}' must hold N = {n} values")
+        qh, qc = input_quantization(op, factory, 0, h_prev), input_quantization(op, factory, 1, c_prev)
+        out_h, out_c = _output_static(op, factory, 0), _output_static(op, factory, 1)
+        if out_h is None or out_c is None:
+            h_ref, c_ref = _lstm_unit_float(
+                dequantized(h_prev),
+                dequantized(c_prev),
+                dequantized(gates),
+                lengths,
+                timestep,
+                forget_bias,
+                drop_states,
+            )
+            out_h = out_h or dynamic_quantization(op, factory, h_ref, 0)
+            out_c = out_c or dynamic_quantization(op, factory, c_ref, 1)
+        hq = jnp.reshape(quantized(op, 0, h_prev, qh, factory.precision).astype(jnp.int32), (n, d))
+        cq = jnp.reshape(quantized(op, 1, c_prev, qc, factory.precision).astype(jnp.int32), (n, d))
+        xq = jnp.reshape(quantized(op, 2, gates, gates_q, factory.precision).astype(jnp.int32), (n, 4 * d))
+        zx = gates_q[1]
+        bias = int(np.clip(np.rint(f32(zx) + forget_bias * (f32(1) / f32(gates_q[0]))), -128, 127))
+        sig_scale, tanh_scale = SIGMOID_OUT[0], TANH_OUT[0]
+        to_sig, to_tanh = _divide(gates_q[0], sig_in[0]), _divide(gates_q[0], tanh_in[0])
+        sig = jnp.asarray(sigmoid_table)
+        tnh = jnp.asarray(tanh_table)
+        x_i, x_f, x_o, x_g = (xq[:, k * d : (k + 1) * d] for k in range(4))
+        i = sig[_requantize_real(x_i - zx, to_sig, sig_in[1], 0, 255)]
+        f = sig[_requantize_real(x_f + bias - 2 * zx, to_sig, sig_in[1], 0, 255)]
+        o = sig[_requantize_real(x_o - zx, to_sig, sig_in[1], 0, 255)]
+        g = tnh[_requantize_real(x_g - zx, to_tanh, tanh_in[1], 0, 255)]
+        f_c = f * (cq - qc[1])
+        i_g = i * (g - TANH_OUT[1])
+        f_c = _requantize_real(f_c, _divide(qc[0], tanh_scale), 0, -(2**31), 2**31 - 1).astype(jnp.int32)
+        c_temp = f_c + i_g
+        product = float(f32(f32(sig_scale) * f32(tanh_scale)))
+        c_new = _requantize_real(c_temp, _divide(product, out_c[0]), out_c[1], 0, top)
+        tanh_c = tnh[_requantize_real(c_temp, _divide(product, tanh_in[0]), tanh_in[1], 0, 255)]
+        h_new = _requantize_real(o * (tanh_c - TANH_OUT[1]), _divide(product, out_h[0]), out_h[1], 0, top)
+        valid = (jnp.int32(jnp.ravel(timestep)[0]) < jnp.ravel(lengths))[:, None]
+        if drop_states:
+            h_keep, c_keep = jnp.full_like(h_new, out_h[1]), jnp.full_like(c_new, out_c[1])
+        else:
+            h_keep = _requantize_real(hq - qh[1], _divide(qh[0], out_h[0]), out_h[1], 0, top)
+            c_keep = _requantize_real(cq - qc[1], _divide(qc[0], out_c[0]), out_c[1], 0, top)
+        shape = c_prev.shape
+        h_out = jnp.reshape(jnp.where(valid, h_new, h_keep) & 0xFF, shape).astype(jnp.uint8)
+        c_out = jnp.reshape(jnp.where(valid, c_new, c_keep) & 0xFF, shape).astype(jnp.uint8)
+        return finish(op, h_out, out_h), finish(op, c_out, out_c)
+
+    return kernel
+
+
+def _lstm_unit_float(h_prev, c_prev, gates, lengths, timestep, forget_bias, drop_states):
+    """Caffe2's float LSTMUnit (lstm_unit_op.h), which picks dynamic output parameters."""
+    d = c_prev.shape[2]
+    x = gates[0]
+    sigmoid = lambda v: jnp.float32(1) / (jnp.float32(1) + jnp.exp(-v))  # noqa: E731
+    i, f = sigmoid(x[:, :d]), sigmoid(x[:, d : 2 * d] + forget_bias)
+    o, g = sigmoid(x[:, 2 * d : 3 * d]), jnp.float32(2) * sigmoid(jnp.float32(2) * x[:, 3 * d :]) - jnp.float32(1)
+    c = f * c_prev[0] + i * g
+    h = o * (jnp.float32(2) * sigmoid(jnp.float32(2) * c) - jnp.float32(1))
+    valid = (jnp.ravel(timestep)[0] < jnp.ravel(lengths))[:, None]
+    h_keep = jnp.zeros_like(h) if drop_states else h_prev[0]
+    c_keep = jnp.zeros_like(c) if drop_states else c_prev[0]
+    return jnp.where(valid, h, h_keep)[None], jnp.where(valid, c, c_keep)[None]

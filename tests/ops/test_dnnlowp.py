@@ -217,6 +217,33 @@ def draw_spatial_bn(op_type: str):
     return draw
 
 
+def draw_lstm_unit(data):
+    """Static output parameters: dynamic ones come from Caffe2's float LSTMUnit (expf), whose last bits rnn2jax's
+    exp need not share, and a symmetric range's zero point (127.5) then rounds either way."""
+    n, d = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    args = {
+        "Y_scale": data.draw(st.sampled_from([0.004, 0.01, 0.03])),
+        "Y_zero_point": data.draw(st.integers(0, 255)),
+        "Y2_scale": data.draw(st.sampled_from([0.01, 0.02, 0.05])),
+        "Y2_zero_point": data.draw(st.integers(0, 255)),
+    }
+    if data.draw(st.booleans()):
+        args["forget_bias"] = data.draw(st.sampled_from([0.5, 1.0, -0.7]))
+    if data.draw(st.booleans()):
+        args["drop_states"] = 1
+    if data.draw(st.integers(0, 4)) == 4:
+        args["dequantize_output"] = 1
+    inputs = {
+        "h": int8_or_float(data, (1, n, d), -1.0, 1.0),
+        "c": int8_or_float(data, (1, n, d), -2.0, 2.0),
+        "g": int8_or_float(data, (1, n, 4 * d), -5.0, 5.0),
+        "lengths": data.draw(arrays((n,), np.int32, 0, 3)),
+        "t": np.array([data.draw(st.integers(0, 3))], np.int32),
+    }
+    op = dnnlowp_op("Int8LSTMUnit", "DNNLOWP", list(inputs), ["h_out", "c_out"], **args)
+    return op, inputs
+
+
 CASES = cases(
     *(Case(f"Quantize_ENGINE_{e}", draw_quantize(e)) for e in ENGINES),
     *(Case(f"Dequantize_ENGINE_{e}", draw_dequantize("Dequantize", e)) for e in ENGINES),
@@ -228,6 +255,7 @@ CASES = cases(
     Case("Int8BatchMatMul_ENGINE_DNNLOWP", draw_batch_matmul, jit=False),
     Case("Int8SpatialBN_ENGINE_DNNLOWP", draw_spatial_bn("Int8SpatialBN"), jit=False),
     Case("Int8SpatialBNRelu_ENGINE_DNNLOWP", draw_spatial_bn("Int8SpatialBNRelu"), jit=False),
+    Case("Int8LSTMUnit_ENGINE_DNNLOWP", draw_lstm_unit, jit=False),
 )
 
 
