@@ -112,9 +112,11 @@ def render(
     tested: Tested,
     records: Mapping[str, Any] | None = None,
 ) -> str:
-    """The scoreboard as Markdown. `registered` are the lowered types; `records` every registry record (host
-    ops too), for the module and facets columns."""
-    records = records or {}
+    """The scoreboard as Markdown. `registered` are the lowered types, as Caffe2's operator keys
+    (`registry.lowered_keys`); `records` every registry record (host ops too), for the module and facets
+    columns. A record of a type Caffe2 has only under engines (DNNLOWP's Quantize) stands for its keys
+    (`Quantize_ENGINE_DNNLOWP`, ...), which real Caffe2's catalog lists as op types of their own."""
+    records = {key: r for t, r in (records or {}).items() for key in _keys(t, r)}
     types, engines = op_types(catalog.ops)
     families: dict[str, list[str]] = defaultdict(list)
     for op_type in types:
@@ -197,10 +199,15 @@ def render(
     return "\n".join(lines)
 
 
+def _keys(op_type: str, record: Any) -> tuple[str, ...]:
+    engines = getattr(record, "engines", ())
+    return tuple(f"{op_type}_ENGINE_{e}" for e in engines) if engines else (op_type,)
+
+
 def generate(python: str | Path) -> str:
     from rnn2jax.checking.oracle import Caffe2Oracle
     from rnn2jax.ops.gradient_makers import gradient_maker_types
-    from rnn2jax.ops.registry import REGISTRY, lowered_types, supported
+    from rnn2jax.ops.registry import REGISTRY, lowered_keys, supported
 
     supported("FC")  # loads every op family
     import rnn2jax.caffe2.python.workspace  # noqa: F401  (registers the Caffe2 API's host ops: Python, ...)
@@ -209,7 +216,7 @@ def generate(python: str | Path) -> str:
         catalog = oracle.catalog()
         kinds = oracle.gradient_kinds()
     tested = differential_cases()  # first: importing the tests registers makers too (the Python op's), as in pytest
-    return render(catalog, kinds, set(lowered_types()), gradient_maker_types(), tested, dict(REGISTRY))
+    return render(catalog, kinds, set(lowered_keys()), gradient_maker_types(), tested, dict(REGISTRY))
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from . import (  # noqa: F401
     decoding,
     detection,
     distributed,
+    dnnlowp,
     elementwise,
     embedding,
     features,

@@ -17,6 +17,11 @@ in Python between jitted segments with the workspace in hand. A record may have 
 (`build` is None): the lowering paths (`find`, `lookup`, `check_supported`) see only lowerings, so a host
 op is refused inside jitted code and step nets; `kind`, `supported` and `unsupported_ops(host_ops=True)`
 count it. A host op wins over a lowering of the same type when a workspace runs the net.
+
+Some Caffe2 types exist only under an engine (DNNLOWP's `Quantize`: Caffe2 registers `Quantize_ENGINE_DNNLOWP`
+and no plain `Quantize`). Their record declares the `engines` it accepts; `lookup` refuses an op of the type
+with any other engine, or none, as Caffe2 cannot create it, and `operator_keys` names the Caffe2 operator keys
+the record stands for (`Quantize_ENGINE_DNNLOWP`, ...), which is what the scoreboard counts.
 """
 
 from __future__ import annotations
@@ -137,6 +142,7 @@ class OpDef:
     gradient: Callable[..., Any] | Absent = UNSTATED  # the builder gradient maker (a GradientContext -> ops)
     emitter: Callable[..., Any] | Absent = UNSTATED  # the op as a statement of the generated module (codegen)
     host: HostOp | None = None  # run on the host between jitted segments (Save, Load, Print, ...)
+    engines: tuple[str, ...] = ()  # Caffe2 has the type only under these engines (none: the plain type)
 
     def reads_values_for(self, op: Op, outputs: Iterable[str]) -> bool:
         """Whether computing `outputs` of `op` reads its inputs' values (not only their shapes)."""
@@ -241,6 +247,19 @@ def lowered_types() -> frozenset[str]:
     return frozenset(op_type for op_type, opdef in REGISTRY.items() if opdef.build is not None)
 
 
+def operator_keys(opdef: OpDef) -> tuple[str, ...]:
+    """The Caffe2 operator keys `opdef` stands for: its type, or `Type_ENGINE_E` for each engine of a type
+    Caffe2 registers only under engines."""
+    if not opdef.engines:
+        return (opdef.type,)
+    return tuple(f"{opdef.type}_ENGINE_{engine}" for engine in opdef.engines)
+
+
+def lowered_keys() -> frozenset[str]:
+    """`lowered_types` as Caffe2's operator keys (`Quantize_ENGINE_DNNLOWP` for the record of `Quantize`)."""
+    return frozenset(key for opdef in REGISTRY.values() if opdef.build is not None for key in operator_keys(opdef))
+
+
 def _bounds(count: int | tuple[int, int | None]) -> tuple[int, int]:
     if isinstance(count, int):
         return count, count
@@ -258,10 +277,12 @@ def register(
     carries_nets: bool = False,
     shape_only: bool = False,
     shape_outputs: tuple[int, ...] = (),
+    engines: tuple[str, ...] = (),
     **facets: Any,
 ) -> Callable[[Builder], Builder]:
     """Register `build` for each of `types` (aliases share one builder), with any facets given here
-    (`roles=Roles(lengths=(1,))`, ...) over the family's declared defaults."""
+    (`roles=Roles(lengths=(1,))`, ...) over the family's declared defaults. `engines`: the type exists only
+    under these engines (module docstring)."""
     module = _caller_module(1)
     unknown = set(facets) - set(FACETS)
     if unknown:
@@ -287,6 +308,7 @@ def register(
                 module=module,
                 **stated,
                 host=existing.host if existing is not None else None,
+                engines=tuple(engines),
             )
         return build
 
@@ -359,6 +381,14 @@ def lookup(op: Op) -> OpDef:
     if opdef is None:
         raise UnsupportedOpError(
             f"{op.where}: op type '{op.type}' is not supported{_host_only(op.type)}{_why_not(op.type, op.engine)}",
+            ((op.where, op.type),),
+            advice=REGISTER_ADVICE,
+        )
+    if opdef.engines and op.engine not in opdef.engines:
+        engine = f"engine '{op.engine}'" if op.engine else "no engine"
+        raise UnsupportedOpError(
+            f"{op.where}: cannot create operator of type '{op.type}' with {engine}: Caffe2 registers it only "
+            f"under the engines {', '.join(opdef.engines)}",
             ((op.where, op.type),),
             advice=REGISTER_ADVICE,
         )

@@ -22,7 +22,7 @@ from rnn2jax.ir.netdef import decode_net  # noqa: E402
 from rnn2jax.ops import registry  # noqa: E402
 from rnn2jax.ops.facets import FACETS, UNSTATED, Absent, Roles  # noqa: E402
 from rnn2jax.ops.gradient_makers import gradient_maker_types  # noqa: E402
-from rnn2jax.ops.registry import REGISTRY, lowered_types, supported  # noqa: E402
+from rnn2jax.ops.registry import REGISTRY, lowered_keys, operator_keys, supported  # noqa: E402
 from rnn2jax.ops.unsupported import WHY_UNSUPPORTED  # noqa: E402
 from rnn2jax.proto import caffe2_pb2 as pb  # noqa: E402
 
@@ -36,7 +36,7 @@ def registries(caffe2):
 def test_scoreboard_is_current(registries):
     catalog, kinds, tested = registries
     records = dict(REGISTRY)
-    text = ops_scoreboard.render(catalog, kinds, set(lowered_types()), gradient_maker_types(), tested, records) + "\n"
+    text = ops_scoreboard.render(catalog, kinds, set(lowered_keys()), gradient_maker_types(), tested, records) + "\n"
     committed = ops_scoreboard.OUTPUT.read_text() if ops_scoreboard.OUTPUT.exists() else ""
     assert committed == text, "docs/ops.md is stale: run .venv/bin/python scripts/ops_scoreboard.py"
 
@@ -48,7 +48,7 @@ NOT_IN_THE_WHEEL = {"RedisStoreHandlerCreate"}
 
 def test_every_lowered_op_is_a_caffe2_op(registries):
     catalog, _, _ = registries
-    ours = set(REGISTRY) - NOT_IN_THE_WHEEL
+    ours = {key for record in REGISTRY.values() for key in operator_keys(record)} - NOT_IN_THE_WHEEL
     assert ours <= set(catalog.ops), sorted(ours - set(catalog.ops))
     assert not NOT_IN_THE_WHEEL & set(catalog.ops), "the wheel has it after all: drop it from NOT_IN_THE_WHEEL"
 
@@ -61,9 +61,9 @@ CANNOT_RUN_ON_CAFFE2_CPU = {"CopyCPUToGPU", "CopyGPUToCPU"}
 
 def test_every_lowered_op_has_a_differential_test(registries):
     _, kinds, tested = registries
-    untested = sorted(lowered_types() - tested.forward - set(tested.gradient_ops))
+    untested = sorted(lowered_keys() - tested.forward - set(tested.gradient_ops))
     assert not untested, f"no differential test against real Caffe2 for: {', '.join(untested)}"
-    with_gradient = {t for t in lowered_types() if kinds.get(t) == "gradient"} - CANNOT_RUN_ON_CAFFE2_CPU
+    with_gradient = {t for t in lowered_keys() if kinds.get(t) == "gradient"} - CANNOT_RUN_ON_CAFFE2_CPU
     no_gradient_test = sorted(with_gradient - tested.with_gradient)
     assert not no_gradient_test, f"Caffe2 has a gradient but no gradient test: {', '.join(no_gradient_test)}"
 
@@ -73,7 +73,7 @@ def test_every_op_not_run_says_why(registries):
     lowers nor runs as a host op has one in rnn2jax/ops/unsupported.py, and no reason is kept for one that runs."""
     catalog, _, _ = registries
     records = _all_records()
-    runs = {t for t, r in records.items() if r.build is not None or r.host is not None}
+    runs = {k for r in records.values() if r.build is not None or r.host is not None for k in operator_keys(r)}
     types, _ = ops_scoreboard.op_types(catalog.ops)
     unexplained = sorted(types - runs - set(WHY_UNSUPPORTED))
     assert not unexplained, f"neither run nor explained in rnn2jax/ops/unsupported.py: {', '.join(unexplained)}"
@@ -91,6 +91,20 @@ def test_unsupported_op_error_gives_the_reason():
     net = pb.NetDef(name="cudnn_net", op=[op])
     with pytest.raises(UnsupportedOpError, match=r"cuDNN's fused RNN .*op #0|op #0.*cuDNN's fused RNN"):
         registry.lookup(decode_net(net).ops[0])
+
+
+def test_an_engine_only_type_counts_as_its_engine_keys(registries):
+    """DNNLOWP's Quantize exists in Caffe2 only as Quantize_ENGINE_DNNLOWP etc., each an op type of the
+    scoreboard: rnn2jax's one record of Quantize, which accepts those engines, counts as each of them."""
+    catalog, kinds, tested = registries
+    record = REGISTRY["Quantize"]
+    assert "Quantize" not in catalog.ops and "Quantize" not in lowered_keys()
+    assert set(operator_keys(record)) == {k for k in catalog.ops if k.startswith("Quantize_ENGINE_")}
+    assert set(operator_keys(record)) <= lowered_keys()
+    text = ops_scoreboard.render(catalog, kinds, set(lowered_keys()), gradient_maker_types(), tested, dict(REGISTRY))
+    row = next(line for line in text.splitlines() if line.startswith("| Quantize_ENGINE_DNNLOWP |"))
+    assert "| yes | `ops/dnnlowp.py` |" in row and row.endswith("| fwd |"), row
+    assert "Quantize," not in text.split("also registers", 1)[-1].split("\n", 1)[0]
 
 
 def _all_records() -> dict:

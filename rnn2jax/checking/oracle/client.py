@@ -32,9 +32,12 @@ from ...proto import caffe2_pb2 as pb
 WORKER = Path(__file__).with_name("worker.py")
 
 
-def _int8_fill(name: str, value: Int8Tensor) -> pb.OperatorDef:
-    """The Int8GivenTensorFill (uint8 data) or Int8GivenIntTensorFill (int32) that makes blob `name` = `value`."""
+def _int8_fill(name: str, value: Int8Tensor) -> list[pb.OperatorDef]:
+    """The Int8GivenTensorFill (uint8 data) or Int8GivenIntTensorFill (int32) that makes blob `name` = `value`;
+    for uint16 data (DNNLOWP's _16 engines), a float fill quantized by Quantize_ENGINE_DNNLOWP_16."""
     data = np.asarray(value.data)
+    if data.dtype == np.uint16:
+        return _uint16_fill(name, value)
     op = pb.OperatorDef(type="Int8GivenIntTensorFill" if data.dtype == np.int32 else "Int8GivenTensorFill")
     op.output.append(name)
     values = op.arg.add(name="values")
@@ -45,7 +48,26 @@ def _int8_fill(name: str, value: Int8Tensor) -> pb.OperatorDef:
     op.arg.add(name="shape").ints.extend(data.shape)
     op.arg.add(name="Y_scale", f=float(value.scale))
     op.arg.add(name="Y_zero_point", i=int(value.zero_point))
-    return op
+    return [op]
+
+
+def _uint16_fill(name: str, value: Int8Tensor) -> list[pb.OperatorDef]:
+    """Real values `(q - zero_point) * scale` that Quantize_ENGINE_DNNLOWP_16 (activation_precision 16) maps back
+    to exactly `q`: fbgemm rounds `zero_point + real * (1 / scale)` in float32 (a power-of-two scale always does)."""
+    data = np.asarray(value.data)
+    scale, zero_point = np.float32(value.scale), int(value.zero_point)
+    real = (data.astype(np.int32) - zero_point).astype(np.float32) * scale
+    back = np.rint(np.float32(zero_point) + real * (np.float32(1) / scale))
+    if not np.array_equal(np.clip(back, 0, 65535), data):
+        raise ValueError(f"blob '{name}': this uint16 Int8 tensor cannot be made exactly in Caffe2 (scale {scale})")
+    fill = pb.OperatorDef(type="GivenTensorFill", output=[f"{name}__real"])
+    fill.arg.add(name="values").floats.extend(float(v) for v in real.ravel())
+    fill.arg.add(name="shape").ints.extend(data.shape)
+    quantize = pb.OperatorDef(type="Quantize", input=[f"{name}__real"], output=[name], engine="DNNLOWP_16")
+    quantize.arg.add(name="activation_precision", i=16)
+    quantize.arg.add(name="Y_scale", f=float(scale))
+    quantize.arg.add(name="Y_zero_point", i=zero_point)
+    return [fill, quantize]
 
 
 class OracleError(Rnn2JaxError):
@@ -268,7 +290,8 @@ class Caffe2Oracle:
         encoded = []
         feeds = dict(feeds or {})
         # Caffe2's FeedBlob takes no Int8TensorCPU: such a feed becomes the fill op that makes it.
-        fills = [_int8_fill(name, feeds.pop(name)) for name in list(feeds) if isinstance(feeds[name], Int8Tensor)]
+        int8 = [name for name in feeds if isinstance(feeds[name], Int8Tensor)]
+        fills = [fill for name in int8 for fill in _int8_fill(name, feeds.pop(name))]
         steps = [("op", fill) for fill in fills] + list(steps)
         for kind, value in steps:
             if kind == "ops":
