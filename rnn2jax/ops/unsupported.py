@@ -48,6 +48,24 @@ WHY_UNSUPPORTED: Mapping[str, str] = MappingProxyType(
             "Caffe2 registers no implementation of it for CPU: it has no default engine and Gloo none either "
             "('does not have a default engine implementation'); Allreduce, which rnn2jax runs, sums onto every process"
         ),
+        **dict.fromkeys(
+            ("Int8FCRelu_ENGINE_DNNLOWP", "Int8FCRelu_ENGINE_DNNLOWP_ROWWISE"),
+            "not lowered yet: DNNLOWP's int8 FC runs fbgemm's packed int8 GEMM, whose pairwise int16 saturation shows "
+            "in Caffe2's outputs and has to be reproduced exactly",
+        ),
+        "Int8GroupNorm_ENGINE_DNNLOWP": (
+            "not lowered yet: DNNLOWP's int8 GroupNorm computes its moments in AVX2 integer code and requantizes "
+            "the fused parameters in fixed point, which has to be reproduced exactly"
+        ),
+        "Int8GenQuantParams": (
+            "its quantization-scheme input is made only by a Python binding of Caffe2's (dnnlowp_pybind11."
+            "CreateInt8QuantSchemeBlob), which no op and no saved net can produce"
+        ),
+        **dict.fromkeys(
+            ("Int8FCPackWeight", "Int8ConvPackWeight_ENGINE_DNNLOWP", "Int8ConvPackWeight_ENGINE_DNNLOWP_ACC16"),
+            "makes fbgemm's opaque packed int8 matrix, which only DNNLOWP's Int8FC and Int8Conv engines read and "
+            "which cannot be fetched; rnn2jax does not run those engines (the plain Int8FC and Int8Conv it does)",
+        ),
         "RoIPoolGradient": "Caffe2 has no CPU kernel for it (roi_pool_op.h: 'Not Implemented' on CPU)",
         "SendTensor": (
             "point-to-point Gloo transfer between processes of a Caffe2 common world; rnn2jax's collectives run on "

@@ -52,7 +52,7 @@ def draw_barrier(data):
     op = make_op("AsyncNetBarrier", names, names)
     if data.draw(st.booleans()):
         op.arg.add(name="cross_device", i=data.draw(st.integers(0, 1)))
-    return op, {name: data.draw(arrays(shapes(0, 3), dtype, -9, 9)) for name, dtype in zip(names, dtypes)}
+    return op, {name: data.draw(arrays(shapes(0, 3), dtype, -9, 9)) for name, dtype in zip(names, dtypes, strict=True)}
 
 
 CASES = cases(

@@ -130,8 +130,18 @@ def test_every_op_states_each_facet_or_that_it_has_none():
 
 # One op per family of facets, across families: every facet each has is in its family module (its own code,
 # or a shared shape the family attaches from the ops layer's vocabulary modules, named here).
-TEN_OPS = ("LSTMUnit", "FC", "SpatialBN", "Gather", "SparseLengthsSum", "Relu", "Reshape", "RecurrentNetwork", "Load",
-           "Adam")
+TEN_OPS = (
+    "LSTMUnit",
+    "FC",
+    "SpatialBN",
+    "Gather",
+    "SparseLengthsSum",
+    "Relu",
+    "Reshape",
+    "RecurrentNetwork",
+    "Load",
+    "Adam",
+)
 SHARED_VOCABULARY = ("rnn2jax.ops.gradient_makers", "rnn2jax.ops.shape_facts")
 
 

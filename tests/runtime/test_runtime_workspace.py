@@ -10,6 +10,7 @@ from runtime_helpers import net, op
 
 import rnn2jax
 from differential import assert_blobs_equal
+from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import InputTypeError, MissingBlobError, ShapeError, UnsupportedOpError, WorkspaceError
 from rnn2jax.ops import registry
 from rnn2jax.runtime.executor import HostStep, PureSegment
@@ -307,7 +308,7 @@ def test_values_a_segment_checks_fail_the_net_as_in_caffe2(caffe2, ops, feeds, m
     fail a workspace's net at that op, as real Caffe2 does, instead of answering with their fallbacks."""
     feeds = {name: np.asarray(value, np.float32 if name in "xd" else None) for name, value in feeds.items()}
     checked = net("checked", *ops)
-    with pytest.raises(Exception):  # real Caffe2 refuses the net
+    with pytest.raises(Caffe2Error):  # real Caffe2 refuses the net
         caffe2.run([("net", checked)], feeds, None)
     workspace = _workspace(**feeds)
     with pytest.raises(ShapeError, match=rf"net 'checked', {message}"):
