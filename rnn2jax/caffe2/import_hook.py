@@ -300,6 +300,18 @@ def uninstall() -> None:
         del sys.modules[name]
 
 
+def _parent_packages(name: str) -> None:
+    """Empty packages for the dotted parents of `name` that do not exist, so that `import name` finds the module
+    (pickle imports a function's module by name: a test file's Python-op builder is pickled, as in Caffe2)."""
+    parts = name.split(".")
+    for end in range(1, len(parts)):
+        parent = ".".join(parts[:end])
+        if parent not in sys.modules:
+            package = ModuleType(parent)
+            package.__path__ = []
+            sys.modules[parent] = package
+
+
 def load_source_tree_file(name: str, path: str | os.PathLike[str]) -> ModuleType:
     """Run one file of Caffe2's as the module `name`, with the views its source tree's modules get (a test file of
     Caffe2's own suite, written for NumPy before 1.24, run unmodified from a copy)."""
@@ -307,6 +319,7 @@ def load_source_tree_file(name: str, path: str | os.PathLike[str]) -> ModuleType
     spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    _parent_packages(name)
     sys.modules[name] = module
     try:
         loader.exec_module(module)
