@@ -2,8 +2,7 @@
 
 `make test` runs Caffe2's RNN test files, as the torch 1.10.2 wheel in the real-Caffe2 venv ships them,
 unmodified under `rnn2jax.caffe2.pytest_plugin`. Every test not listed here must pass; each one listed
-in EXPECTED_FAILURES is marked xfail(strict=True) with its reason, so it fails the run the day it starts passing;
-UNSTABLE lists the one that fails on a few draws only (xfail, not strict), until its arithmetic is made to match.
+in EXPECTED_FAILURES is marked xfail(strict=True) with its reason, so it fails the run the day it starts passing.
 """
 
 from __future__ import annotations
@@ -34,16 +33,6 @@ EXPECTED_FAILURES: dict[str, str] = {
 }
 
 
-# "file.py::Class::test" -> why it fails on some hypothesis draws (xfail, not strict: it passes on most)
-UNSTABLE: dict[str, str] = {
-    "rnn_cell_test.py::RNNCellTest::test_unroll_lstm": (
-        "compares a RecurrentNetwork LSTM with its unrolled twin at 1e-7; rnn2jax runs the two as two XLA programs "
-        "whose cell states differ by up to 2 ulps on some draws (about 1 in 10), and hypothesis draws from the "
-        "literal constants of the local source, so a change anywhere in rnn2jax can move CI onto such a draw"
-    ),
-}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         # the file's name, whatever the rootdir (a file given alone has an empty path part in its nodeid)
@@ -51,5 +40,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason = EXPECTED_FAILURES.get(key)
         if reason is not None:
             item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
-        elif key in UNSTABLE:
-            item.add_marker(pytest.mark.xfail(reason=UNSTABLE[key], strict=False))

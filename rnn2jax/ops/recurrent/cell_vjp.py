@@ -13,10 +13,16 @@ W, b per layer), and its VJP is written here instead. The stack is what Caffe2's
 
 A single cell is the stack of one layer. The VJP:
 
-- forward: the step's scan (per gate block, as fusion.py runs it), also emitting the activated
-  gates (i, f, o, g) per step and layer, as oneDNN keeps them in its workspace: the same memory as
-  saving the pre-activations, and the backward then evaluates no sigmoid but tanh(c_t) (measured
-  against recomputing: equal within this machine's noise, 0.61-0.77 vs 0.58-0.80 of the plain path);
+- forward: the step's scan, also emitting the activated gates (i, f, o, g) per step and layer, as
+  oneDNN keeps them in its workspace: the same memory as saving the pre-activations, and the backward
+  then evaluates no sigmoid but tanh(c_t) (measured against recomputing: equal within this machine's
+  noise, 0.61-0.77 vs 0.58-0.80 of the plain path). It rounds as the step net does: each FC is FC's
+  lowering (one `[N, K] x [K, 4H]` product, then its bias) and the Sum adds the two rounded terms, so the
+  states and the pre-activations the backward step net reads are bit for bit those of the plain scan
+  and of the same net unrolled. Folding the bias into x_t, one product of `[h_below, h]` with
+  `[Wi | W]`, or a product per gate block each round differently (XLA's CPU dot contracts multiply-adds
+  by the product's shape), and Caffe2's rnn_cell_test compares a RecurrentNetwork LSTM with its unrolled
+  twin at 1e-7, where the gradients of those states amplify one ulp of them past the bound;
 - backward: a reverse scan doing only what is sequential: per step, from the top layer down,
   LSTMUnit's elementwise backward, `[dh_{l-1,t}, dh_l_prev] += dgates_l @ [Wi_l | W_l]` (one matmul
   per layer), emitting dgates; after the loop every `dW` is one contraction over all steps, every
@@ -284,19 +290,17 @@ def _lstm(
         return [ws[0]] + [jnp.concatenate([wis[k - 1], ws[k]], axis=1) for k in range(1, depth)]
 
     def scan_forward(x, h0s, c0s, ws, bs, wis, bis, valid, save: bool):
-        blocks = jnp.split(x + bs[0], 4, axis=-1)
-        weights = [[block.T for block in jnp.split(w, 4, axis=0)] for w in stacked_weights(ws, wis)]
-        biases = [None] + [jnp.split(bis[k - 1] + bs[k], 4) for k in range(1, depth)]
+        def fc(rows, w, b):  # FC's lowering (linear.fully_connected) exactly: the same dot, then the bias
+            return matmul(rows, w.T) + b
 
         def body(carry, xs):
             x_t, valid_t = xs
             below, new, ys = None, [], {"h": [], "c": [], "gates": [], "ifog": []}
             for k, (h, c) in enumerate(carry):
-                if k == 0:
-                    pre = [x_t[j] + matmul(h, weights[0][j]) for j in range(4)]
-                else:
-                    rows = jnp.concatenate([below, h], axis=-1)
-                    pre = [matmul(rows, weights[k][j]) + biases[k][j] for j in range(4)]
+                # Caffe2's rounding: Sum(FC(h_prev, W, b), x_t), above the first layer Sum(FC(h_prev, W, b),
+                # FC(h_below, Wi, bi)), each FC one [N, 4H] product plus its bias (see the module docstring)
+                gates = fc(h, ws[k], bs[k]) + (x_t if k == 0 else fc(below, wis[k - 1], bis[k - 1]))
+                pre = jnp.split(gates, 4, axis=-1)
                 x_i, x_f, x_o, x_g = pre
                 i, f, o, g = _sigmoid(x_i), _sigmoid(x_f + forget_bias[k]), _sigmoid(x_o), _tanh(x_g)
                 c_new = f * c + i * g
@@ -307,14 +311,14 @@ def _lstm(
                 new.append((h_new, c_new))
                 ys["h"].append(h_new)
                 ys["c"].append(c_new)
-                ys["gates"].append(jnp.concatenate(pre, axis=-1) if with_gates[k] else None)
+                ys["gates"].append(gates if with_gates[k] else None)
                 ys["ifog"].append((i, f, o, g))
                 below = h_new
             if not save:
                 del ys["ifog"]
             return tuple(new), {name: tuple(v) for name, v in ys.items()}
 
-        last, ys = lax.scan(body, tuple(zip(h0s, c0s, strict=True)), (blocks, valid))
+        last, ys = lax.scan(body, tuple(zip(h0s, c0s, strict=True)), (x, valid))
         h_last, c_last = (tuple(s[0] for s in last), tuple(s[1] for s in last))
         out = (ys["h"], ys["c"], h_last, c_last, ys["gates"])
         return out, ys.get("ifog")
