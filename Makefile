@@ -82,13 +82,13 @@ test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 # Caffe2's whole Python test suite (every *_test.py of the torch 1.10.2 wheel), unmodified, on real Caffe2 (cached
 # per file in .cache/caffe2-suite) and on rnn2jax, one pytest process per file and side, SUITE_EXAMPLES hypothesis
 # examples per test: writes docs/caffe2-suite.json and the scoreboard docs/caffe2-suite.md (`SUITE_ONLY='python/*'`
-# runs some files, and still rewrites the page from them alone). `make test-caffe2-suite-ci` (part of `make test`)
+# reruns some files and keeps the other files' results, when they were run with as many examples). `make test-caffe2-suite-ci` (part of `make test`)
 # collects every file the page scores and runs the tests it records as passing, at one derandomized example each.
 SUITE_EXAMPLES ?= 10
 SUITE_JOBS ?= 2
 test-caffe2-suite: $(STAMP) $(CAFFE2_STAMP)
 	$(BIN)/python scripts/caffe2_suite.py run --examples $(SUITE_EXAMPLES) --jobs $(SUITE_JOBS) \
-		$(if $(SUITE_ONLY),--only $(SUITE_ONLY))
+		$(if $(SUITE_ONLY),--merge --only $(SUITE_ONLY))
 
 test-caffe2-suite-ci: $(STAMP) $(CAFFE2_STAMP)
 	@if ! ls -d $(CAFFE2_VENV)/lib/python3.9/site-packages/caffe2 >/dev/null 2>&1; then \
