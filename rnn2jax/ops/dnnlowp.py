@@ -32,6 +32,7 @@ from . import shape as _shape  # noqa: F401  (Gather, which Int8Gather runs on f
 from .checks import runtime_checked
 from .elementwise import _legacy_axis, _legacy_b_shape
 from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
+from .int8 import _int8
 from .registry import REGISTRY, Kernel, declare_family, register
 from .shape import _check_indices, _check_range
 
@@ -155,20 +156,6 @@ def dequantize(x: Int8Tensor) -> Any:
     return jnp.float32(x.scale) * (x.data.astype(jnp.int32) - jnp.int32(x.zero_point)).astype(jnp.float32)
 
 
-def _int8_input(op: Op, index: int, x: Any, dtype: Any) -> Int8Tensor:
-    name = op.inputs[index]
-    if not isinstance(x, Int8Tensor):
-        raise InputTypeError(
-            f"{op.where}: blob '{name}' must be an Int8 tensor (Int8TensorCPU), got "
-            f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', []))}"
-        )
-    if np.dtype(x.dtype) != np.dtype(dtype):
-        raise InputTypeError(
-            f"{op.where}: Int8 blob '{name}' holds {np.dtype(x.dtype)} data; {op.engine} reads {np.dtype(dtype)}"
-        )
-    return x
-
-
 def _float_input(op: Op, index: int, x: Any) -> Any:
     if isinstance(x, Int8Tensor) or np.dtype(x.dtype) != np.float32:
         raise InputTypeError(
@@ -213,14 +200,14 @@ def dequantize_dnnlowp(op: Op) -> Kernel:
     """DequantizeDNNLowPOp: an Int8 blob (uint16 data for the _16 engines) to float32."""
     dtype = _dtype(op)
     Factory(op)
-    return lambda x: dequantize(_int8_input(op, 0, x, dtype))
+    return lambda x: dequantize(_int8(op, 0, x, dtype))
 
 
 @register("Int8DequantizeRowWise", engines=("DNNLOWP",))
 def int8_dequantize_row_wise(op: Op) -> Kernel:
     """Caffe2 registers DequantizeDNNLowPOp<uint8_t> for it: the blob's one scale and zero point, not per row."""
     Factory(op)
-    return lambda x: dequantize(_int8_input(op, 0, x, np.uint8))
+    return lambda x: dequantize(_int8(op, 0, x, np.uint8))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -254,7 +241,7 @@ def int8_tanh(op: Op) -> Kernel:
     table = _tanh_table()
 
     def kernel(x: Any) -> Int8Tensor:
-        x = _int8_input(op, 0, x, np.uint8)
+        x = _int8(op, 0, x, np.uint8)
         return Int8Tensor(jnp.asarray(table)[x.data.astype(jnp.int32)], *TANH_OUT)
 
     return kernel
@@ -313,7 +300,7 @@ def int8_gather(op: Op) -> Kernel:
                 return y
             scale, zero_point = output_quantization(op, factory, y)
             return Int8Tensor(quantize(y, scale, zero_point, factory.precision, np.uint8), scale, zero_point)
-        data = _int8_input(op, 0, data, np.uint8)
+        data = _int8(op, 0, data, np.uint8)
         _check_indices(op, indices)
         if data.data.ndim < 1:
             raise ShapeError(f"{op.where}: DATA '{op.inputs[0]}' should be at least 1-D")
@@ -354,7 +341,7 @@ def input_quantization(op: Op, factory: Factory, index: int, x: Any) -> tuple[fl
 def quantized(op: Op, index: int, x: Any, qparams: tuple[float, int], precision: int) -> Any:
     """QuantizeInputIfNeeded: an Int8 blob's uint8 data, or the float input quantized with `qparams`."""
     if isinstance(x, Int8Tensor):
-        return _int8_input(op, index, x, np.uint8).data
+        return _int8(op, index, x, np.uint8).data
     return quantize(x, *qparams, precision, np.uint8)
 
 
