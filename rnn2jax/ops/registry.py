@@ -470,7 +470,7 @@ def check_supported(*nets: Net) -> None:
         hosts = [t for t in types if find_host(t) is not None]
         if hosts:  # host ops run only in a Workspace, at the top level of a net, between jitted segments
             lines += f"\n{', '.join(hosts)}: host op(s), which only a Workspace runs, at the top level of a net"
-        lines += "".join(f"\n{t}{_why_not(t)}" for t in types if _why_not(t))
+        lines += "".join(f"\n{t}{why}" for t in types if (why := _why_not(t)))
         raise UnsupportedOpError(
             f"{len(missing)} op(s) of {len(types)} unsupported type(s) ({', '.join(types)}):\n{lines}",
             tuple(missing),
