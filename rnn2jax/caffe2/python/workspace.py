@@ -1017,6 +1017,18 @@ class _OpSchema:
     def inplace_enforced(self, i: int, o: int) -> bool:
         return False
 
+    # The op types whose Caffe2 schema says SameNumberOfOutput (as many outputs as inputs) with a range of counts
+    _SAME_NUMBER_OF_OUTPUT = frozenset({"Free", "SparseDropoutWithReplacement", "SparseItemwiseDropoutWithReplacement"})
+
+    def CalculateOutput(self, num_input: int) -> int:
+        """Caffe2's `OpSchema::CalculateOutput`: the output count, fixed or from the input count, else -1
+        (kCannotComputeNumOutputs)."""
+        if self.min_output == self.max_output:
+            return self.min_output
+        if self.name in self._SAME_NUMBER_OF_OUTPUT:
+            return num_input
+        return -1
+
     @staticmethod
     def get(op_type: str) -> _OpSchema | None:
         """The schema of `op_type`, or None when rnn2jax cannot run it (as Caffe2 for schemaless ops)."""
