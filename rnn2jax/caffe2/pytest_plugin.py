@@ -8,7 +8,8 @@
 
 Caffe2's hypothesis profiles set no deadline, and compiling a new shape takes longer than hypothesis'
 default 200 ms, so this plugin registers a profile `rnn2jax` (Caffe2's `dev` profile without a
-deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set already.
+deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set already, loading it
+for the test files that do not import hypothesis_test_util too.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
         derandomize=os.environ.get("RNN2JAX_HYPOTHESIS_PROFILE") == "ci",
     )
     os.environ.setdefault("CAFFE2_HYPOTHESIS_PROFILE", PROFILE)
+    if os.environ["CAFFE2_HYPOTHESIS_PROFILE"] == PROFILE:
+        # also for the test files that use @given without importing hypothesis_test_util (which loads the
+        # profile): hypothesis' default 200 ms deadline fails a test whose example compiles a new shape
+        settings.load_profile(PROFILE)
     install(config.getoption("--caffe2-source"))
 
 

@@ -37,7 +37,11 @@ print(json.dumps(out))
 def real_schemas(caffe2) -> dict:
     """The schemas of real Caffe2 (the `caffe2` fixture builds, or skips without, its venv)."""
     done = subprocess.run(
-        [CAFFE2_PYTHON, "-c", _SCRIPT, *OPS, "Free", "NoSuchOp"], capture_output=True, text=True, timeout=300, check=True
+        [CAFFE2_PYTHON, "-c", _SCRIPT, *OPS, "Free", "NoSuchOp"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -24,7 +24,7 @@ from ...storage.db import DB_TYPES
 from ...storage.serialization import BlobAssembler
 from ...storage.serialization import serialize_blob as _serialize
 from ..proto import caffe2_pb2
-from . import _memonger, python_op, workspace
+from . import _memonger, _opt_passes, python_op, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
 
 # ------------------------------------------------------------------------------------------------
@@ -475,12 +475,7 @@ _UNAVAILABLE = {
     "benchmark_net_once": _NO_OBSERVERS,
     "apply_transform": _NO_TRANSFORMS,
     "apply_transform_if_faster": _NO_TRANSFORMS,
-    "run_transform": _NO_TRANSFORMS,
-    "run_workspace_transform": _NO_TRANSFORMS,
     "transform_optimizeForMKLDNN": _NO_TRANSFORMS,
-    "transform_addNNPACK": _NO_TRANSFORMS,
-    "transform_fuseConvBN": _NO_TRANSFORMS,
-    "transform_fuseNNPACKConvRelu": _NO_TRANSFORMS,
     "transform_trt": _NO_TRANSFORMS,
     "fakeFp16FuseOps": _NO_TRANSFORMS,
     "export_to_onnx": "rnn2jax does not export ONNX (rnn2jax export writes a jax.export artifact)",
@@ -499,11 +494,42 @@ globals().update({name: _unavailable(name, why) for name, why in _UNAVAILABLE.it
 
 
 def transform_exists(transform_name: str) -> bool:
-    return False
+    """Whether Caffe2's nomnigraph pass registry has `transform_name` (AddNNPACK, FuseNNPACKConvRelu, DeadCodeElim)."""
+    return transform_name in _opt_passes.PASSES
 
 
 def workspace_transform_exists(transform_name: str) -> bool:
-    return False
+    """Whether its workspace pass registry has `transform_name` (FuseConvBN, which rewrites weight blobs)."""
+    return transform_name in _opt_passes.WORKSPACE_PASSES
+
+
+def _run_pass(name: str, net_def: bytes, where: str, *, with_workspace: bool = False) -> bytes:
+    net = _parse(net_def, caffe2_pb2.NetDef, where)
+    ws = workspace._ws() if with_workspace else None
+    with workspace._caffe2_errors():
+        return _opt_passes.run_pass(name, net, ws).SerializeToString()
+
+
+def run_transform(transform_name: str, net_def: bytes) -> bytes:
+    """Run nomnigraph pass `transform_name` over a serialized NetDef; the rewritten NetDef, serialized."""
+    return _run_pass(_text(transform_name), net_def, "run_transform")
+
+
+def run_workspace_transform(transform_name: str, net_def: bytes) -> bytes:
+    """Run workspace pass `transform_name` over a serialized NetDef and the current workspace's blobs."""
+    return _run_pass(_text(transform_name), net_def, "run_workspace_transform", with_workspace=True)
+
+
+def transform_addNNPACK(net_def: bytes) -> bytes:
+    return _run_pass("AddNNPACK", net_def, "transform_addNNPACK")
+
+
+def transform_fuseNNPACKConvRelu(net_def: bytes) -> bytes:
+    return _run_pass("FuseNNPACKConvRelu", net_def, "transform_fuseNNPACKConvRelu")
+
+
+def transform_fuseConvBN(net_def: bytes) -> bytes:
+    return _run_pass("FuseConvBN", net_def, "transform_fuseConvBN", with_workspace=True)
 
 
 def support_onnx_export(op: str) -> bool:
