@@ -219,3 +219,74 @@ def test_fused_conv_bn_computes_the_unfused_net(case: int) -> None:
     assert [op.type for op in fused.Proto().op] == ["Conv"]
     workspace.RunNetOnce(fused)
     np.testing.assert_allclose(workspace.FetchBlob("Y2"), expected, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------
+# workspace.ApplyTransform: caffe2/transforms' registry
+
+_APPLY_SCRIPT = """
+import sys
+from caffe2.proto import caffe2_pb2
+import caffe2.python._import_c_extension as C
+key, data = sys.argv[1], open(sys.argv[2], "rb").read()
+try:
+    sys.stdout.buffer.write(C.apply_transform(key.encode(), data))
+except RuntimeError as e:
+    sys.stdout.write("ERROR " + str(e).splitlines()[0])
+"""
+
+
+def _transform_nets() -> dict[str, core.Net]:
+    conv = core.Net("convs")
+    conv.FC(["data", "w0", "b0"], ["fc"])
+    conv.Conv(["fc", "w", "b"], ["c1"], kernel=3, engine="CUDNN")
+    conv.Conv(["c1", "w", "b"], ["c2"], kernel=3, engine="NNPACK")
+    conv.Conv(["c2", "w", "b"], ["c3"], kernel=3, device_option=core.DeviceOption(caffe2_pb2.CUDA))
+    conv.Relu(["c3"], ["c3"])
+    cse = core.Net("cse")
+    cse.Relu(["X"], ["A"])
+    cse.FC(["A", "w", "b"], ["F1"])
+    cse.FC(["A", "w", "b"], ["F2"])  # the same FC of the same A: one op writing transform/F1
+    cse.FC(["A", "w", "b"], ["F3"], axis=2)  # other arguments
+    cse.Relu(["X"], ["B"])
+    cse.Relu(["X"], ["B2"])  # Relu is not among the ops it merges
+    cse.Sum(["F1", "F2", "F3", "B", "B2"], ["S"])
+    cse.LearningRate(["it"], ["lr1"], base_lr=0.1, policy="fixed")
+    cse.LearningRate(["it"], ["lr2"], base_lr=0.1, policy="fixed")
+    cse.Proto().external_output.extend(["S", "lr1"])
+    return {"ConvToNNPack": conv, "CommonSubexpressionElimination": cse, "definitely_not_a_real_transform": cse}
+
+
+@pytest.mark.parametrize("key", list(_transform_nets()))
+def test_apply_transform_equals_real_caffe2s(caffe2, tmp_path: Path, key: str) -> None:
+    net = _transform_nets()[key].Proto()
+    (tmp_path / "net.pb").write_bytes(net.SerializeToString())
+    done = subprocess.run(
+        [CAFFE2_PYTHON, "-c", _APPLY_SCRIPT, key, str(tmp_path / "net.pb")], capture_output=True, timeout=300
+    )
+    if done.stdout.startswith(b"ERROR "):
+        with pytest.raises(RuntimeError, match="Transform not found in registry: definitely_not_a_real_transform"):
+            workspace.ApplyTransform(key, net)
+        assert b"Transform not found in registry: definitely_not_a_real_transform" in done.stdout
+        return
+    assert workspace.ApplyTransform(key, net).SerializeToString() == done.stdout
+
+
+def test_apply_transform_if_faster_gives_one_of_the_two_nets() -> None:
+    workspace.ResetWorkspace()
+    init = core.Net("init")
+    init.ConstantFill([], ["data"], shape=[2, 3, 5, 5], value=1.0)
+    init.ConstantFill([], ["w"], shape=[3, 3, 3, 3], value=0.5)
+    init.ConstantFill([], ["b"], shape=[3], value=0.0)
+    net = core.Net("timed")
+    net.Conv(["data", "w", "b"], ["y"], kernel=3)
+    net.Relu(["y"], ["y"])
+    transformed = workspace.ApplyTransform("ConvToNNPack", net.Proto())
+    chosen = workspace.ApplyTransformIfFaster("ConvToNNPack", net.Proto(), init.Proto(), warmup_runs=1, main_runs=2)
+    assert chosen in (net.Proto(), transformed)
+    # never chosen when it must be 1000 times faster
+    slow = workspace.ApplyTransformIfFaster("ConvToNNPack", net.Proto(), init.Proto(), improvement_threshold=1000.0)
+    assert slow == net.Proto()
+    assert workspace.Blobs() == []  # timed in workspaces of its own
+    with pytest.raises(RuntimeError, match="Number of main runs should be positive, provided 0"):
+        workspace.ApplyTransformIfFaster("ConvToNNPack", net.Proto(), init.Proto(), main_runs=0)

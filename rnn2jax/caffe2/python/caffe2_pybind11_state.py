@@ -24,7 +24,7 @@ from ...storage.db import DB_TYPES
 from ...storage.serialization import BlobAssembler
 from ...storage.serialization import serialize_blob as _serialize
 from ..proto import caffe2_pb2
-from . import _memonger, _opt_passes, python_op, workspace
+from . import _memonger, _opt_passes, _transforms, python_op, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
 
 # ------------------------------------------------------------------------------------------------
@@ -468,13 +468,11 @@ def _unavailable(name: str, why: str) -> Callable[..., Any]:
 
 
 _NO_OBSERVERS = "XLA compiles a net into one program, so there are no single ops to observe or time"
-_NO_TRANSFORMS = "rnn2jax has none of Caffe2's graph transforms (XLA optimizes the compiled net)"
+_NO_TRANSFORMS = "rnn2jax does not implement Caffe2's MKL-DNN, TensorRT and fake-fp16 rewrites"
 _NO_CUDA = "rnn2jax asks JAX for its devices (workspace.NumGpuDevices()); it has no CUDA runtime of its own"
 _UNAVAILABLE = {
     "clear_global_net_observer": _NO_OBSERVERS,
     "benchmark_net_once": _NO_OBSERVERS,
-    "apply_transform": _NO_TRANSFORMS,
-    "apply_transform_if_faster": _NO_TRANSFORMS,
     "transform_optimizeForMKLDNN": _NO_TRANSFORMS,
     "transform_trt": _NO_TRANSFORMS,
     "fakeFp16FuseOps": _NO_TRANSFORMS,
@@ -518,6 +516,37 @@ def run_transform(transform_name: str, net_def: bytes) -> bytes:
 def run_workspace_transform(transform_name: str, net_def: bytes) -> bytes:
     """Run workspace pass `transform_name` over a serialized NetDef and the current workspace's blobs."""
     return _run_pass(_text(transform_name), net_def, "run_workspace_transform", with_workspace=True)
+
+
+def apply_transform(transform_key: bytes | str, net_def: bytes) -> bytes:
+    """caffe2::ApplyTransform: the registered transform (ConvToNNPack, CommonSubexpressionElimination) applied."""
+    net = _parse(net_def, caffe2_pb2.NetDef, "apply_transform")
+    with workspace._caffe2_errors():
+        return _transforms.apply_transform(_text(transform_key), net).SerializeToString()
+
+
+def apply_transform_if_faster(
+    transform_key: bytes | str,
+    net_def: bytes,
+    init_net_def: bytes,
+    warmup_runs: int,
+    main_runs: int,
+    improvement_threshold: float,
+) -> bytes:
+    """caffe2::ApplyTransformIfFaster: the transformed net if, timed in fresh workspaces set up by the init net,
+    it runs `improvement_threshold` times faster than `net_def`; else `net_def`."""
+    net = _parse(net_def, caffe2_pb2.NetDef, "apply_transform_if_faster")
+    init_net = _parse(init_net_def, caffe2_pb2.NetDef, "apply_transform_if_faster")
+    with workspace._caffe2_errors():
+        return _transforms.apply_transform_if_faster(
+            _text(transform_key),
+            net,
+            init_net,
+            int(warmup_runs),
+            int(main_runs),
+            float(improvement_threshold),
+            workspace._fresh_workspace,
+        ).SerializeToString()
 
 
 def transform_addNNPACK(net_def: bytes) -> bytes:

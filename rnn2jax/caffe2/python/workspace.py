@@ -390,6 +390,42 @@ def _blob_names(ws: _RuntimeWorkspace) -> list[str]:
     return sorted(set(ws.blobs()) | ws._created)
 
 
+def _fresh_workspace() -> _RuntimeWorkspace:
+    """A new workspace outside the named ones (Caffe2's ApplyTransformIfFaster times nets in such)."""
+    return _RuntimeWorkspace(cache=_cache)
+
+
+def ApplyTransform(transform_key: Any, net: caffe2_pb2.NetDef) -> caffe2_pb2.NetDef:
+    """The NetDef transform `transform_key` of Caffe2's registry makes of `net` (ConvToNNPack,
+    CommonSubexpressionElimination)."""
+    from . import caffe2_pybind11_state as C  # it imports this module
+
+    transformed = caffe2_pb2.NetDef()
+    transformed.ParseFromString(C.apply_transform(str(transform_key).encode("utf-8"), net.SerializeToString()))
+    return transformed
+
+
+def ApplyTransformIfFaster(
+    transform_key: Any, net: caffe2_pb2.NetDef, init_net: caffe2_pb2.NetDef, **kwargs: Any
+) -> caffe2_pb2.NetDef:
+    """`ApplyTransform`'s net if it runs `improvement_threshold` (1.01) times faster than `net` over `main_runs`
+    (10) runs after `warmup_runs` (5), each net in a fresh workspace that `init_net` sets up; else `net`."""
+    from . import caffe2_pybind11_state as C  # it imports this module
+
+    transformed = caffe2_pb2.NetDef()
+    transformed.ParseFromString(
+        C.apply_transform_if_faster(
+            str(transform_key).encode("utf-8"),
+            net.SerializeToString(),
+            init_net.SerializeToString(),
+            kwargs.get("warmup_runs", 5),
+            kwargs.get("main_runs", 10),
+            float(kwargs.get("improvement_threshold", 1.01)),
+        )
+    )
+    return transformed
+
+
 def GetNameScope() -> str:
     """The current name scope (`core.NameScope`), with its trailing separator: a prefix for fetching blobs."""
     return scope.CurrentNameScope()
