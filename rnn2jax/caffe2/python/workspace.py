@@ -36,7 +36,7 @@ from ...storage.serialization import serialize_blob as _serialize_blob
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
-from . import _flags, _step_blobs, python_op, scope  # noqa: F401
+from . import _flags, _step_blobs, _torch_interop, python_op, scope  # noqa: F401
 
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
@@ -178,8 +178,13 @@ def _as_runtime_error(error: Rnn2JaxError) -> Rnn2JaxError:
 
 @contextlib.contextmanager
 def _caffe2_errors() -> Iterator[None]:
+    shared = _torch_interop.active()  # blobs sharing a torch.Tensor: view it as it is now, copy new values back
     try:
+        if shared:
+            _torch_interop.refresh()
         yield
+        if shared:
+            _torch_interop.write_back()
     except Rnn2JaxError as error:
         raise _as_runtime_error(error) from error.__cause__
     except FloatingPointError as error:  # JAX's NaN/inf checks, on with Caffe2's floating-point exception flags
@@ -309,6 +314,10 @@ def GlobalInit(args: Sequence[str]) -> None:
 def FeedBlob(name: Any, arr: Any, device_option: caffe2_pb2.DeviceOption | None = None) -> bool:
     """Put a copy of `arr` in blob `name` (a TensorProto is decoded; strings become bytes)."""
     name = StringifyBlobName(name)
+    if _torch_interop.is_torch_tensor(arr):  # the blob and the tensor become one, as in Caffe2
+        with _caffe2_errors():
+            _torch_interop.feed(_ws(), name, arr)
+        return True
     if isinstance(arr, caffe2_pb2.TensorProto):
         from ...ir.netdef import decode_tensor
 
@@ -322,6 +331,12 @@ def FeedBlob(name: Any, arr: Any, device_option: caffe2_pb2.DeviceOption | None 
     with _caffe2_errors():
         _ws().feed(name, arr)
     return True
+
+
+def FetchTorch(name: Any) -> Any:
+    """Blob `name` as a CPU torch.Tensor sharing its memory: writes and resizes of either show in the other
+    (needs rnn2jax's `torch` extra)."""
+    return _CWorkspace.current.blobs[StringifyBlobName(name)].to_torch()
 
 
 def FetchBlob(name: Any) -> Any:
@@ -835,10 +850,20 @@ class _Blob:
         self.name = name
 
     def fetch(self) -> Any:
-        value = self._ws.fetch(self.name)
+        with _caffe2_errors():
+            value = self._ws.fetch(self.name)
         return np.array(value, copy=True) if isinstance(value, np.ndarray) else value
 
+    def to_torch(self) -> Any:
+        """The blob as a CPU torch.Tensor that shares it (needs the `torch` extra)."""
+        with _caffe2_errors():
+            return _torch_interop.to_torch(self._ws, self.name)
+
     def feed(self, arr: Any, device_option: Any = None) -> bool:
+        if _torch_interop.is_torch_tensor(arr):
+            with _caffe2_errors():
+                _torch_interop.feed(self._ws, self.name, arr)
+            return True
         self._ws.feed(self.name, np.array(arr, copy=True) if not isinstance(arr, str | bytes) else arr)
         return True
 
