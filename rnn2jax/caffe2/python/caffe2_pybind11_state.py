@@ -24,7 +24,7 @@ from ...storage.db import DB_TYPES
 from ...storage.serialization import BlobAssembler
 from ...storage.serialization import serialize_blob as _serialize
 from ..proto import caffe2_pb2
-from . import _memonger, _opt_passes, _transforms, python_op, workspace
+from . import _memonger, _opt_passes, python_op, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
 
 # ------------------------------------------------------------------------------------------------
@@ -521,8 +521,7 @@ def run_workspace_transform(transform_name: str, net_def: bytes) -> bytes:
 def apply_transform(transform_key: bytes | str, net_def: bytes) -> bytes:
     """caffe2::ApplyTransform: the registered transform (ConvToNNPack, CommonSubexpressionElimination) applied."""
     net = _parse(net_def, caffe2_pb2.NetDef, "apply_transform")
-    with workspace._caffe2_errors():
-        return _transforms.apply_transform(_text(transform_key), net).SerializeToString()
+    return workspace.ApplyTransform(_text(transform_key), net).SerializeToString()
 
 
 def apply_transform_if_faster(
@@ -537,16 +536,14 @@ def apply_transform_if_faster(
     it runs `improvement_threshold` times faster than `net_def`; else `net_def`."""
     net = _parse(net_def, caffe2_pb2.NetDef, "apply_transform_if_faster")
     init_net = _parse(init_net_def, caffe2_pb2.NetDef, "apply_transform_if_faster")
-    with workspace._caffe2_errors():
-        return _transforms.apply_transform_if_faster(
-            _text(transform_key),
-            net,
-            init_net,
-            int(warmup_runs),
-            int(main_runs),
-            float(improvement_threshold),
-            workspace._fresh_workspace,
-        ).SerializeToString()
+    return workspace.ApplyTransformIfFaster(
+        _text(transform_key),
+        net,
+        init_net,
+        warmup_runs=warmup_runs,
+        main_runs=main_runs,
+        improvement_threshold=improvement_threshold,
+    ).SerializeToString()
 
 
 def transform_addNNPACK(net_def: bytes) -> bytes:

@@ -36,7 +36,7 @@ from ...storage.serialization import serialize_blob as _serialize_blob
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
-from . import _flags, _step_blobs, _torch_interop, python_op, scope  # noqa: F401
+from . import _flags, _step_blobs, _torch_interop, _transforms, python_op, scope  # noqa: F401
 
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
@@ -413,11 +413,8 @@ def _fresh_workspace() -> _RuntimeWorkspace:
 def ApplyTransform(transform_key: Any, net: caffe2_pb2.NetDef) -> caffe2_pb2.NetDef:
     """The NetDef transform `transform_key` of Caffe2's registry makes of `net` (ConvToNNPack,
     CommonSubexpressionElimination)."""
-    from . import caffe2_pybind11_state as C  # it imports this module
-
-    transformed = caffe2_pb2.NetDef()
-    transformed.ParseFromString(C.apply_transform(str(transform_key).encode("utf-8"), net.SerializeToString()))
-    return transformed
+    with _caffe2_errors():
+        return _transforms.apply_transform(str(transform_key), _proto(net))
 
 
 def ApplyTransformIfFaster(
@@ -425,20 +422,16 @@ def ApplyTransformIfFaster(
 ) -> caffe2_pb2.NetDef:
     """`ApplyTransform`'s net if it runs `improvement_threshold` (1.01) times faster than `net` over `main_runs`
     (10) runs after `warmup_runs` (5), each net in a fresh workspace that `init_net` sets up; else `net`."""
-    from . import caffe2_pybind11_state as C  # it imports this module
-
-    transformed = caffe2_pb2.NetDef()
-    transformed.ParseFromString(
-        C.apply_transform_if_faster(
-            str(transform_key).encode("utf-8"),
-            net.SerializeToString(),
-            init_net.SerializeToString(),
-            kwargs.get("warmup_runs", 5),
-            kwargs.get("main_runs", 10),
+    with _caffe2_errors():
+        return _transforms.apply_transform_if_faster(
+            str(transform_key),
+            _proto(net),
+            _proto(init_net),
+            int(kwargs.get("warmup_runs", 5)),
+            int(kwargs.get("main_runs", 10)),
             float(kwargs.get("improvement_threshold", 1.01)),
+            _fresh_workspace,
         )
-    )
-    return transformed
 
 
 def GetNameScope() -> str:
