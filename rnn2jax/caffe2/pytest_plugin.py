@@ -8,8 +8,8 @@
 
 Caffe2's hypothesis profiles set no deadline, and compiling a new shape takes longer than hypothesis'
 default 200 ms, so this plugin registers a profile `rnn2jax` (Caffe2's `dev` profile without a
-deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set already, loading it
-for the test files that do not import hypothesis_test_util too.
+deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set already (and loads it, for
+the test files that do not import Caffe2's hypothesis_test_util).
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     os.environ.setdefault("CAFFE2_HYPOTHESIS_PROFILE", PROFILE)
     if os.environ["CAFFE2_HYPOTHESIS_PROFILE"] == PROFILE:
-        # also for the test files that use @given without importing hypothesis_test_util (which loads the
-        # profile): hypothesis' default 200 ms deadline fails a test whose example compiles a new shape
+        # Caffe2's hypothesis_test_util loads it when imported; a file of @given tests on plain
+        # test_util.TestCase (nomnigraph_transformations_test) imports no such thing, and hypothesis' default
+        # 200 ms deadline fails the example whose run compiles the net
         settings.load_profile(PROFILE)
     install(config.getoption("--caffe2-source"))
 

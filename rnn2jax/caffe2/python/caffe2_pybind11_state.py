@@ -2,10 +2,12 @@
 
 Caffe2's pure-Python modules reach its C++ through this module (`import caffe2.python._import_c_extension as C`):
 memonger's passes, workspace and blob functions taking serialized protos, the gradient registry, shape
-inference, Python ops. Here each is the rnn2jax function that does the job, mostly `rnn2jax.caffe2.python.workspace`'s,
-so state (the current workspace, its blobs and nets) is one and the same whichever module a script calls.
+inference, Python ops, the nomnigraph graphs (`_nomni`), the nomnigraph passes (`_opt_passes`) and transforms
+(`_transforms`). Here each is the rnn2jax function that does the job,
+mostly `rnn2jax.caffe2.python.workspace`'s, so state (the current workspace, its blobs and nets) is one and
+the same whichever module a script calls.
 
-What rnn2jax cannot do (observers timing single ops, which XLA fuses; Caffe2's graph transforms and ONNX
+What rnn2jax cannot do (observers timing single ops, which XLA fuses; the MKL-DNN and TensorRT rewrites and ONNX
 export; GPU queries of CUDA's own) is still here, by its Caffe2 name, and raises an `Rnn2JaxError` that
 names it. Built as Caffe2's CPU-only build: no MKL-DNN, no TensorRT, no NUMA.
 """
@@ -24,8 +26,9 @@ from ...storage.db import DB_TYPES
 from ...storage.serialization import BlobAssembler
 from ...storage.serialization import serialize_blob as _serialize
 from ..proto import caffe2_pb2
-from . import _memonger, _opt_passes, python_op, workspace
+from . import _memonger, _nomni, _opt_passes, python_op, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
+from ._nomni import *  # noqa: F403  (the nomnigraph bindings, pybind_state_nomni.cc)
 
 # ------------------------------------------------------------------------------------------------
 # Build flags: a CPU build without the optional libraries
@@ -455,6 +458,32 @@ def _text(name: bytes | str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
+# ONNX helpers
+
+
+class DummyName:
+    """Caffe2's ONNX name generator (caffe2/onnx/helper.cc): `OC2_DUMMY_<n>` names, none of them a name
+    given to `reset` or one it made before."""
+
+    def __init__(self) -> None:
+        self._used: set[str] = set()
+        self._counter = 0
+
+    def reset(self, args: Iterable[str] | None = None) -> None:
+        """Forgets the names made, and counts from 0 again; `args` are names in use."""
+        self._used = set() if args is None else {_text(name) for name in args}
+        self._counter = 0
+
+    def new_dummy_name(self) -> str:
+        while True:
+            name = f"OC2_DUMMY_{self._counter}"
+            self._counter += 1
+            if name not in self._used:
+                self._used.add(name)
+                return name
+
+
+# ------------------------------------------------------------------------------------------------
 # What rnn2jax cannot do
 
 
@@ -568,4 +597,5 @@ __all__ = sorted(
     _defined_here
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
     | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor", "Observer"}
+    | set(_nomni.__all__)
 )
