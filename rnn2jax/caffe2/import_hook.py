@@ -154,8 +154,45 @@ def _numpy1_array(obj: Any, dtype: Any = None, *args: Any, **kwargs: Any) -> Any
         return numpy.array(obj, numpy.int64, *args, **kwargs).astype(dtype)
 
 
+class _Numpy1Array(numpy.ndarray):
+    """An array whose item assignment takes a one-element array for one element, as NumPy 1 did
+    (`a[i] = np.array([x])`; NumPy 2 raises "setting an array element with a sequence"). Caffe2's reference
+    functions fill copies so (adam_test's `param_out[index] = ref_adam(...)`, with LR of shape [1])."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        try:
+            super().__setitem__(key, value)
+        except (TypeError, ValueError):
+            if not (isinstance(value, numpy.ndarray) and value.ndim > 0 and value.size == 1):
+                raise
+            super().__setitem__(key, value.reshape(()))
+
+    def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
+        # what is computed from such an array is a plain one (only the arrays the tree made fill so)
+        result = numpy.asarray(array).view(numpy.ndarray)
+        return result[()] if return_scalar else result
+
+
+def _numpy1_filled(make: Any) -> Any:
+    """NumPy's `make` (copy, zeros, ...), making a `_Numpy1Array`: the arrays a reference function fills."""
+
+    def made(*args: Any, **kwargs: Any) -> Any:
+        result = make(*args, **kwargs)
+        return result.view(_Numpy1Array) if type(result) is numpy.ndarray else result
+
+    made.__name__ = made.__qualname__ = make.__name__
+    made.__doc__ = make.__doc__
+    return made
+
+
 # What NumPy 2 changed and Caffe2's sources rely on, as NumPy 1 did it (over NumPy 2's own)
-_NUMPY1_BEHAVIOUR: dict[str, Any] = {"array": _numpy1_array}
+_NUMPY1_BEHAVIOUR: dict[str, Any] = {
+    "array": _numpy1_array,
+    **{
+        name: _numpy1_filled(getattr(numpy, name))
+        for name in ("copy", "zeros", "zeros_like", "empty", "empty_like", "ones", "ones_like", "full", "full_like")
+    },
+}
 
 
 class _NotBlobReferences(type):

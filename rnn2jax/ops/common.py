@@ -137,3 +137,11 @@ def matmul_precision() -> jax.lax.Precision | None:
     unless the user chose a precision with `jax_default_matmul_precision`: then None, which honours it.
     Read when a kernel is traced, so a `jax.default_matmul_precision(...)` context applies too."""
     return None if jax.config.jax_default_matmul_precision is not None else jax.lax.Precision.HIGHEST
+
+
+def rounded(product: jax.Array) -> jax.Array:
+    """`product` as its own float rounding, so that XLA's CPU backend does not fuse it with the sum it feeds
+    into one multiply-add (rounded once), where Caffe2's C++ rounds the product and then the sum.
+    `lax.optimization_barrier` does not stop that (XLA removes it before LLVM contracts the two); a select
+    on the product's own value (the identity: NaN stays NaN) does."""
+    return jnp.where(jnp.isnan(product), jnp.float32(jnp.nan).astype(product.dtype), product)

@@ -28,6 +28,7 @@ from jax import lax
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
+from .common import rounded
 from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Roles
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient
 from .registry import Kernel, declare_family, facet, register
@@ -713,7 +714,8 @@ def float_to_rowwise_quantized_8bits(op: Op) -> Kernel:
 
 @register("Rowwise8BitQuantizedToFloat", inputs=2, gradient=no_gradient)
 def rowwise_8bit_quantized_to_float(op: Op) -> Kernel:
-    """(uint8 [N, ...], scale_bias [N, 2]) -> float32 [N, ...]: q * scale + bias per row."""
+    """(uint8 [N, ...], scale_bias [N, 2]) -> float32 [N, ...]: q * scale + bias per row, the product rounded
+    before the sum (Eigen's `cast<float>() * scale + bias`; XLA would fuse a multiply-add)."""
 
     def kernel(q, scale_bias):
         _need_dtype(op, q, 0, (_U8,), "input")
@@ -724,6 +726,6 @@ def rowwise_8bit_quantized_to_float(op: Op) -> Kernel:
                 f"{_describe(scale_bias)} for {_describe(q)}"
             )
         values = q.astype(jnp.float32)
-        return values * _per_row(scale_bias[:, 0], q.ndim) + _per_row(scale_bias[:, 1], q.ndim)
+        return rounded(values * _per_row(scale_bias[:, 0], q.ndim)) + _per_row(scale_bias[:, 1], q.ndim)
 
     return kernel

@@ -25,6 +25,7 @@ from jax import lax
 from ..errors import BadArgumentError, InputTypeError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
+from .common import rounded
 from .embedding import (
     _F16,
     _F32,
@@ -307,7 +308,7 @@ def _greedy_loss(x: Any, xmin: Any, xmax: Any, bits: int) -> jax.Array:
     inverse = jnp.float32(1.0) / scale
     v = jnp.round((x - xmin) * inverse)
     q = jnp.where(jnp.isnan(v), jnp.float32(0.0), jnp.clip(v, 0, qmax))
-    restored = lax.optimization_barrier(q * scale) + xmin  # no fused multiply-add: Caffe2 rounds the product
+    restored = rounded(q * scale) + xmin  # no fused multiply-add: Caffe2 rounds the product
     error = x - restored
     return jnp.sqrt(jnp.sum(error * error))
 
@@ -512,7 +513,7 @@ def byte_weight_dequant(op: Op) -> Kernel:
                 f"{op.where}: input '{op.inputs[0]}' has {x.size} bytes, fewer than the {total} of shape {list(shape)}"
             )
         values = x.reshape(-1)[:total].astype(jnp.float32)
-        return (lax.optimization_barrier(values * interval) + low).reshape(shape)
+        return (rounded(values * interval) + low).reshape(shape)
 
     return kernel
 
