@@ -154,10 +154,37 @@ def _numpy1_array(obj: Any, dtype: Any = None, *args: Any, **kwargs: Any) -> Any
         return numpy.array(obj, numpy.int64, *args, **kwargs).astype(dtype)
 
 
+def _plain(x: Any) -> Any:
+    return x.view(numpy.ndarray) if isinstance(x, _Numpy1Array) else x
+
+
+_KINDS = "biufc"  # NumPy 1's categories, lowest first: a scalar of a category no higher than the arrays' is "weak"
+
+
+def _value_based(x: Any, arrays: list[numpy.dtype]) -> Any:
+    """A NumPy scalar (or 0-d array) operand as NumPy 1 promoted it against arrays of dtypes `arrays`: by its
+    value, when its category is no higher than theirs and its value fits their type (then it is passed as the
+    Python scalar NumPy 2 treats alike), else by its dtype."""
+    if not (isinstance(x, numpy.generic) or (isinstance(x, numpy.ndarray) and x.ndim == 0)):
+        return x
+    kind = numpy.dtype(x.dtype).kind
+    target = numpy.result_type(*arrays)
+    if kind not in _KINDS or target.kind not in _KINDS or _KINDS.index(kind) > _KINDS.index(target.kind):
+        return x
+    if not numpy.can_cast(numpy.min_scalar_type(x), target):
+        return x
+    return x.item()
+
+
 class _Numpy1Array(numpy.ndarray):
-    """An array whose item assignment takes a one-element array for one element, as NumPy 1 did
-    (`a[i] = np.array([x])`; NumPy 2 raises "setting an array element with a sequence"). Caffe2's reference
-    functions fill copies so (adam_test's `param_out[index] = ref_adam(...)`, with LR of shape [1])."""
+    """An array made by Caffe2's tree's NumPy, which behaves as NumPy 1 did where Caffe2's sources rely on it:
+
+    * item assignment takes a one-element array for one element (`a[i] = np.array([x])`; NumPy 2 raises
+      "setting an array element with a sequence"): adam_test's references fill copies so, with LR of shape [1];
+    * arithmetic with a NumPy scalar promotes by the scalar's value (NumPy 2's NEP 50 by its type): int32 ones
+      times an np.int64 stay int32, as lengths_reducer_fused_8bit_rowwise_ops_test's LENGTHS must.
+
+    What is computed from such an array is a plain one."""
 
     def __setitem__(self, key: Any, value: Any) -> None:
         try:
@@ -167,8 +194,20 @@ class _Numpy1Array(numpy.ndarray):
                 raise
             super().__setitem__(key, value.reshape(()))
 
+    def __array_ufunc__(self, ufunc: numpy.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        inputs = tuple(_plain(x) for x in inputs)
+        arrays = [x.dtype for x in inputs if isinstance(x, numpy.ndarray) and x.ndim > 0]
+        if method == "__call__" and arrays:
+            inputs = tuple(_value_based(x, arrays) for x in inputs)
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(_plain(x) for x in out)
+        result = getattr(ufunc, method)(*inputs, **kwargs)
+        if out is not None:  # in place: the arrays given
+            return out[0] if len(out) == 1 else out
+        return result
+
     def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
-        # what is computed from such an array is a plain one (only the arrays the tree made fill so)
         result = numpy.asarray(array).view(numpy.ndarray)
         return result[()] if return_scalar else result
 

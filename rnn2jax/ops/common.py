@@ -110,9 +110,7 @@ def data_type_arg(op: Op, name: str, default: int | None = None) -> np.dtype | N
     else:
         code = op.int(name)
     if code not in DATA_TYPES:
-        raise BadArgumentError(
-            f"{op.where}: argument '{name}' = {code} is not a numeric TensorProto.DataType"
-        )
+        raise BadArgumentError(f"{op.where}: argument '{name}' = {code} is not a numeric TensorProto.DataType")
     return DATA_TYPES[code]
 
 
