@@ -147,11 +147,12 @@ def _numpy1_array(obj: Any, dtype: Any = None, *args: Any, **kwargs: Any) -> Any
     """NumPy 1's `array`: a Python int outside an integer dtype's range wraps around as a C cast does (NumPy 2
     raises OverflowError; Caffe2's sparse_to_dense_mask_test feeds 2e12 as int32 on purpose)."""
     try:
-        return numpy.array(obj, dtype, *args, **kwargs)
+        made = numpy.array(obj, dtype, *args, **kwargs)
     except OverflowError:
         if dtype is None or numpy.dtype(dtype).kind not in "iu":
             raise
-        return numpy.array(obj, numpy.int64, *args, **kwargs).astype(dtype)
+        made = numpy.array(obj, numpy.int64, *args, **kwargs).astype(dtype)
+    return _numpy1(made)
 
 
 def _plain(x: Any) -> Any:
@@ -184,7 +185,7 @@ class _Numpy1Array(numpy.ndarray):
     * arithmetic with a NumPy scalar promotes by the scalar's value (NumPy 2's NEP 50 by its type): int32 ones
       times an np.int64 stay int32, as lengths_reducer_fused_8bit_rowwise_ops_test's LENGTHS must.
 
-    What is computed from such an array is a plain one."""
+    What is computed from such arrays is one too (a reduction to one value is a NumPy scalar, as usual)."""
 
     def __setitem__(self, key: Any, value: Any) -> None:
         try:
@@ -205,19 +206,24 @@ class _Numpy1Array(numpy.ndarray):
         result = getattr(ufunc, method)(*inputs, **kwargs)
         if out is not None:  # in place: the arrays given
             return out[0] if len(out) == 1 else out
-        return result
+        if isinstance(result, tuple):
+            return tuple(_numpy1(x) for x in result)
+        return _numpy1(result)
 
     def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
         result = numpy.asarray(array).view(numpy.ndarray)
-        return result[()] if return_scalar else result
+        return result[()] if return_scalar else _numpy1(result)
+
+
+def _numpy1(x: Any) -> Any:
+    return x.view(_Numpy1Array) if type(x) is numpy.ndarray else x
 
 
 def _numpy1_filled(make: Any) -> Any:
     """NumPy's `make` (copy, zeros, ...), making a `_Numpy1Array`: the arrays a reference function fills."""
 
     def made(*args: Any, **kwargs: Any) -> Any:
-        result = make(*args, **kwargs)
-        return result.view(_Numpy1Array) if type(result) is numpy.ndarray else result
+        return _numpy1(make(*args, **kwargs))
 
     made.__name__ = made.__qualname__ = make.__name__
     made.__doc__ = make.__doc__

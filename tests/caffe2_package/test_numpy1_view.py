@@ -36,9 +36,13 @@ def test_a_numpy_scalar_promotes_by_its_value(tree_np):
     assert (tree_np.ones(2, np.int32) + np.int64(2**40)).dtype == np.int64
 
 
-def test_what_is_computed_from_them_is_plain(tree_np):
-    made = tree_np.zeros(3, np.float32)
-    assert type(made + 1) is np.ndarray
-    assert type(made.sum()) is np.float32
-    made += 1
-    assert made.tolist() == [1.0, 1.0, 1.0]
+def test_what_is_computed_from_them_promotes_alike(tree_np):
+    """tt_core.init_tt_cores: `(0.1 / glarot_style) * np.array(cores).astype(np.float32)` is float32."""
+    cores = tree_np.array([1.0, 2.0]).astype(np.float32)
+    assert ((0.1 / np.prod(cores) ** 0.25) * cores).dtype == np.float32
+    twice = tree_np.ones([2], np.int32) * np.int64(2) * np.int64(3)
+    assert twice.dtype == np.int32
+    assert type(cores.sum()) is np.float32  # a reduction to one value is a scalar
+    cores += 1
+    assert cores.tolist() == [2.0, 3.0]
+    assert type(np.array(cores)) is np.ndarray  # NumPy's own copy of one is plain
