@@ -37,6 +37,7 @@ from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
 from . import _flags, _step_blobs, python_op, scope  # noqa: F401
+from ._schema_inference import SCHEMA_INFERENCE
 
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
@@ -781,12 +782,50 @@ def InferShapesAndTypes(
         for name, dims in (blob_dimensions or {}).items()
     }
     try:
-        specs = trace_shapes([_proto(n) for n in nets], given, _ws())
+        specs = _infer_shapes([_proto(n) for n in nets], given, _ws(), trace_shapes, InputSpec)
     except Rnn2JaxError as error:
         raise _as_runtime_error(error) from None
     shapes = {name: list(spec.shape) for name, spec in specs.items()}
     enums = {name: _ENUM_OF_DTYPE.get(np.dtype(spec.dtype)) for name, spec in specs.items()}
     return shapes, {name: enum for name, enum in enums.items() if enum is not None}
+
+
+def _infer_shapes(protos: list[Any], given: dict[str, Any], ws: _RuntimeWorkspace, trace: Any, spec: Any) -> dict:
+    """The nets traced, but for the ops whose schema Caffe2 answers with instead (`_schema_inference`): the
+    ops between two of those are traced together, from what is known so far."""
+    if not any(op.type in SCHEMA_INFERENCE for proto in protos for op in proto.op):
+        return trace(protos, given, ws)
+    known = dict(given)
+
+    def traced(proto: Any, ops: list[Any]) -> dict:
+        if not ops:
+            return {}
+        part = caffe2_pb2.NetDef()
+        part.CopyFrom(proto)
+        del part.op[:]
+        part.op.extend(ops)
+        return trace([part], known, ws)
+
+    def shape_of(name: str) -> tuple[tuple[int, ...], np.dtype] | None:
+        if name in known:
+            return tuple(known[name].shape), np.dtype(known[name].dtype)
+        value = ws.get(name) if ws.has_blob(name) else None
+        return (tuple(value.shape), np.dtype(value.dtype)) if hasattr(value, "shape") else None
+
+    for proto in protos:
+        pending: list[Any] = []
+        for op in proto.op:
+            if op.type not in SCHEMA_INFERENCE:
+                pending.append(op)
+                continue
+            known.update(traced(proto, pending))
+            pending = []
+            outputs = SCHEMA_INFERENCE[op.type](op, [shape_of(name) for name in op.input])
+            for name, out in zip(op.output, outputs, strict=False):
+                if out is not None:
+                    known[name] = spec(tuple(int(d) for d in out[0]), np.dtype(out[1]).name)
+        known.update(traced(proto, pending))
+    return known
 
 
 # ------------------------------------------------------------------------------------------------
