@@ -147,15 +147,97 @@ def _numpy1_array(obj: Any, dtype: Any = None, *args: Any, **kwargs: Any) -> Any
     """NumPy 1's `array`: a Python int outside an integer dtype's range wraps around as a C cast does (NumPy 2
     raises OverflowError; Caffe2's sparse_to_dense_mask_test feeds 2e12 as int32 on purpose)."""
     try:
-        return numpy.array(obj, dtype, *args, **kwargs)
+        made = numpy.array(obj, dtype, *args, **kwargs)
     except OverflowError:
         if dtype is None or numpy.dtype(dtype).kind not in "iu":
             raise
-        return numpy.array(obj, numpy.int64, *args, **kwargs).astype(dtype)
+        made = numpy.array(obj, numpy.int64, *args, **kwargs).astype(dtype)
+    return _numpy1(made)
+
+
+def _plain(x: Any) -> Any:
+    return x.view(numpy.ndarray) if isinstance(x, _Numpy1Array) else x
+
+
+_KINDS = "biufc"  # NumPy 1's categories, lowest first: a scalar of a category no higher than the arrays' is "weak"
+
+
+def _value_based(x: Any, arrays: list[numpy.dtype]) -> Any:
+    """A NumPy scalar (or 0-d array) operand as NumPy 1 promoted it against arrays of dtypes `arrays`: by its
+    value, when its category is no higher than theirs and its value fits their type (then it is passed as the
+    Python scalar NumPy 2 treats alike), else by its dtype."""
+    if not (isinstance(x, numpy.generic) or (isinstance(x, numpy.ndarray) and x.ndim == 0)):
+        return x
+    kind = numpy.dtype(x.dtype).kind
+    target = numpy.result_type(*arrays)
+    if kind not in _KINDS or target.kind not in _KINDS or _KINDS.index(kind) > _KINDS.index(target.kind):
+        return x
+    if not numpy.can_cast(numpy.min_scalar_type(x), target):
+        return x
+    return x.item()
+
+
+class _Numpy1Array(numpy.ndarray):
+    """An array made by Caffe2's tree's NumPy, which behaves as NumPy 1 did where Caffe2's sources rely on it:
+
+    * item assignment takes a one-element array for one element (`a[i] = np.array([x])`; NumPy 2 raises
+      "setting an array element with a sequence"): adam_test's references fill copies so, with LR of shape [1];
+    * arithmetic with a NumPy scalar promotes by the scalar's value (NumPy 2's NEP 50 by its type): int32 ones
+      times an np.int64 stay int32, as lengths_reducer_fused_8bit_rowwise_ops_test's LENGTHS must.
+
+    What is computed from such arrays is one too (a reduction to one value is a NumPy scalar, as usual)."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        try:
+            super().__setitem__(key, value)
+        except (TypeError, ValueError):
+            if not (isinstance(value, numpy.ndarray) and value.ndim > 0 and value.size == 1):
+                raise
+            super().__setitem__(key, value.reshape(()))
+
+    def __array_ufunc__(self, ufunc: numpy.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        inputs = tuple(_plain(x) for x in inputs)
+        arrays = [x.dtype for x in inputs if isinstance(x, numpy.ndarray) and x.ndim > 0]
+        if method == "__call__" and arrays:
+            inputs = tuple(_value_based(x, arrays) for x in inputs)
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = tuple(_plain(x) for x in out)
+        result = getattr(ufunc, method)(*inputs, **kwargs)
+        if out is not None:  # in place: the arrays given
+            return out[0] if len(out) == 1 else out
+        if isinstance(result, tuple):
+            return tuple(_numpy1(x) for x in result)
+        return _numpy1(result)
+
+    def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
+        result = numpy.asarray(array).view(numpy.ndarray)
+        return result[()] if return_scalar else _numpy1(result)
+
+
+def _numpy1(x: Any) -> Any:
+    return x.view(_Numpy1Array) if type(x) is numpy.ndarray else x
+
+
+def _numpy1_filled(make: Any) -> Any:
+    """NumPy's `make` (copy, zeros, ...), making a `_Numpy1Array`: the arrays a reference function fills."""
+
+    def made(*args: Any, **kwargs: Any) -> Any:
+        return _numpy1(make(*args, **kwargs))
+
+    made.__name__ = made.__qualname__ = make.__name__
+    made.__doc__ = make.__doc__
+    return made
 
 
 # What NumPy 2 changed and Caffe2's sources rely on, as NumPy 1 did it (over NumPy 2's own)
-_NUMPY1_BEHAVIOUR: dict[str, Any] = {"array": _numpy1_array}
+_NUMPY1_BEHAVIOUR: dict[str, Any] = {
+    "array": _numpy1_array,
+    **{
+        name: _numpy1_filled(getattr(numpy, name))
+        for name in ("copy", "zeros", "zeros_like", "empty", "empty_like", "ones", "ones_like", "full", "full_like")
+    },
+}
 
 
 class _NotBlobReferences(type):

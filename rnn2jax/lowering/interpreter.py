@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -30,6 +30,7 @@ class _Step:
     op: Op
     opdef: OpDef
     kernel: Any
+    decides_shapes: bool = False  # its outputs' values decide a shape further on (`static_ops`)
 
 
 def _describe(value: Any) -> str:
@@ -49,6 +50,8 @@ class LoweredNet:
         self.net = net
         self.plain = plain
         self._steps = tuple(_build(op, plain) for op in net.ops)
+        deciding = set(self.static_ops())
+        self._steps = tuple(replace(s, decides_shapes=True) if i in deciding else s for i, s in enumerate(self._steps))
         self.opdefs: tuple[OpDef, ...] = tuple(step.opdef for step in self._steps)
         self.inputs: tuple[str, ...] = tuple(self.reads_before_writes())
 
@@ -208,10 +211,11 @@ def _run(
         else:
             kwargs["key"] = jax.random.fold_in(key if key is not None else jax.random.key(0), op.index)
     try:
-        if args and _foldable(step.opdef, args):
+        if (args or step.decides_shapes) and _foldable(step.opdef, args):
             # Every input is a constant (shapes and lengths that Caffe2 nets compute with Shape, Slice,
             # Cast...): compute now, so ops that need concrete values (fills with input_as_shape,
-            # Reshape's new_shape) still get them under jax.jit.
+            # Reshape's new_shape) still get them under jax.jit. An op without inputs (a fill) is
+            # computed now only where its values decide a shape (crf's Gather(Shape(x), ConstantFill 0)).
             with jax.ensure_compile_time_eval():
                 result = step.kernel(*args, **kwargs)
         else:

@@ -110,9 +110,7 @@ def data_type_arg(op: Op, name: str, default: int | None = None) -> np.dtype | N
     else:
         code = op.int(name)
     if code not in DATA_TYPES:
-        raise BadArgumentError(
-            f"{op.where}: argument '{name}' = {code} is not a numeric TensorProto.DataType"
-        )
+        raise BadArgumentError(f"{op.where}: argument '{name}' = {code} is not a numeric TensorProto.DataType")
     return DATA_TYPES[code]
 
 
@@ -137,3 +135,11 @@ def matmul_precision() -> jax.lax.Precision | None:
     unless the user chose a precision with `jax_default_matmul_precision`: then None, which honours it.
     Read when a kernel is traced, so a `jax.default_matmul_precision(...)` context applies too."""
     return None if jax.config.jax_default_matmul_precision is not None else jax.lax.Precision.HIGHEST
+
+
+def rounded(product: jax.Array) -> jax.Array:
+    """`product` as its own float rounding, so that XLA's CPU backend does not fuse it with the sum it feeds
+    into one multiply-add (rounded once), where Caffe2's C++ rounds the product and then the sum.
+    `lax.optimization_barrier` does not stop that (XLA removes it before LLVM contracts the two); a select
+    on the product's own value (the identity: NaN stays NaN) does."""
+    return jnp.where(jnp.isnan(product), jnp.float32(jnp.nan).astype(product.dtype), product)

@@ -28,6 +28,7 @@ from jax import lax
 from ..errors import BadArgumentError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
+from .common import rounded
 from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Roles
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient
 from .registry import Kernel, declare_family, facet, register
@@ -584,6 +585,79 @@ def _quantize_nbit_half(x: Any, bits: int) -> jax.Array:
     return jnp.concatenate([_pack(q, bits), _to_bytes(scale_bias)], axis=-1)
 
 
+def _half(x: Any) -> jax.Array:
+    """float32 -> the nearest float16, back as float32 (Caffe2's static_cast<at::Half>)."""
+    return x.astype(jnp.float16).astype(jnp.float32)
+
+
+_GREEDY_BINS = 200
+# int min_bins = n_bins * (1 - ratio), in float32 as Caffe2 computes it (ratio = 0.16f)
+_GREEDY_MIN_BINS = int(np.float32(_GREEDY_BINS) * (np.float32(1) - np.float32(0.16)))
+_GREEDY_MAX_STEPS = 4 * _GREEDY_BINS  # Caffe2 loops forever where a step no longer moves the range
+
+
+def _greedy_loss(x: Any, xmin: Any, xmax: Any, bits: int) -> jax.Array:
+    """compress_uniform_simplified_: the L2 error of quantizing row x to [xmin, xmax] (xmin rounded to
+    float16), each value rounded to its level and clipped."""
+    qmax = float((1 << bits) - 1)
+    xmin = _half(xmin)
+    span = xmax - xmin
+    scale = jnp.where(span == 0, jnp.float32(1.0), _half(_divide(span, qmax)))
+    inverse = jnp.float32(1.0) / scale
+    v = jnp.round((x - xmin) * inverse)
+    q = jnp.where(jnp.isnan(v), jnp.float32(0.0), jnp.clip(v, 0, qmax))
+    restored = rounded(q * scale) + xmin  # no fused multiply-add: Caffe2 rounds the product
+    error = x - restored
+    return jnp.sqrt(jnp.sum(error * error))
+
+
+def _greedy_range(x: Any, bits: int) -> tuple[jax.Array, jax.Array]:
+    """param_search_greedy (n_bins 200, ratio 0.16) for one row: shrink [min, max] one bin at a time from
+    the side whose move loses less, keeping the best local optimum of the L2 error."""
+    xmin, xmax = jnp.min(x), jnp.max(x)
+    step = _divide(xmax - xmin, float(_GREEDY_BINS))
+    threshold = jnp.float32(_GREEDY_MIN_BINS) * step
+    loss = _greedy_loss(x, xmin, xmax, bits)
+
+    def cond(state):
+        steps, cur_min, cur_max = state[0], state[1], state[2]
+        return (cur_min + threshold < cur_max) & (steps < _GREEDY_MAX_STEPS)
+
+    def body(state):
+        steps, cur_min, cur_max, cur_loss, best, best_min, best_max = state
+        left = _greedy_loss(x, cur_min + step, cur_max, bits)
+        right = _greedy_loss(x, cur_min, cur_max - step, bits)
+        better = (cur_loss < left) & (cur_loss < right) & (cur_loss < best)
+        best = jnp.where(better, cur_loss, best)
+        best_min = jnp.where(better, cur_min, best_min)
+        best_max = jnp.where(better, cur_max, best_max)
+        move_left = left < right
+        cur_min = jnp.where(move_left, cur_min + step, cur_min)
+        cur_max = jnp.where(move_left, cur_max, cur_max - step)
+        cur_loss = jnp.where(move_left, left, right)
+        return steps + 1, cur_min, cur_max, cur_loss, best, best_min, best_max
+
+    state = (jnp.int32(0), xmin, xmax, loss, loss, xmin, xmax)
+    state = lax.while_loop(cond, body, state)
+    return state[5], state[6]
+
+
+def _quantize_nbit_greedy(x: Any, bits: int) -> jax.Array:
+    """FloatToFused4BitRowwiseQuantizedHelper with GREEDY: the range param_search_greedy finds, bias = its
+    min in float16, float16 scale = range/(2^bits-1) (1 when that is 0), q = clamp(lrintf((x-bias) / scale))."""
+    top = (1 << bits) - 1
+    low, high = jax.vmap(lambda row: _greedy_range(row, bits))(x)
+    low = _half(low[:, None])
+    span = high[:, None] - low
+    scale = _half(jnp.where(span == 0, jnp.float32(1.0), _divide(span, top)))
+    scale = jnp.where(scale == 0, jnp.float32(1.0), scale)
+    v = (x - low) / scale
+    # lrintf of an infinity or NaN is LONG_MIN, which std::min<int> keeps and std::max(0, ...) makes 0
+    q = jnp.where(jnp.isfinite(v), jnp.clip(jnp.round(v), 0, top), 0).astype(jnp.uint8)
+    scale_bias = jnp.concatenate([scale, low], axis=-1).astype(jnp.float16)
+    return jnp.concatenate([_pack(q, bits), _to_bytes(scale_bias)], axis=-1)
+
+
 @dataclass(frozen=True)
 class _Quantizer:
     bits: int
@@ -620,6 +694,8 @@ def to_fused_rowwise(op: Op) -> Kernel:
     dim quantized, its scale and bias appended as raw bytes."""
     spec = _TO_FUSED[op.type]
     per_byte = 8 // spec.bits
+    # engine GREEDY (2 and 4 bits): param_search_greedy narrows each row's range first
+    greedy = spec.bits < 8 and "GREEDY" in op.engine.split(",")
 
     def kernel(x):
         _need_dtype(op, x, 0, (spec.source,), "input")
@@ -633,7 +709,12 @@ def to_fused_rowwise(op: Op) -> Kernel:
         if matrix.shape[0] == 0:
             return jnp.zeros((*shape[:-1], out_cols), jnp.uint8)
         values = matrix.astype(jnp.float32)
-        fused = _quantize_fused8(values) if spec.sb_dtype == _F32 else _quantize_nbit_half(values, spec.bits)
+        if spec.sb_dtype == _F32:
+            fused = _quantize_fused8(values)
+        elif greedy:
+            fused = _quantize_nbit_greedy(values, spec.bits)
+        else:
+            fused = _quantize_nbit_half(values, spec.bits)
         return fused.reshape(*shape[:-1], out_cols)
 
     return kernel
@@ -713,7 +794,8 @@ def float_to_rowwise_quantized_8bits(op: Op) -> Kernel:
 
 @register("Rowwise8BitQuantizedToFloat", inputs=2, gradient=no_gradient)
 def rowwise_8bit_quantized_to_float(op: Op) -> Kernel:
-    """(uint8 [N, ...], scale_bias [N, 2]) -> float32 [N, ...]: q * scale + bias per row."""
+    """(uint8 [N, ...], scale_bias [N, 2]) -> float32 [N, ...]: q * scale + bias per row, the product rounded
+    before the sum (Eigen's `cast<float>() * scale + bias`; XLA would fuse a multiply-add)."""
 
     def kernel(q, scale_bias):
         _need_dtype(op, q, 0, (_U8,), "input")
@@ -724,6 +806,6 @@ def rowwise_8bit_quantized_to_float(op: Op) -> Kernel:
                 f"{_describe(scale_bias)} for {_describe(q)}"
             )
         values = q.astype(jnp.float32)
-        return values * _per_row(scale_bias[:, 0], q.ndim) + _per_row(scale_bias[:, 1], q.ndim)
+        return rounded(values * _per_row(scale_bias[:, 0], q.ndim)) + _per_row(scale_bias[:, 1], q.ndim)
 
     return kernel

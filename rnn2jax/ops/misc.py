@@ -139,7 +139,12 @@ def last_n_window_collector(workspace: HostWorkspace, op: Op, state: dict[str, A
     (a 0-d int32); an empty buffer (or, as in Caffe2, one whose first 8 bytes are zero) starts over, next and
     num_visited from 0. num_visited (int64) counts the rows seen."""
     keep = op.int("num_to_collect")
-    buffer, cursor, data = (_tensor(workspace, op, i) for i in range(3))
+    if not workspace.has_blob(op.inputs[0]) and workspace.exists(op.inputs[0]):
+        # an empty blob (CreateBlob): Caffe2 writes the buffer as its output, never reading it as a tensor
+        buffer = np.zeros(0, np.float32)
+    else:
+        buffer = _tensor(workspace, op, 0)
+    cursor, data = _tensor(workspace, op, 1), _tensor(workspace, op, 2)
     if data.ndim < 1:
         raise ShapeError(f"{op.where}: data '{op.inputs[2]}' must have rank >= 1")
     initialized = _initialized(buffer)

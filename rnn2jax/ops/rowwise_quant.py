@@ -25,6 +25,7 @@ from jax import lax
 from ..errors import BadArgumentError, InputTypeError, ShapeError
 from ..ir.netdef import Op
 from .checks import enforce, literal, runtime_checked
+from .common import rounded
 from .embedding import (
     _F16,
     _F32,
@@ -35,6 +36,8 @@ from .embedding import (
     _dequantize_fused,
     _describe,
     _divide,
+    _greedy_range,
+    _half,
     _mean_scale,
     _name,
     _need_dtype,
@@ -56,11 +59,6 @@ _I32 = np.dtype(np.int32)
 
 def _is_traced(*values: Any) -> bool:
     return any(isinstance(v, jax.core.Tracer) for v in values)
-
-
-def _half(x: Any) -> jax.Array:
-    """float32 -> the nearest float16, back as float32 (Caffe2's static_cast<at::Half>)."""
-    return x.astype(jnp.float16).astype(jnp.float32)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,57 +289,6 @@ _FAKE = {
     "HalfToFused4BitFakeRowwiseQuantized": (4, _F16),
 }
 
-_GREEDY_BINS = 200
-# int min_bins = n_bins * (1 - ratio), in float32 as Caffe2 computes it (ratio = 0.16f)
-_GREEDY_MIN_BINS = int(np.float32(_GREEDY_BINS) * (np.float32(1) - np.float32(0.16)))
-_GREEDY_MAX_STEPS = 4 * _GREEDY_BINS  # Caffe2 loops forever where a step no longer moves the range
-
-
-def _greedy_loss(x: Any, xmin: Any, xmax: Any, bits: int) -> jax.Array:
-    """compress_uniform_simplified_: the L2 error of quantizing row x to [xmin, xmax] (xmin rounded to
-    float16), each value rounded to its level and clipped."""
-    qmax = float((1 << bits) - 1)
-    xmin = _half(xmin)
-    span = xmax - xmin
-    scale = jnp.where(span == 0, jnp.float32(1.0), _half(_divide(span, qmax)))
-    inverse = jnp.float32(1.0) / scale
-    v = jnp.round((x - xmin) * inverse)
-    q = jnp.where(jnp.isnan(v), jnp.float32(0.0), jnp.clip(v, 0, qmax))
-    restored = lax.optimization_barrier(q * scale) + xmin  # no fused multiply-add: Caffe2 rounds the product
-    error = x - restored
-    return jnp.sqrt(jnp.sum(error * error))
-
-
-def _greedy_range(x: Any, bits: int) -> tuple[jax.Array, jax.Array]:
-    """param_search_greedy (n_bins 200, ratio 0.16) for one row: shrink [min, max] one bin at a time from
-    the side whose move loses less, keeping the best local optimum of the L2 error."""
-    xmin, xmax = jnp.min(x), jnp.max(x)
-    step = _divide(xmax - xmin, float(_GREEDY_BINS))
-    threshold = jnp.float32(_GREEDY_MIN_BINS) * step
-    loss = _greedy_loss(x, xmin, xmax, bits)
-
-    def cond(state):
-        steps, cur_min, cur_max = state[0], state[1], state[2]
-        return (cur_min + threshold < cur_max) & (steps < _GREEDY_MAX_STEPS)
-
-    def body(state):
-        steps, cur_min, cur_max, cur_loss, best, best_min, best_max = state
-        left = _greedy_loss(x, cur_min + step, cur_max, bits)
-        right = _greedy_loss(x, cur_min, cur_max - step, bits)
-        better = (cur_loss < left) & (cur_loss < right) & (cur_loss < best)
-        best = jnp.where(better, cur_loss, best)
-        best_min = jnp.where(better, cur_min, best_min)
-        best_max = jnp.where(better, cur_max, best_max)
-        move_left = left < right
-        cur_min = jnp.where(move_left, cur_min + step, cur_min)
-        cur_max = jnp.where(move_left, cur_max, cur_max - step)
-        cur_loss = jnp.where(move_left, left, right)
-        return steps + 1, cur_min, cur_max, cur_loss, best, best_min, best_max
-
-    state = (jnp.int32(0), xmin, xmax, loss, loss, xmin, xmax)
-    state = lax.while_loop(cond, body, state)
-    return state[5], state[6]
-
 
 def _fake_quantize(x: Any, bits: int, greedy: bool) -> jax.Array:
     """[R, C] float32 -> [R, C + 8] uint8: the values' levels, then float32 scale and bias."""
@@ -512,7 +459,7 @@ def byte_weight_dequant(op: Op) -> Kernel:
                 f"{op.where}: input '{op.inputs[0]}' has {x.size} bytes, fewer than the {total} of shape {list(shape)}"
             )
         values = x.reshape(-1)[:total].astype(jnp.float32)
-        return (lax.optimization_barrier(values * interval) + low).reshape(shape)
+        return (rounded(values * interval) + low).reshape(shape)
 
     return kernel
 

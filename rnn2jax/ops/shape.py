@@ -958,7 +958,6 @@ def _in_range(indices: Any, dim: int) -> Any:
     "SparseToDense",
     inputs=(2, 3),
     static_inputs=lambda op: (0,) if len(op.inputs) == 2 else (),
-    gradient=Absent("Caffe2 has a maker (GetSparseToDenseGradient) that the builder does not port yet"),
 )
 def sparse_to_dense(op: Op) -> Kernel:
     """(INDICES [K], VALUES [K, ...][, DATA_TO_INFER_DIM]) -> OUT [first_dim, ...] with
@@ -998,6 +997,13 @@ def sparse_to_dense(op: Op) -> Kernel:
         return out.at[_in_range(indices, n)].add(values)
 
     return kernel
+
+
+@facet("gradient", "SparseToDense")
+def _sparse_to_dense_gradient_maker(g: GradientContext) -> GradientOps:
+    """GetSparseToDenseGradient: VALUES' gradient gathers dOUT's rows at INDICES (none for INDICES and
+    DATA_TO_INFER_DIM)."""
+    return [gradient_op("Gather", [g.GO(0), g.I(0)], [g.GI(1)])]
 
 
 @register("BatchGatherGradient", inputs=3)

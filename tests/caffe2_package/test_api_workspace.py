@@ -447,6 +447,32 @@ def test_infer_shapes_and_types_from_given_dimensions_matches_caffe2():
     assert types == {"i": INT32, "j": INT32}
 
 
+def test_infer_shapes_answers_as_caffe2s_schemas_where_they_differ_from_the_op():
+    """Caffe2 infers from the op schemas without constructing or running the ops: IndexHash's default modulo 0
+    (refused by the op) infers, GatherRanges' output is DATA's size (an upper bound), TopK's indices INT32 (the
+    op writes int64), SoftmaxWithLoss reads no label type and flattens at `axis` (index_hash_ops_test's,
+    gather_ranges_op_test's test_shape_and_type_inference; layers_test's testFunctionalLayerWithOutputNames)."""
+    net = core.Net(unique("schemas"))
+    net.ConstantFill([], "values", shape=[4, 3], dtype=core.DataType.INT64)
+    net.ConstantFill([], "ranges", shape=[5, 2, 2], dtype=core.DataType.INT32)
+    net.IndexHash(["values"], ["hashed"])
+    net.GatherRanges(["hashed", "ranges"], ["gathered", "lengths"])
+    net.TopK(["x"], ["top", "indices", "flat"], k=2)
+    net.SoftmaxWithLoss(["l3", "label"], ["prob", "loss"], axis=2)
+    net.Relu("prob", "after")  # traced from what the schema answered
+    shapes, types = workspace.InferShapesAndTypes([net], {"x": [3, 4, 5], "l3": [4, 3, 10], "label": [4]})
+    assert shapes == {
+        "values": [4, 3], "ranges": [5, 2, 2], "hashed": [4, 3], "gathered": [12], "lengths": [5],
+        "x": [3, 4, 5], "top": [3, 4, 2], "indices": [3, 4, 2], "flat": [24], "l3": [4, 3, 10], "label": [4],
+        "prob": [12, 10], "loss": [], "after": [12, 10],
+    }  # fmt: skip
+    assert types == {
+        "values": INT64, "ranges": INT32, "hashed": INT64, "gathered": INT64, "lengths": INT32, "x": FLOAT,
+        "top": FLOAT, "indices": INT32, "flat": INT32, "l3": FLOAT, "label": FLOAT, "prob": FLOAT, "loss": FLOAT,
+        "after": FLOAT,
+    }  # fmt: skip
+
+
 def test_infer_shapes_without_known_inputs_raises_runtime_error():
     net = core.Net(unique("unknown"))
     net.Relu("nobody_fed_this", "y")

@@ -202,6 +202,22 @@ def test_a_shape_parameter_from_the_init_net_is_static():
     np.testing.assert_array_equal(np.asarray(compiled({"x": x})["y"]), x.reshape(3, 2))
 
 
+def test_a_fill_whose_values_decide_a_shape_is_computed_while_tracing():
+    """crf.py's padding: LengthsRangeFill(Cast(Gather(Shape(x), ConstantFill([1], 0)))): the fill has no
+    inputs, and its value decides the range's length (crf_viterbi_test)."""
+    ops = [
+        op("ConstantFill", [], ["zero"], shape=[1], value=0),
+        op("Shape", ["x"], ["shape"]),
+        op("Gather", ["shape", "zero"], ["length"]),
+        op("Cast", ["length"], ["length32"], to=2),  # INT32
+        op("LengthsRangeFill", ["length32"], ["range"]),
+    ]
+    compiled = rnn2jax.compile(net(*ops), outputs=["range"])
+    assert compiled.static_inputs == ()
+    got = compiled({"x": np.zeros((5, 3), np.float32)})["range"]
+    np.testing.assert_array_equal(np.asarray(got), np.arange(5, dtype=np.int32))
+
+
 # --------------------------------------------------------------------------------------------------
 # The workspace runtime does the same; traced values that cannot be made static get a named error
 

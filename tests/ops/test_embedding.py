@@ -376,7 +376,10 @@ def draw_to_fused(op_type: str):
                 x = np.concatenate([x, x[..., :1]], axis=-1)  # columns not a multiple of 8/bits
             else:
                 x = x.astype(np.float64 if spec.source == np.float32 else np.float32)
-        return make_op(op_type, ["x"], ["y"]), {"x": x}
+        op = make_op(op_type, ["x"], ["y"])
+        if spec.bits < 8:  # Caffe2 registers engine GREEDY for the 2- and 4-bit quantizers
+            op.engine = data.draw(st.sampled_from(["", "GREEDY"]))
+        return op, {"x": x}
 
     return draw
 
@@ -504,3 +507,25 @@ def test_weighted_sum_with_main_input_gradient_needs_both_outputs():
     op = make_op("SparseLengthsWeightedSumWithMainInputGradient", list(inputs), ["data_grad"])
     with pytest.raises(BadArgumentError, match="two outputs"):
         run_rnn2jax([op], inputs, ["data_grad"])
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_greedy_nbit_quantizer_searches_the_range_as_caffe2(caffe2, bits):
+    """Engine GREEDY narrows each row's range (param_search_greedy) before quantizing: the bytes are Caffe2's
+    (fused_nbit_rowwise_conversion_ops_test's TestNBitGreedyFused; the default engine's full range loses more)."""
+    x = np.random.default_rng(0).random((6, 64), dtype=np.float32)
+    op = make_op(f"FloatToFused{bits}BitRowwiseQuantized", ["x"], ["y"])
+    op.engine = "GREEDY"
+    got = run_rnn2jax([op], {"x": x}, ["y"])["y"]
+    np.testing.assert_array_equal(got, caffe2.run_op(op, {"x": x})["y"])
+
+
+def test_rowwise_8bit_dequantize_rounds_the_product_before_the_bias(caffe2):
+    """q * scale + bias, the product rounded first as Eigen does (no fused multiply-add): 66 * 8.3064451 + 235.2
+    is 783.4254 so, 783.42535 fused (lengths_reducer_rowwise_8bit_ops_test's test_quantize_op)."""
+    x = np.array([[801.0, 786, 235.2, 2353.3434], [5.0, 11.0, 9.0, -2.0]], np.float32)
+    quantize = make_op("FloatToRowwiseQuantized8Bits", ["x"], ["q", "scale_bias"])
+    q, scale_bias = caffe2.run_op(quantize, {"x": x}).values()
+    back = make_op("Rowwise8BitQuantizedToFloat", ["q", "scale_bias"], ["y"])
+    got = run_rnn2jax([back], {"q": q, "scale_bias": scale_bias}, ["y"])["y"]
+    np.testing.assert_array_equal(got, caffe2.run_op(back, {"q": q, "scale_bias": scale_bias})["y"])

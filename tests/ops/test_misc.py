@@ -119,3 +119,21 @@ def test_reservoir_sampling_matches_caffe2(caffe2, keep, batches, dedupe, dtype,
     drawn = [*([] if dedupe else ["visited"]), *(name for name in feeds if name[0] in "di" and name != "visited")]
     values = None if len(seen) <= keep else drawn
     check_net(caffe2, ops, feeds, placeholders=["mutex"], values_of=values)
+
+
+def test_last_n_window_collector_fills_an_empty_blob_as_caffe2(caffe2):
+    """A buffer blob that exists but holds nothing (CreateBlob; here, made by creating a net that writes it) is
+    an uninitialized buffer: Caffe2 writes it as the op's output (hypothesis_test's test_last_n_windows)."""
+    feeds = {"next": np.zeros((), np.int32), "d": np.arange(6, dtype=np.float32).reshape(3, 2) + 1}
+    op = make_op("LastNWindowCollector", ["buffer", "next", "d"], ["buffer", "next"], num_to_collect=2)
+    net = create_net("collect", [op])
+    maker = create_net("maker", [make_op("ConstantFill", [], ["buffer"], shape=[1])])  # created, never run
+    want = caffe2.run([("create_net", maker), ("create_net", net), ("run_net", "collect")], feeds, ["buffer", "next"])
+    workspace = Workspace()
+    for name, value in feeds.items():
+        workspace.feed(name, value)
+    workspace.create_net(maker)
+    workspace.create_net(net)
+    workspace.run_net("collect")
+    for name in ("buffer", "next"):
+        np.testing.assert_array_equal(workspace.fetch(name), want[name])

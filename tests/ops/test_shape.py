@@ -1086,6 +1086,16 @@ def check_gpu_copy(caffe2, case, data):
     assert our_g == c2_g and [o.type for o in c2_ops] == [GPU_COPIES[op.type]]
 
 
+@pytest.mark.parametrize("inputs", [["i", "v"], ["i", "v", "d"]])
+def test_sparse_to_dense_gradient_maker_is_caffe2s(caffe2, inputs):
+    """GetSparseToDenseGradient: Gather(dOUT, INDICES) -> dVALUES (hypothesis_test's test_sparse_to_dense)."""
+    op = make_op("SparseToDense", inputs, ["y"])
+    c2_ops, c2_g = caffe2.gradient_for_op(op, ["y_grad"])
+    ours, our_g = get_gradient_for_op(op, ["y_grad"])
+    assert_same_ops(ours, c2_ops)
+    assert list(our_g) == c2_g
+
+
 # --------------------------------------------------------------------------------------------------
 # Gradient makers that emit no ops (not run by run_case) or refuse
 

@@ -505,3 +505,17 @@ def test_gradient_rows_no_backward_step_writes_are_refused_where_caffe2_reads_me
     refusal = r"row 1 of gradient 'lstm/lstm/cell_t_prev_states_grad'.*'lstm/cell_state_grad' \(argument 'backward_link"
     with pytest.raises(UnwrittenStateError, match=refusal + r".*uninitialised"):
         in_rnn2jax([op, grad], GRADS)
+
+
+def test_a_recurrent_state_named_as_an_output_is_its_whole_buffer(caffe2):
+    """An output may be a recurrent state itself rather than an alias of one: Caffe2 keeps the state blob in the
+    enclosing workspace, the initial row then one per step (hypothesis_test's test_elman_recurrent_network)."""
+    op = forward_op()
+    states = next(a.strings for a in op.arg if a.name == "recurrent_states")
+    state = states[0].decode()
+    op.output.insert(len(op.output) - 1, state)
+    (grad,), _ = get_gradient_for_op(op, ["hall_grad", None, None, None, None, None])
+    fetch = [*OUTPUTS, state, *GRADS]
+    want = caffe2.run([("op", op), ("op", grad)], feeds(), fetch)
+    assert want[state].shape == (T + 1, N, H)
+    assert_blobs_equal(run_rnn2jax([op, grad], feeds(), fetch), want)

@@ -37,6 +37,7 @@ from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
 from . import _flags, _step_blobs, _torch_interop, _transforms, python_op, scope  # noqa: F401
+from ._schema_inference import SCHEMA_INFERENCE
 
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
@@ -825,12 +826,65 @@ def InferShapesAndTypes(
         for name, dims in (blob_dimensions or {}).items()
     }
     try:
-        specs = trace_shapes([_proto(n) for n in nets], given, _ws())
+        protos = [_proto(n) for n in nets]
+        if any(op.type in SCHEMA_INFERENCE for proto in protos for op in proto.op):
+            specs = _infer_shapes(protos, given, _ws(), trace_shapes, InputSpec)
+        else:
+            specs = trace_shapes(protos, given, _ws())
     except Rnn2JaxError as error:
         raise _as_runtime_error(error) from None
     shapes = {name: list(spec.shape) for name, spec in specs.items()}
     enums = {name: _ENUM_OF_DTYPE.get(np.dtype(spec.dtype)) for name, spec in specs.items()}
     return shapes, {name: enum for name, enum in enums.items() if enum is not None}
+
+
+def _infer_shapes(protos: list[Any], given: dict[str, Any], ws: _RuntimeWorkspace, trace: Any, spec: Any) -> dict:
+    """The nets traced, but for the ops whose schema Caffe2 answers with instead (`_schema_inference`): each of
+    those, in turn, gets its inputs' shapes from a trace of the ops before it and is replaced by fills of the
+    shapes its schema answers; then everything is traced at once (so values that decide shapes, such as a
+    Concat's split_info read by its gradient's Split, stay known). The replaced ops' inputs are answered too."""
+    nets = [_copy_net(proto) for proto in protos]
+    read: dict[str, Any] = {}
+    for index, net in enumerate(nets):
+        position = 0
+        while position < len(net.op):
+            op = net.op[position]
+            if op.type not in SCHEMA_INFERENCE:
+                position += 1
+                continue
+            before = _copy_net(net)
+            del before.op[position:]
+            known = {**given, **trace([*nets[:index], before], given, ws)}
+
+            def shape_of(name: str, known: dict = known) -> tuple[tuple[int, ...], np.dtype] | None:
+                if name in known:
+                    return tuple(known[name].shape), np.dtype(known[name].dtype)
+                value = ws.get(name) if ws.has_blob(name) else None
+                return (tuple(value.shape), np.dtype(value.dtype)) if hasattr(value, "shape") else None
+
+            inputs = [shape_of(name) for name in op.input]
+            read.update({n: spec(i[0], i[1].name) for n, i in zip(op.input, inputs, strict=True) if i is not None})
+            outputs = SCHEMA_INFERENCE[op.type](op, inputs, shape_of)
+            fills = [_fill(name, out) for name, out in zip(op.output, outputs, strict=False) if out is not None]
+            del net.op[position]
+            for fill in reversed(fills):
+                net.op.insert(position, fill)
+            position += len(fills)
+    return {**read, **trace(nets, given, ws)}
+
+
+def _copy_net(proto: Any) -> Any:
+    copy = caffe2_pb2.NetDef()
+    copy.CopyFrom(proto)
+    return copy
+
+
+def _fill(name: str, out: tuple[tuple[int, ...], np.dtype]) -> Any:
+    """A ConstantFill standing for an output whose shape and type a schema answered."""
+    fill = caffe2_pb2.OperatorDef(type="ConstantFill", output=[name])
+    fill.arg.add(name="shape", ints=[int(d) for d in out[0]])
+    fill.arg.add(name="dtype", i=_ENUM_OF_DTYPE[np.dtype(out[1])])
+    return fill
 
 
 # ------------------------------------------------------------------------------------------------

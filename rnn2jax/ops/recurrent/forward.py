@@ -114,10 +114,11 @@ class RecurrentLowering:
         self.op = op
         dst = {alias.dst for alias in spec.aliases}
         for position, name in enumerate(op.outputs[:-1]):
-            if name not in dst:
+            if name not in dst and name not in spec.states:
                 raise BadArgumentError(
-                    f"{op.where}: output #{position} '{name}' is not in argument 'alias_dst' (every output but "
-                    "the last, step_workspaces, is an alias of a state)"
+                    f"{op.where}: output #{position} '{name}' is neither in argument 'alias_dst' nor in "
+                    "'recurrent_states' (every output but the last, step_workspaces, is an alias of a state or a "
+                    "state)"
                 )
         self.step = lower(spec.step_net)
         # lower(..., plain=True): the step net's ops as written, no fusion nor custom VJP (verify's reference)
@@ -241,7 +242,10 @@ class RecurrentLowering:
         buffers, scratches = scan(initial, self._fuse(externals, outer), outer, loop, key, constants)
         # after tracing the step, so that a step op's own refusal (a shape that does not fit) comes first
         check_forward_rows(spec, {state: rows.shape[0] for state, rows in initial.items()}, steps)
-        values = {alias.dst: self._alias(alias, buffers, scope) for alias in spec.aliases}
+        # a state named as an output is its whole buffer, the initial rows then one per step (Caffe2 keeps the
+        # state blob in the enclosing workspace)
+        values = {state: self._alias(Alias(state, state, 0), buffers, scope) for state in spec.states}
+        values.update({alias.dst: self._alias(alias, buffers, scope) for alias in spec.aliases})
         workspaces = self._workspaces(buffers, scratches, constants, outer) if spec.backward_step_net else {}
         results = []
         for position, name in enumerate(op.outputs):
