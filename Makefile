@@ -12,14 +12,6 @@ CAFFE2_VENV := .venv-caffe2
 CAFFE2_STAMP := $(CAFFE2_VENV)/.installed
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 600
-# Caffe2's own test files (caffe2/python/operator_test/<name>.py in the real-Caffe2 venv) run on rnn2jax's caffe2.
-# The last four hold serialized goldens of ops whose inputs Caffe2 requires as int64 (Expand's shape,
-# FlexibleTopK's k, NumpyTile's repeats, SegmentOneHot's indices): they pass only if int64 stays int64.
-CAFFE2_UPSTREAM_TESTS := rnn_cell_test recurrent_network_test gru_test basic_rnn_test pack_rnn_sequence_op_test \
-	layer_norm_op_test expand_op_test flexible_top_k_test numpy_tile_op_test one_hot_ops_test \
-	dataset_ops_test text_file_reader_test
-# and Caffe2's neural machine translation tests (caffe2/python/models/seq2seq/): beam search decoding against training
-CAFFE2_UPSTREAM_SEQ2SEQ_TESTS := seq2seq_beam_search_test seq2seq_model_helper_test
 
 .PHONY: demo test test-explore test-caffe2-api test-caffe2-suite test-caffe2-suite-ci lint fuzz clean bench
 BENCH_ARGS ?=
@@ -65,19 +57,14 @@ test-explore: $(STAMP) $(CAFFE2_STAMP)
 	RNN2JAX_HYPOTHESIS_PROFILE=explore RNN2JAX_EXAMPLES=$(EXPLORE_EXAMPLES) \
 		$(BIN)/python -m pytest -q -n 2 -p no:cacheprovider $(EXPLORE)
 
-# Caffe2-style tests on rnn2jax's `caffe2` (pytest plugin rnn2jax.caffe2.pytest_plugin, which loads Caffe2's test
-# utilities from the real-Caffe2 venv): the project's own (tests/caffe2_style), and Caffe2's own RNN and seq2seq test
-# files, unmodified, run from a temporary copy (in place pytest would import the real caffe2 package beside them).
-# Both run in one process, which compiles at XLA's default level whatever it collects (tests/conftest.py puts the
-# main run at -O0, whose last bits differ; some of Caffe2's files compare two nets at 1e-7).
+# The project's own Caffe2-style tests (tests/caffe2_style) on rnn2jax's `caffe2`, through the pytest plugin
+# rnn2jax.caffe2.pytest_plugin, which loads Caffe2's test utilities from the real-Caffe2 venv. Caffe2's own test
+# files, the RNN and seq2seq ones among them, run in `make test-caffe2-suite-ci` (below).
 test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 	@src=$$(ls -d $(CAFFE2_VENV)/lib/python3.9/site-packages/caffe2 2>/dev/null); \
 	if [ -z "$$src" ]; then echo "make: real Caffe2 is unavailable, so the Caffe2-style tests are not run"; exit 0; fi; \
-	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	for name in $(CAFFE2_UPSTREAM_TESTS); do cp "$$src/python/operator_test/$$name.py" "$$tmp/"; done; \
-	for name in $(CAFFE2_UPSTREAM_SEQ2SEQ_TESTS); do cp "$$src/python/models/seq2seq/$$name.py" "$$tmp/"; done; \
 	$(BIN)/python -m pytest -q -n 2 --rootdir=. -c pyproject.toml -p rnn2jax.caffe2.pytest_plugin \
-		-p tests.caffe2_upstream --caffe2-source "$$src" --caffe2-own-tests "$$tmp" tests/caffe2_style "$$tmp"
+		--caffe2-source "$$src" tests/caffe2_style
 
 # Caffe2's whole Python test suite (every *_test.py of the torch 1.10.2 wheel), unmodified, on real Caffe2 (cached
 # per file in .cache/caffe2-suite) and on rnn2jax, one pytest process per file and side, SUITE_EXAMPLES hypothesis

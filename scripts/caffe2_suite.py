@@ -8,14 +8,17 @@ real Caffe2 (the baseline, cached) and on rnn2jax's `caffe2`, and the page that 
 `run` runs every `*_test.py` under the wheel's `caffe2/` package directory, one pytest process per file and side:
 real Caffe2 in the oracle venv (`.venv-caffe2`, where it installs pytest and hypothesis when missing), and rnn2jax
 through `rnn2jax.caffe2.pytest_plugin` from a temporary copy of the file (in place, pytest would import the real
-`caffe2` package beside it), as `make test-caffe2-api` runs the RNN files. The baseline of a file is kept in
+`caffe2` package beside it). The baseline of a file is kept in
 `.cache/caffe2-suite/` under the hash of the file and the number of examples, so only rnn2jax's side reruns.
 The results (`caffe2-suite.json`) record every test's outcome on both sides and, for each failure on rnn2jax, the
 exception's last line; the page groups failures by that cause.
 
-`ci` (`make test-caffe2-suite-ci`): all files in one pytest process pair (`-n 2`) from a temporary copy of the tree,
-every file collected, the tests the results record as passing on both sides run at one derandomized example each
-(`tests/caffe2_suite.py`), and the page checked against the results it is rendered from.
+`ci` (`make test-caffe2-suite-ci`, part of `make test`) checks the page against the results it is rendered from and
+runs the tests the results record as passing on both sides (`tests/caffe2_suite.py`), from a temporary copy of the
+tree, derandomized, in two pytest runs (`-n 2` each): the RNN, seq2seq, control-flow and optimizer files (PRIORITY)
+whole, at CI_PRIORITY_EXAMPLES examples per hypothesis test; then every other file the page scores, collected (so a
+file that stops importing fails), with at most CI_TESTS_PER_FILE of its passing tests at one example each, which
+keeps CI's time bounded as the scored suite grows without dropping a file.
 """
 
 from __future__ import annotations
@@ -52,6 +55,41 @@ BASELINE_TOOLS = ("pytest>=8,<9", "hypothesis>=6.100,<7", "pytest-timeout>=2.3",
 # serial.given tests in their own file (version 1, whose cache names carry no version, dropped them), so only
 # files that use Caffe2's serialized_test_util need version 2.
 CACHE_VERSION = 2
+# The files whose every test real Caffe2 passes must pass on rnn2jax (issue: RNN, seq2seq, control flow,
+# optimizers): the page lists them apart, and CI runs them whole.
+PRIORITY = (
+    "python/models/seq2seq/seq2seq_beam_search_test.py",
+    "python/models/seq2seq/seq2seq_model_helper_test.py",
+    "python/operator_test/basic_rnn_test.py",
+    "python/operator_test/cudnn_recurrent_test.py",
+    "python/operator_test/gru_test.py",
+    "python/operator_test/pack_rnn_sequence_op_test.py",
+    "python/operator_test/recurrent_net_executor_test.py",
+    "python/operator_test/recurrent_network_test.py",
+    "python/operator_test/rnn_cell_test.py",
+    "python/test/inference_lstm_op_test.py",
+    "quantization/server/lstm_unit_dnnlowp_op_test.py",
+    "python/control_ops_grad_test.py",
+    "python/control_test.py",
+    "python/net_builder_test.py",
+    "python/operator_test/onnx_while_test.py",
+    "python/test/do_op_test.py",
+    "python/optimizer_test.py",
+    "python/ideep/adam_op_test.py",
+    "python/ideep/moment_sgd_op_test.py",
+    "python/operator_test/adadelta_test.py",
+    "python/operator_test/adagrad_test.py",
+    "python/operator_test/adam_test.py",
+    "python/operator_test/decay_adagrad_test.py",
+    "python/operator_test/lars_test.py",
+    "python/operator_test/learning_rate_adaption_op_test.py",
+    "python/operator_test/learning_rate_op_test.py",
+    "python/operator_test/momentum_sgd_test.py",
+    "python/operator_test/storm_test.py",
+    "python/operator_test/wngrad_test.py",
+)
+CI_PRIORITY_EXAMPLES = 5  # as many as the project's own Caffe2-style tests draw
+CI_TESTS_PER_FILE = 3
 TEST_TIMEOUT_S = 300  # one test; a process of n files gets max(FILE_TIMEOUT_S, 300 n s) in all
 FILE_TIMEOUT_S = 1800
 # Caffe2's test utilities load the hypothesis profile $CAFFE2_HYPOTHESIS_PROFILE names when imported: real Caffe2's
@@ -380,6 +418,14 @@ def render(results: Mapping[str, Any]) -> str:
         "these figures yet.",
         f"- Hypothesis examples per test: {results['examples']} on rnn2jax"
         f"{' (derandomized)' if results['derandomize'] else ''}, as many on real Caffe2.",
+    ]
+    priority = [row for row in s["rows"] if row[0] in PRIORITY]
+    p_real, p_ours = sum(r[2] for r in priority), sum(r[3] for r in priority)
+    short = [f"`{r[0]}` ({r[3]}/{r[2]})" for r in priority if r[3] < r[2]]
+    lines += [
+        f"- **The RNN, seq2seq, control-flow and optimizer files** (every test must pass): rnn2jax passes {p_ours} of "
+        f"the {p_real} tests real Caffe2 passes there, over {len(priority)} files"
+        + (f"; not in full: {', '.join(short)}." if short else ", every file in full."),
         "",
         "## Per file",
         "",
@@ -387,7 +433,8 @@ def render(results: Mapping[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for rel, n, passing, kept, seconds in s["rows"]:
-        lines.append(f"| `{rel}` | {n} | {passing} | {kept} | {seconds:.0f} |")
+        mark = " (RNN, seq2seq, control flow, optimizers)" if rel in PRIORITY else ""
+        lines.append(f"| `{rel}`{mark} | {n} | {passing} | {kept} | {seconds:.0f} |")
     lines += [
         "",
         "## What remains, by cause",
@@ -414,28 +461,42 @@ def render(results: Mapping[str, Any]) -> str:
 
 
 def run_ci(source: Path, results: Path, jobs: int) -> int:
-    """Every file of the suite collected, the recorded passing tests run at one derandomized example each."""
+    """The page checked against its results; then the recorded passing tests: the PRIORITY files whole, at
+    CI_PRIORITY_EXAMPLES derandomized examples, and every other scored file, collected, with at most
+    CI_TESTS_PER_FILE of them at one example."""
     if PAGE.read_text() != render(json.loads(results.read_text())):
         print(f"caffe2_suite: {PAGE.relative_to(ROOT)} is stale: `make test-caffe2-suite` rewrites it", flush=True)
         return 1
+    scored = json.loads(results.read_text())["files"]
     with tempfile.TemporaryDirectory(prefix="caffe2-suite-ci-") as tmp:
         tree = Path(tmp)
         for rel in suite_files(source):
             (tree / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source / rel, tree / rel)
         (tree / "pytest.ini").write_text("[pytest]\n")
-        env = {
-            **os.environ,
-            "RNN2JAX_CAFFE2_EXAMPLES": "1",
-            "RNN2JAX_HYPOTHESIS_PROFILE": "ci",
-            "PYTHONPATH": str(ROOT),
-        }
-        command = [str(PROJECT_PYTHON), "-m", "pytest", "-q", "-n", str(jobs), "-p", "no:cacheprovider",
-                   "-c", str(tree / "pytest.ini"), f"--rootdir={tree}", "--import-mode=importlib",
-                   f"--timeout={TEST_TIMEOUT_S}", "-p", "rnn2jax.caffe2.pytest_plugin", f"--caffe2-source={source}",
-                   f"--caffe2-own-tests={tree}", "-p", "tests.caffe2_suite", f"--caffe2-suite-results={results}",
-                   str(tree)]  # fmt: skip
-        return subprocess.run(command, cwd=tree, env=env).returncode
+        priority = [rel for rel in PRIORITY if rel in scored]
+        runs = [
+            (CI_PRIORITY_EXAMPLES, 0, [str(tree / rel) for rel in priority]),
+            (1, CI_TESTS_PER_FILE, [*(f"--ignore={tree / rel}" for rel in priority), str(tree)]),
+        ]
+        for examples, per_file, paths in runs:
+            env = {
+                **os.environ,
+                "RNN2JAX_CAFFE2_EXAMPLES": str(examples),
+                "RNN2JAX_HYPOTHESIS_PROFILE": "ci",
+                "PYTHONPATH": str(ROOT),
+            }
+            command = [str(PROJECT_PYTHON), "-m", "pytest", "-q", "-n", str(jobs), "-p", "no:cacheprovider",
+                       "-c", str(tree / "pytest.ini"), f"--rootdir={tree}", "--import-mode=importlib",
+                       f"--timeout={TEST_TIMEOUT_S}", "-p", "rnn2jax.caffe2.pytest_plugin", f"--caffe2-source={source}",
+                       f"--caffe2-own-tests={tree}", "-p", "tests.caffe2_suite", f"--caffe2-suite-results={results}",
+                       f"--caffe2-suite-per-file={per_file}", *paths]  # fmt: skip
+            which = f"at most {per_file}" if per_file else "every"
+            print(f"caffe2_suite ci: {which} recorded passing test(s) per file, {examples} example(s) each", flush=True)
+            code = subprocess.run(command, cwd=tree, env=env).returncode
+            if code:
+                return code
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """The quick run of Caffe2's whole test suite on rnn2jax (a pytest plugin: `-p tests.caffe2_suite`).
 
 `scripts/caffe2_suite.py ci` collects every file of the suite that `docs/caffe2-suite.json` scores (so a file that
-stops importing fails the run) and runs, at one derandomized example per hypothesis test, the tests it records as
-passing on both real Caffe2 and rnn2jax: each of them must pass. The tests recorded as failing are deselected, and
+stops importing fails the run) and runs the tests it records as passing on both real Caffe2 and rnn2jax (all, or
+with `--caffe2-suite-per-file N` at most N of each file's, the same ones on every run): each of them must pass.
+The tests recorded as failing are deselected, and
 the files recorded as not importing on rnn2jax are not collected; they are what the page lists by cause, and
 `make test-caffe2-suite` runs them all. Files the results do not score yet are not collected either: the page says
 how many of the suite's files it scores.
@@ -10,7 +11,9 @@ how many of the suite's files it scores.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -18,11 +21,26 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--caffe2-suite-results", metavar="JSON", help="the scoreboard's results (docs/caffe2-suite.json)")
+    parser.addoption(
+        "--caffe2-suite-per-file", type=int, default=0, metavar="N", help="run at most N recorded passing tests a file"
+    )
 
 
 def suite_key(rel: str, cls: str, name: str) -> str:
     """A test's key in the results: `file::Class::test[params]`, the file relative to the wheel's `caffe2/`."""
     return "::".join(p for p in (rel, cls, name) if p)
+
+
+def capped(keys: set[str], per_file: int) -> set[str]:
+    """At most `per_file` of each file's keys (all when 0): the first by a hash of the key, so the choice is spread
+    over a file's classes and tests, and is the same on every run."""
+    if not per_file:
+        return keys
+    by_file: dict[str, list[str]] = defaultdict(list)
+    for key in keys:
+        by_file[key.split("::", 1)[0]].append(key)
+    rank = lambda key: hashlib.sha256(key.encode()).hexdigest()  # noqa: E731
+    return {key for group in by_file.values() for key in sorted(group, key=rank)[:per_file]}
 
 
 def recorded_passing(results: dict) -> set[str]:
@@ -62,16 +80,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     results = _results(config)
     if results is None:
         return
-    passing = recorded_passing(results)
     root = Path(config.rootpath)
+
+    def key_of(item: pytest.Item) -> str:
+        return suite_key(item.path.relative_to(root).as_posix(), item.cls.__name__ if item.cls else "", item.name)
+
+    collected = {item.path.relative_to(root).as_posix() for item in items}
+    passing = capped(
+        {key for key in recorded_passing(results) if key.split("::", 1)[0] in collected},
+        config.getoption("--caffe2-suite-per-file"),
+    )
     keep, drop = [], []
     for item in items:
-        rel = item.path.relative_to(root).as_posix()
-        key = suite_key(rel, item.cls.__name__ if item.cls else "", item.name)
-        (keep if key in passing else drop).append(item)
-    missing = passing - {
-        suite_key(i.path.relative_to(root).as_posix(), i.cls.__name__ if i.cls else "", i.name) for i in keep
-    }
+        (keep if key_of(item) in passing else drop).append(item)
+    missing = passing - {key_of(item) for item in keep}
     if missing:
         raise pytest.UsageError(f"{len(missing)} recorded passing tests were not collected: {sorted(missing)[:5]}")
     config.hook.pytest_deselected(items=drop)

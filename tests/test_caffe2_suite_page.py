@@ -75,3 +75,21 @@ def test_junit_reports_are_read_as_pytest_wrote_them(tmp_path):
 )
 def test_causes_name_what_is_missing(message, cause):
     assert caffe2_suite.cause_of(message) == cause
+
+
+def test_ci_caps_each_files_tests_the_same_way_every_run():
+    from tests.caffe2_suite import capped
+
+    keys = {f"python/a_test.py::T::test_{i}" for i in range(7)} | {"python/b_test.py::test_x"}
+    chosen = capped(keys, 3)
+    assert len([k for k in chosen if k.startswith("python/a_test.py")]) == 3
+    assert "python/b_test.py::test_x" in chosen  # a file with fewer keeps them all
+    assert capped(set(sorted(keys, reverse=True)), 3) == chosen  # not by the set's order
+    assert capped(keys, 0) == keys
+
+
+def test_every_priority_file_is_in_the_suite():
+    if not sorted((ROOT / ".venv-caffe2" / "lib").glob("python3*/site-packages/caffe2")):
+        pytest.skip("real Caffe2 (.venv-caffe2, made by make test) is absent")
+    source = caffe2_suite.find_source()
+    assert set(caffe2_suite.PRIORITY) <= set(caffe2_suite.suite_files(source))
