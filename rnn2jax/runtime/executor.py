@@ -25,6 +25,7 @@ from ..ir.netdef import Net, Op
 from ..lowering.interpreter import LoweredNet, specialisation_key
 from ..ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
 from ..ops.registry import REGISTER_EACH_ADVICE, HostOp, HostWorkspace, find_host, lookup, unsupported_ops
+from ..ops.waits import OP_LOCK, needs_op_lock
 
 
 class SegmentWorkspace(HostWorkspace, Protocol):
@@ -128,6 +129,10 @@ class PureSegment:
         return {name: out[name] for name in self.outputs if name in out}  # If/While may leave one unset
 
     def run(self, workspace: SegmentWorkspace, counter: int) -> None:
+        with OP_LOCK:  # read, compute and write as one step when threads share the workspace
+            self._run(workspace, counter)
+
+    def _run(self, workspace: SegmentWorkspace, counter: int) -> None:
         values = workspace._values
         try:
             env = {name: values[name] for name in self.inputs}
@@ -182,7 +187,11 @@ class HostStep:
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def run(self, workspace: SegmentWorkspace, counter: int) -> None:
-        self.host.run(workspace, self.op, self.state)
+        if needs_op_lock(self.op.type):
+            with OP_LOCK:
+                self.host.run(workspace, self.op, self.state)
+        else:
+            self.host.run(workspace, self.op, self.state)
 
 
 class Executor:
