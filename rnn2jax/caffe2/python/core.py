@@ -37,6 +37,7 @@ from ..proto import caffe2_pb2
 from . import _import_c_extension as C
 from . import scope, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
+from .lazy import TriggerLazyImport
 from .scope import DeviceScope, NameScope
 
 DataType = caffe2_pb2.TensorProto.DataType
@@ -116,12 +117,11 @@ SetEnginePref = C.set_engine_pref
 SetOpEnginePref = C.set_op_engine_pref
 
 
-def TriggerLazyImport() -> None:
-    """Nothing to import lazily: every op family is registered when rnn2jax is imported."""
-
-
 def RefreshRegisteredOperators(trigger_lazy: bool = True) -> None:
-    """Ops registered with `rnn2jax.register_op` are seen at once; nothing to refresh."""
+    """Ops registered with `rnn2jax.register_op` are seen at once; only the lazy imports
+    (`lazy_dyndep.RegisterOpsLibrary`) run, as in Caffe2."""
+    if trigger_lazy:
+        TriggerLazyImport()
 
 
 _GLOBAL_INIT_ARGS: list[str] = []

@@ -37,6 +37,7 @@ from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
 from . import _flags, _step_blobs, python_op, scope  # noqa: F401
+from .lazy import TriggerLazyImport
 
 _cache = CompileCache()
 _workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
@@ -513,7 +514,9 @@ def RunNetOnce(net: Any) -> bool:
 
 
 def CreateNet(net: Any, overwrite: bool = False, input_blobs: Iterable[Any] | None = None) -> bool:
-    """Create a net in the current workspace; the blobs it reads must exist (or be in `input_blobs`)."""
+    """Create a net in the current workspace; the blobs it reads must exist (or be in `input_blobs`). Lazy
+    op-library imports run first, as in Caffe2."""
+    TriggerLazyImport()
     for name in input_blobs or ():
         CreateBlob(name)
     with _caffe2_errors():
