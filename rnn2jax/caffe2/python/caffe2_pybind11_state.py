@@ -432,22 +432,24 @@ def memonger_compute_blob_recycling_for_dag(
 ) -> bytes:
     """Caffe2's memonger over a DAG of ops (`memonger.share_grad_blobs`, `optimize_inference_for_dag`)."""
     net = _parse(net_def, caffe2_pb2.NetDef, "memonger_compute_blob_recycling_for_dag")
-    optimized = _memonger.compute_blob_recycling_for_dag(
-        net,
-        [_text(b) for b in input_blobs],
-        list(op_indices),
-        {_text(b) for b in shareable_blob_names},
-        _text(namescope),
-        {_text(b) for b in dont_share_blob_names},
-        {_text(k): list(v) for k, v in blob_shapes.items()},
-    )
+    with workspace._caffe2_errors():  # Caffe2's enforce failures are RuntimeErrors
+        optimized = _memonger.compute_blob_recycling_for_dag(
+            net,
+            [_text(b) for b in input_blobs],
+            list(op_indices),
+            {_text(b) for b in shareable_blob_names},
+            _text(namescope),
+            {_text(b) for b in dont_share_blob_names},
+            {_text(k): list(v) for k, v in blob_shapes.items()},
+        )
     return optimized.SerializeToString()
 
 
 def memonger_optimize_inference_net(net_def: bytes, static_blobs: Sequence[bytes | str]) -> bytes:
     """Caffe2's memonger for a simple inference net (`memonger.optimize_inference_fast`)."""
     net = _parse(net_def, caffe2_pb2.NetDef, "memonger_optimize_inference_net")
-    return _memonger.optimize_inference_net(net, [_text(b) for b in static_blobs]).SerializeToString()
+    with workspace._caffe2_errors():
+        return _memonger.optimize_inference_net(net, [_text(b) for b in static_blobs]).SerializeToString()
 
 
 def _text(name: bytes | str) -> str:

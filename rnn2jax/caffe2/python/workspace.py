@@ -1018,7 +1018,10 @@ class _OpSchema:
         return self.num_inputs_allowed(n_in) and self.num_outputs_allowed(n_out)
 
     def inplace_enforced(self, i: int, o: int) -> bool:
-        return False
+        """Whether Caffe2's schema enforces input i and output o in place (EnforceInplace)."""
+        from ._inplace import inplace_enforced
+
+        return inplace_enforced(self.name, i, o)
 
     @staticmethod
     def get(op_type: str) -> _OpSchema | None:
