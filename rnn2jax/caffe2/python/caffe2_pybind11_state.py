@@ -26,6 +26,7 @@ from ...storage.serialization import serialize_blob as _serialize
 from ..proto import caffe2_pb2
 from . import _memonger, python_op, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
+from ._db import DB, Cursor, Transaction, create_db  # noqa: F401  (Caffe2's database bindings)
 
 # ------------------------------------------------------------------------------------------------
 # Build flags: a CPU build without the optional libraries
@@ -487,7 +488,6 @@ _UNAVAILABLE = {
     "fakeFp16FuseOps": _NO_TRANSFORMS,
     "export_to_onnx": "rnn2jax does not export ONNX (rnn2jax export writes a jax.export artifact)",
     "onnxifi": "rnn2jax has no ONNXIFI backend",
-    "create_db": "use rnn2jax.read_blobs and rnn2jax.write_blobs, or the Load and Save ops",
     "get_blob_numa_node": "rnn2jax is built without NUMA support",
     "get_cuda_version": _NO_CUDA,
     "get_cudnn_version": _NO_CUDA,
@@ -518,4 +518,5 @@ __all__ = sorted(
     _defined_here
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
     | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor", "Observer"}
+    | {"create_db", "DB", "Cursor", "Transaction"}
 )
