@@ -163,14 +163,25 @@ def FeedImmediate(*args: Any, **kwargs: Any) -> bool:
 _RUNTIME_FLAVOURS: dict[type, type] = {}
 
 
+ENFORCE_FAIL = "[enforce fail at rnn2jax] "
+
+
+def _enforce_str(self: Rnn2JaxError) -> str:
+    return ENFORCE_FAIL + super(type(self), self).__str__()
+
+
 def _as_runtime_error(error: Rnn2JaxError) -> Rnn2JaxError:
-    """The same error as a subclass that is also a RuntimeError (Caffe2 scripts catch that)."""
+    """The same error as a subclass that is also a RuntimeError (Caffe2 scripts catch that), its message
+    opening as Caffe2's C++ refusals do (CAFFE_ENFORCE's "[enforce fail at FILE:LINE] ..."), which scripts
+    and tests look for, whatever kind of net ran the op."""
     cls = type(error)
     if isinstance(error, RuntimeError):
         return error
     flavour = _RUNTIME_FLAVOURS.get(cls)
     if flavour is None:
-        flavour = _RUNTIME_FLAVOURS[cls] = type(cls.__name__, (cls, RuntimeError), {"__module__": cls.__module__})
+        flavour = _RUNTIME_FLAVOURS[cls] = type(
+            cls.__name__, (cls, RuntimeError), {"__module__": cls.__module__, "__str__": _enforce_str}
+        )
     new = flavour.__new__(flavour)
     new.__dict__.update(error.__dict__)
     new.args = error.args
