@@ -25,6 +25,7 @@ from ..ir.netdef import Net, Op
 from ..lowering.interpreter import LoweredNet, specialisation_key
 from ..ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
 from ..ops.registry import REGISTER_EACH_ADVICE, HostOp, HostWorkspace, find_host, lookup, unsupported_ops
+from ..ops.stats import GLOBAL_REGISTRY, op_events
 from ..ops.waits import OP_LOCK, needs_op_lock
 
 
@@ -119,6 +120,10 @@ class PureSegment:
             name for name in self.inputs if all(lookup(op).shape_only for op in ops if name in op.inputs)
         )
         self.code = SharedCode()
+        # stats the ops count in Caffe2's global registry (AtomicIter's num_iter), there from now on at 0
+        self.events = tuple(key for op in ops for key in op_events(op))
+        for key in self.events:
+            GLOBAL_REGISTRY.add(key)
         # Ops whose kernels check values only known when the segment runs: the segment returns the first
         # failed check too, raised after the call (ops/checks.py), as Caffe2 refused the input at the op.
         self.runtime_checks = any(op.type in CHECKED_OP_TYPES for op in net.walk())
@@ -158,6 +163,8 @@ class PureSegment:
             error, result = result
             raise_failed(error)
         workspace._write_all(result)
+        for key in self.events:
+            GLOBAL_REGISTRY.increment(key, 1)
 
     def _executable(self, key: tuple) -> Any:
         fns = self.code.fns
