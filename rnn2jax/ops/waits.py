@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -46,6 +47,14 @@ def needs_op_lock(op_type: str) -> bool:
 
 # thread ident -> whether the wait that blocks the thread may now end (then it goes on: it could act)
 _blocked: dict[int, Callable[[], bool]] = {}
+_bystanders: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def bystander(thread: threading.Thread) -> threading.Thread:
+    """Mark a thread of rnn2jax's own that never ends a wait (a progress display's ticker): it is not counted
+    as a thread that could act."""
+    _bystanders.add(thread)
+    return thread
 
 
 @contextmanager
@@ -64,7 +73,7 @@ def others_can_act() -> bool:
     me = threading.get_ident()
     for thread in threading.enumerate():
         ident = thread.ident
-        if ident == me or ident is None or not thread.is_alive():
+        if ident == me or ident is None or not thread.is_alive() or thread in _bystanders:
             continue
         can_end = _blocked.get(ident)
         if can_end is None:

@@ -327,3 +327,20 @@ def test_rebatching_queue_refusals_match_caffe2(caffe2):
     assert isinstance(error, WorkspaceError) and "forever" in str(error)
     error = run_rnn2jax_net([make_op("DequeueRebatchingQueue", ["q"], ["a"], num_elements=0)], {"q": x})
     assert isinstance(error, BadArgumentError)
+
+
+def test_a_bystander_thread_does_not_keep_a_hopeless_wait_going():
+    """rnn2jax's own threads that never touch a queue (the progress display's ticker) are not counted as
+    threads that could end a wait; any other live thread is."""
+    from rnn2jax.ops.waits import bystander
+
+    stop = threading.Event()
+    ticker = bystander(threading.Thread(target=stop.wait, daemon=True))
+    ticker.start()
+    try:
+        workspace = _workspace_with_queue()
+        with pytest.raises(WorkspaceError, match="no other thread can act"):
+            _run_op(workspace, "DequeueBlobs", ["q"], ["out"])
+    finally:
+        stop.set()
+        ticker.join()
