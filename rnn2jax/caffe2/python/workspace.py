@@ -859,8 +859,8 @@ class _NetHandle:
             _run_observed(self._ws, self.name, 1)
 
     def cancel(self) -> None:
-        """Caffe2's NetBase::Cancel, which wakes ops blocked on a queue. rnn2jax's queue ops never block
-        (an op that would wait raises instead), so no run of this net can be waiting: nothing to do."""
+        """Caffe2's NetBase::Cancel, which calls its ops' Cancel. Caffe2's queue ops have none (closing the
+        queue is what ends their wait), and rnn2jax's other ops do not wait: nothing to do."""
 
 
 class _BlobTensor:
