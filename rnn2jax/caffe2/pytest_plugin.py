@@ -8,7 +8,8 @@
 
 Caffe2's hypothesis profiles set no deadline, and compiling a new shape takes longer than hypothesis'
 default 200 ms, so this plugin registers a profile `rnn2jax` (Caffe2's `dev` profile without a
-deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set already.
+deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set already (and loads it, for
+the test files that do not import Caffe2's hypothesis_test_util).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def pytest_configure(config: pytest.Config) -> None:
         derandomize=os.environ.get("RNN2JAX_HYPOTHESIS_PROFILE") == "ci",
     )
     os.environ.setdefault("CAFFE2_HYPOTHESIS_PROFILE", PROFILE)
+    if os.environ["CAFFE2_HYPOTHESIS_PROFILE"] == PROFILE:
+        # Caffe2's hypothesis_test_util loads it when imported; a file of @given tests on plain
+        # test_util.TestCase (nomnigraph_transformations_test) imports no such thing, and hypothesis' default
+        # 200 ms deadline fails the example whose run compiles the net
+        settings.load_profile(PROFILE)
     install(config.getoption("--caffe2-source"))
 
 

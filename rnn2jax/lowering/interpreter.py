@@ -53,9 +53,9 @@ class LoweredNet:
         self.inputs: tuple[str, ...] = tuple(self.reads_before_writes())
 
     @in_caffe2_dtypes
-    def __call__(self, env: Mapping[str, Any], *, key: jax.Array | None = None) -> dict[str, Any]:
+    def __call__(self, env: Mapping[str, Any], *, key: jax.Array | None = None, net_run: Any = 0) -> dict[str, Any]:
         env = dict(env)
-        self.run(env, key=key)
+        self.run(env, key=key, net_run=net_run)
         return env
 
     @in_caffe2_dtypes
@@ -66,15 +66,18 @@ class LoweredNet:
         key: jax.Array | None = None,
         after_op: Callable[[Op, MutableMapping[str, Any]], None] | None = None,
         ops: Iterable[int] | None = None,
+        net_run: Any = 0,
     ) -> None:
         """Run the ops (all, or those at the positions `ops`) on `env` in place. `env` may be a
         `ChainMap` whose later maps are enclosing scopes: reads fall through, writes stay local.
-        `after_op(op, env)` runs after each op has bound its outputs (recurrent links use it)."""
+        `after_op(op, env)` runs after each op has bound its outputs (recurrent links use it). A random op
+        whose device option sets `random_seed` draws from that seed and `net_run` (how often the created
+        net has run), not from `key`."""
         steps = self._steps if ops is None else [self._steps[i] for i in ops]
         # a plain net is verify's reference: JAX's own differentiation of jax.numpy, no native kernel
         with native_disabled() if self.plain else contextlib.nullcontext():
             for step in steps:
-                _run(step, env, key, self.inputs)
+                _run(step, env, key, self.inputs, net_run)
                 if after_op is not None:
                     after_op(step.op, env)
         for step in steps:  # symbolic dims kept as dims (ops/common.py Dims) leave the net as arrays
@@ -176,7 +179,9 @@ def _build(op: Op, plain: bool) -> _Step:
     return _Step(op, opdef, kernel)
 
 
-def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_inputs: tuple[str, ...]) -> None:
+def _run(
+    step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_inputs: tuple[str, ...], net_run: Any = 0
+) -> None:
     op = step.op
     args = []
     for name in op.inputs:
@@ -197,7 +202,11 @@ def _run(step: _Step, env: MutableMapping[str, Any], key: jax.Array | None, net_
                 env[name] = env[name].array()
         kwargs["scope"] = env
     if step.opdef.random:
-        kwargs["key"] = jax.random.fold_in(key if key is not None else jax.random.key(0), op.index)
+        seed = op.device.random_seed if op.device is not None else None
+        if seed is not None:  # Caffe2 seeds the op's own generator with it
+            kwargs["key"] = jax.random.fold_in(jax.random.key(seed), net_run)
+        else:
+            kwargs["key"] = jax.random.fold_in(key if key is not None else jax.random.key(0), op.index)
     try:
         if args and _foldable(step.opdef, args):
             # Every input is a constant (shapes and lengths that Caffe2 nets compute with Shape, Slice,

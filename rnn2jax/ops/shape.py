@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import BadArgumentError, ShapeError
+from ..errors import BadArgumentError, InputTypeError, ShapeError, UnsupportedOpError
 from ..ir.netdef import Op
 from ..proto import caffe2_pb2 as pb
 from .checks import first_bad, literal, runtime_check, runtime_checked
@@ -142,13 +142,81 @@ facet("gradient", "CopyFromCPUInput")(NO_GRADIENT)
 facet("shape_rule", "Copy", "Alias", "EnsureCPUOutput", "CopyGPUToCPU", "CopyCPUToGPU")(output_like_input)
 
 
+# --------------------------------------------------------------------------------------------------
+# IDEEP (MKL-DNN) device copies: Caffe2's CPU wheel registers these for device_type IDEEP only, where an IDEEP
+# tensor is float32; blobs have no device here, so an IDEEP tensor is a float32 array.
+
+IDEEP = pb.PROTO_IDEEP
+_DEVICE_NAMES = {pb.PROTO_CPU: "CPU", pb.PROTO_CUDA: "CUDA", pb.PROTO_MKLDNN: "MKLDNN", pb.PROTO_HIP: "HIP"}
+_DEVICE_NAMES[IDEEP] = "IDEEP"
+
+
+def _ideep_only(op: Op) -> None:
+    """Caffe2 cannot create these on another device. An op without a device option runs on the net's,
+    which its record does not see: that one is let through."""
+    if op.device is not None and op.device.device_type != IDEEP:
+        device = _DEVICE_NAMES.get(op.device.device_type, str(op.device.device_type))
+        raise UnsupportedOpError(
+            f"{op.where}: Cannot create operator of type '{op.type}' on the device '{device}': Caffe2 has it "
+            "for device_type IDEEP (5) only"
+        )
+
+
+@register("CopyCPUToIDEEP", gradient=NO_GRADIENT)
+def copy_cpu_to_ideep(op: Op) -> Kernel:
+    """The input's bytes as an IDEEP (float32) tensor of its shape, as Caffe2's `feed_from` reads them: float32
+    is copied, another 4-byte type reinterpreted, an 8-byte type gives the first half of its bytes. A narrower
+    type Caffe2 reads past its end (undefined: refused here), as a 0-d one IDEEP's reorder refuses."""
+    _ideep_only(op)
+
+    def kernel(x):
+        x = jnp.asarray(x)
+        if x.ndim == 0:
+            raise ShapeError(
+                f"{op.where}: input '{op.inputs[0]}' is 0-d: IDEEP could not create a primitive descriptor for "
+                "a reorder primitive"
+            )
+        if x.dtype == jnp.float32:
+            return x
+        if x.dtype.itemsize == 4:
+            return jax.lax.bitcast_convert_type(x, jnp.float32)
+        if x.dtype.itemsize == 8:
+            words = jax.lax.bitcast_convert_type(x.reshape(-1), jnp.float32).reshape(-1)
+            return words[: x.size].reshape(x.shape)
+        raise InputTypeError(
+            f"{op.where}: input '{op.inputs[0]}' is {x.dtype}, narrower than float32: Caffe2 reads past its end"
+        )
+
+    return kernel
+
+
+@facet("shape_rule", "CopyCPUToIDEEP")
+def _ideep_tensor_shape(op: Op, ins: list, outs: list, ctx: Context, solver: Solver) -> Guesses:
+    """The input's shape, in float32."""
+    if ins and ins[0] is not None and outs and outs[0] is None:
+        return {}, {0: Spec(ins[0].shape, np.dtype(np.float32))}
+    return {}, {}
+
+
+@register("CopyIDEEPToCPU", gradient=NO_GRADIENT)
+def copy_ideep_to_cpu(op: Op) -> Kernel:
+    """An IDEEP (float32) tensor, or a CPU tensor of any type, copied to the CPU: the value itself."""
+    _ideep_only(op)
+    return _identity
+
+
+facet("shape_rule", "CopyIDEEPToCPU")(output_like_input)
+
+
 @register("CopyOnDeviceLike", inputs=2, gradient=NO_GRADIENT)
 def copy_on_device_like(op: Op) -> Kernel:
     """Copies input 0 to input 1's device: on one device, input 0 itself."""
     return _identity
 
 
-@facet("emitter", "Copy", "Alias", "EnsureCPUOutput", "CopyGPUToCPU", "CopyCPUToGPU", "CopyFromCPUInput")
+@facet(
+    "emitter", "Copy", "Alias", "EnsureCPUOutput", "CopyGPUToCPU", "CopyCPUToGPU", "CopyFromCPUInput", "CopyIDEEPToCPU"
+)
 @facet("emitter", "CopyOnDeviceLike")
 def emit_copy(w: EmitWriter, op: Op, xs: list[str]) -> str:
     """On one XLA device every copy, alias or device move is the value itself."""

@@ -76,12 +76,14 @@ class _Specialised:
 def _traced_segment() -> Any:
     """A fresh function to jit (jit's caches are per function, so each SharedCode entry owns its own)."""
 
-    def call(handle: _Specialised, env: dict[str, Any], counter: Any) -> Any:
-        def apply(env: dict[str, Any], counter: Any) -> dict[str, Any]:
-            return handle.segment._apply({**env, **handle.static}, counter)
+    def call(handle: _Specialised, env: dict[str, Any], counter: Any, net_run: Any) -> Any:
+        def apply(env: dict[str, Any], counter: Any, net_run: Any) -> dict[str, Any]:
+            return handle.segment._apply({**env, **handle.static}, counter, net_run)
 
         # ops that check traced values (EnforceFinite, Gather's indices) run under checkify, as in CompiledNet
-        return checked_call(apply)(env, counter) if handle.segment.runtime_checks else apply(env, counter)
+        if handle.segment.runtime_checks:
+            return checked_call(apply)(env, counter, net_run)
+        return apply(env, counter, net_run)
 
     return call
 
@@ -128,16 +130,16 @@ class PureSegment:
         # failed check too, raised after the call (ops/checks.py), as Caffe2 refused the input at the op.
         self.runtime_checks = any(op.type in CHECKED_OP_TYPES for op in net.walk())
 
-    def _apply(self, env: dict[str, Any], counter: Any) -> dict[str, Any]:
+    def _apply(self, env: dict[str, Any], counter: Any, net_run: Any) -> dict[str, Any]:
         key = jax.random.fold_in(jax.random.key(self._seed), counter) if self.random else None
-        out = self.lowered(env, key=key)
+        out = self.lowered(env, key=key, net_run=net_run if self.random else 0)
         return {name: out[name] for name in self.outputs if name in out}  # If/While may leave one unset
 
-    def run(self, workspace: SegmentWorkspace, counter: int) -> None:
+    def run(self, workspace: SegmentWorkspace, counter: int, net_run: int = 0) -> None:
         with OP_LOCK:  # read, compute and write as one step when threads share the workspace
-            self._run(workspace, counter)
+            self._run(workspace, counter, net_run)
 
-    def _run(self, workspace: SegmentWorkspace, counter: int) -> None:
+    def _run(self, workspace: SegmentWorkspace, counter: int, net_run: int) -> None:
         values = workspace._values
         try:
             env = {name: values[name] for name in self.inputs}
@@ -154,7 +156,10 @@ class PureSegment:
         key = specialisation_key(static)
         try:
             result = self._executable(key)(
-                _Specialised(self, static, key), env, np.uint32(counter & 0xFFFFFFFF) if self.random else None
+                _Specialised(self, static, key),
+                env,
+                np.uint32(counter & 0xFFFFFFFF) if self.random else None,
+                np.uint32(net_run & 0xFFFFFFFF) if self.random else None,
             )
         except TypeError:
             self._check_arrays(env)
@@ -193,7 +198,7 @@ class HostStep:
     host: HostOp
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def run(self, workspace: SegmentWorkspace, counter: int) -> None:
+    def run(self, workspace: SegmentWorkspace, counter: int, net_run: int = 0) -> None:
         if needs_op_lock(self.op.type):
             with OP_LOCK:
                 self.host.run(workspace, self.op, self.state)
@@ -212,6 +217,7 @@ class Executor:
             ops = [dataclasses.replace(op, index=i) for i, op in enumerate(ops)]
         _check_supported(self.nets)
         self.ops = tuple(ops)
+        self.runs = 0  # how often this net has run: seeded random ops fold it into their keys
         self.pieces: list[PureSegment | HostStep] = []
         pending: list[Op] = []
         for op in ops:
@@ -242,6 +248,7 @@ class Executor:
         clone = object.__new__(Executor)
         clone.__dict__.update(self.__dict__)
         clone.pieces = [HostStep(p.op, p.host) if isinstance(p, HostStep) else p for p in self.pieces]
+        clone.runs = 0
         return clone
 
     @property
@@ -265,8 +272,13 @@ class Executor:
         return tuple(dict.fromkeys(name for op in self.ops for name in op.outputs))
 
     def run(self, workspace: SegmentWorkspace) -> None:
+        """Run the nets once. An op whose device option sets `random_seed` draws from that seed and this
+        net's run count (`net_run`), as Caffe2 seeds the op's generator when it creates the net: RunNetOnce
+        draws the same values each time, a created net's runs go on down the seed's stream."""
+        net_run = self.runs
+        self.runs += 1
         for piece in self.pieces:
-            piece.run(workspace, workspace._next_counter())
+            piece.run(workspace, workspace._next_counter(), net_run)
 
 
 def _check_supported(nets: Sequence[Net]) -> None:

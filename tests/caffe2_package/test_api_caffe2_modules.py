@@ -509,7 +509,7 @@ else:
     checks["basestring"] = [isinstance(core.BlobReference("x"), basestring), isinstance(core.BlobReference("x"),
                             schema.basestring), isinstance("x", schema.basestring)]
     try:
-        C.apply_transform("ConvToNNPack", b"")
+        C.transform_trt(b"", {}, 0, True)
     except Rnn2JaxError as error:
         checks["unavailable"] = str(error)
     checks["core_C"] = core.C is C
@@ -690,7 +690,7 @@ def test_the_c_extension_is_a_cpu_build_and_refuses_what_rnn2jax_cannot_do(repor
     checks = reports[1]["checks"]
     assert checks["flags"] == reports[0]["checks"]["flags"]  # the torch 1.10.2 CPU wheel's
     assert checks["workspace_C"] is reports[0]["checks"]["workspace_C"] is True
-    assert checks["unavailable"].startswith("caffe2_pybind11_state.apply_transform (Caffe2's C++) is not available")
+    assert checks["unavailable"].startswith("caffe2_pybind11_state.transform_trt (Caffe2's C++) is not available")
     assert checks["core_C"] is True
     assert "brew.conv is Caffe2's own helpers/conv.py" in checks["conv_without_tree"]
 

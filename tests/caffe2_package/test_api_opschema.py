@@ -27,7 +27,8 @@ from caffe2.python import workspace
 out = {}
 for name in sys.argv[1:]:
     s = workspace.C.OpSchema.get(name)
-    out[name] = None if s is None else [s.min_input, s.max_input, s.min_output, s.max_output, s.private]
+    out[name] = None if s is None else [s.min_input, s.max_input, s.min_output, s.max_output, s.private,
+                                        [s.CalculateOutput(n) for n in range(4)]]
 print(json.dumps(out))
 """
 
@@ -36,7 +37,11 @@ print(json.dumps(out))
 def real_schemas(caffe2) -> dict:
     """The schemas of real Caffe2 (the `caffe2` fixture builds, or skips without, its venv)."""
     done = subprocess.run(
-        [CAFFE2_PYTHON, "-c", _SCRIPT, *OPS, "NoSuchOp"], capture_output=True, text=True, timeout=300, check=True
+        [CAFFE2_PYTHON, "-c", _SCRIPT, *OPS, "Free", "NoSuchOp"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -45,7 +50,8 @@ def real_schemas(caffe2) -> dict:
 def test_arity_matches_real_caffe2(real_schemas: dict, op_type: str) -> None:
     schema = workspace.C.OpSchema.get(op_type)
     assert schema is not None
-    assert [*(getattr(schema, a) for a in ARITY), schema.private] == real_schemas[op_type]
+    calculated = [schema.CalculateOutput(n) for n in range(4)]  # caffe2.python.functional names outputs by it
+    assert [*(getattr(schema, a) for a in ARITY), schema.private, calculated] == real_schemas[op_type]
     assert schema.num_inputs_allowed(schema.min_input) and not schema.num_inputs_allowed(schema.min_input - 1)
 
 
@@ -54,3 +60,8 @@ def test_unknown_op_has_no_schema(real_schemas: dict) -> None:
     assert workspace.C.OpSchema.get("NoSuchOp") is None
     assert "NoSuchOp" not in core._GetRegisteredOperators()
     assert {"GRUUnit", "RecurrentNetwork", "RecurrentNetworkBlobFetcher"} <= core._GetRegisteredOperators()
+
+
+def test_calculate_output_of_same_number_of_output(real_schemas: dict) -> None:
+    """Free's schema says SameNumberOfOutput: its output count is its input count (its arity differs here)."""
+    assert [workspace.C.OpSchema.get("Free").CalculateOutput(n) for n in range(4)] == real_schemas["Free"][-1]

@@ -748,6 +748,23 @@ def draw_copy_on_device_like(data):
     return make_op("CopyOnDeviceLike", ["x", "like"], ["y"]), {"x": x, "like": like}
 
 
+# CopyCPUToIDEEP / CopyIDEEPToCPU: Caffe2's CPU wheel has them on device IDEEP only (refused on the CPU), where
+# an IDEEP tensor is float32: CopyCPUToIDEEP reads its input's bytes as float32 (4- and 8-byte types drawn;
+# narrower ones Caffe2 reads past their end), a 0-d input is refused by IDEEP. CopyIDEEPToCPU copies a CPU
+# tensor of any type as it is.
+def draw_ideep_copy(op_type):
+    def draw(data):
+        dtypes = [np.float32, np.int32, np.int64, np.float64] + ([np.bool_] if op_type == "CopyIDEEPToCPU" else [])
+        dtype = data.draw(st.sampled_from(dtypes))
+        x = values(data, data.draw(shapes(0, 4, min_side=0)), dtype)
+        device = pb.DeviceOption(device_type=data.draw(st.sampled_from([pb.PROTO_IDEEP] * 4 + [pb.PROTO_CPU])))
+        op = make_op(op_type, ["x"], ["y"])
+        op.device_option.CopyFrom(device)
+        return op, {"x": x}
+
+    return draw
+
+
 # CopyCPUToGPU / CopyGPUToCPU have no CPU implementation in Caffe2 ("Cannot create operator of type
 # 'CopyCPUToGPU' on the device 'CPU'"), so the oracle cannot run them: their forward (and the copy their
 # gradient makes) is compared with Caffe2's Copy, which they equal on one device (see test_gpu_copies).
@@ -1024,6 +1041,8 @@ CASES = cases(
     Case("CopyCPUToGPU", draw_float_identity("CopyCPUToGPU"), note="compared with Caffe2's Copy"),
     Case("CopyGPUToCPU", draw_float_identity("CopyGPUToCPU"), note="compared with Caffe2's Copy"),
     Case("CopyFromCPUInput", draw_identity("CopyFromCPUInput")),
+    Case("CopyCPUToIDEEP", draw_ideep_copy("CopyCPUToIDEEP"), note="device IDEEP; refused on the CPU"),
+    Case("CopyIDEEPToCPU", draw_ideep_copy("CopyIDEEPToCPU"), note="device IDEEP; refused on the CPU"),
     Case("CopyOnDeviceLike", draw_copy_on_device_like),
     Case("EnsureCPUOutput", draw_identity("EnsureCPUOutput")),
     Case("StopGradient", draw_identity("StopGradient")),

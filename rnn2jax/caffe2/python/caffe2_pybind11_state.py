@@ -2,10 +2,12 @@
 
 Caffe2's pure-Python modules reach its C++ through this module (`import caffe2.python._import_c_extension as C`):
 memonger's passes, workspace and blob functions taking serialized protos, the gradient registry, shape
-inference, Python ops. Here each is the rnn2jax function that does the job, mostly `rnn2jax.caffe2.python.workspace`'s,
-so state (the current workspace, its blobs and nets) is one and the same whichever module a script calls.
+inference, Python ops, the nomnigraph graphs (`_nomni`), the nomnigraph passes (`_opt_passes`) and transforms
+(`_transforms`). Here each is the rnn2jax function that does the job,
+mostly `rnn2jax.caffe2.python.workspace`'s, so state (the current workspace, its blobs and nets) is one and
+the same whichever module a script calls.
 
-What rnn2jax cannot do (observers timing single ops, which XLA fuses; Caffe2's graph transforms and ONNX
+What rnn2jax cannot do (observers timing single ops, which XLA fuses; the MKL-DNN and TensorRT rewrites and ONNX
 export; GPU queries of CUDA's own) is still here, by its Caffe2 name, and raises an `Rnn2JaxError` that
 names it. Built as Caffe2's CPU-only build: no MKL-DNN, no TensorRT, no NUMA.
 """
@@ -24,9 +26,10 @@ from ...storage.db import DB_TYPES
 from ...storage.serialization import BlobAssembler
 from ...storage.serialization import serialize_blob as _serialize
 from ..proto import caffe2_pb2
-from . import _memonger, python_op, workspace
+from . import _memonger, _nomni, _opt_passes, python_op, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
 from ._db import DB, Cursor, Transaction, create_db  # noqa: F401  (Caffe2's database bindings)
+from ._nomni import *  # noqa: F403  (the nomnigraph bindings, pybind_state_nomni.cc)
 
 # ------------------------------------------------------------------------------------------------
 # Build flags: a CPU build without the optional libraries
@@ -458,6 +461,32 @@ def _text(name: bytes | str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
+# ONNX helpers
+
+
+class DummyName:
+    """Caffe2's ONNX name generator (caffe2/onnx/helper.cc): `OC2_DUMMY_<n>` names, none of them a name
+    given to `reset` or one it made before."""
+
+    def __init__(self) -> None:
+        self._used: set[str] = set()
+        self._counter = 0
+
+    def reset(self, args: Iterable[str] | None = None) -> None:
+        """Forgets the names made, and counts from 0 again; `args` are names in use."""
+        self._used = set() if args is None else {_text(name) for name in args}
+        self._counter = 0
+
+    def new_dummy_name(self) -> str:
+        while True:
+            name = f"OC2_DUMMY_{self._counter}"
+            self._counter += 1
+            if name not in self._used:
+                self._used.add(name)
+                return name
+
+
+# ------------------------------------------------------------------------------------------------
 # What rnn2jax cannot do
 
 
@@ -471,19 +500,12 @@ def _unavailable(name: str, why: str) -> Callable[..., Any]:
 
 
 _NO_OBSERVERS = "XLA compiles a net into one program, so there are no single ops to observe or time"
-_NO_TRANSFORMS = "rnn2jax has none of Caffe2's graph transforms (XLA optimizes the compiled net)"
+_NO_TRANSFORMS = "rnn2jax does not implement Caffe2's MKL-DNN, TensorRT and fake-fp16 rewrites"
 _NO_CUDA = "rnn2jax asks JAX for its devices (workspace.NumGpuDevices()); it has no CUDA runtime of its own"
 _UNAVAILABLE = {
     "clear_global_net_observer": _NO_OBSERVERS,
     "benchmark_net_once": _NO_OBSERVERS,
-    "apply_transform": _NO_TRANSFORMS,
-    "apply_transform_if_faster": _NO_TRANSFORMS,
-    "run_transform": _NO_TRANSFORMS,
-    "run_workspace_transform": _NO_TRANSFORMS,
     "transform_optimizeForMKLDNN": _NO_TRANSFORMS,
-    "transform_addNNPACK": _NO_TRANSFORMS,
-    "transform_fuseConvBN": _NO_TRANSFORMS,
-    "transform_fuseNNPACKConvRelu": _NO_TRANSFORMS,
     "transform_trt": _NO_TRANSFORMS,
     "fakeFp16FuseOps": _NO_TRANSFORMS,
     "export_to_onnx": "rnn2jax does not export ONNX (rnn2jax export writes a jax.export artifact)",
@@ -501,11 +523,70 @@ globals().update({name: _unavailable(name, why) for name, why in _UNAVAILABLE.it
 
 
 def transform_exists(transform_name: str) -> bool:
-    return False
+    """Whether Caffe2's nomnigraph pass registry has `transform_name` (AddNNPACK, FuseNNPACKConvRelu, DeadCodeElim)."""
+    return transform_name in _opt_passes.PASSES
 
 
 def workspace_transform_exists(transform_name: str) -> bool:
-    return False
+    """Whether its workspace pass registry has `transform_name` (FuseConvBN, which rewrites weight blobs)."""
+    return transform_name in _opt_passes.WORKSPACE_PASSES
+
+
+def _run_pass(name: str, net_def: bytes, where: str, *, with_workspace: bool = False) -> bytes:
+    net = _parse(net_def, caffe2_pb2.NetDef, where)
+    ws = workspace._ws() if with_workspace else None
+    with workspace._caffe2_errors():
+        return _opt_passes.run_pass(name, net, ws).SerializeToString()
+
+
+def run_transform(transform_name: str, net_def: bytes) -> bytes:
+    """Run nomnigraph pass `transform_name` over a serialized NetDef; the rewritten NetDef, serialized."""
+    return _run_pass(_text(transform_name), net_def, "run_transform")
+
+
+def run_workspace_transform(transform_name: str, net_def: bytes) -> bytes:
+    """Run workspace pass `transform_name` over a serialized NetDef and the current workspace's blobs."""
+    return _run_pass(_text(transform_name), net_def, "run_workspace_transform", with_workspace=True)
+
+
+def apply_transform(transform_key: bytes | str, net_def: bytes) -> bytes:
+    """caffe2::ApplyTransform: the registered transform (ConvToNNPack, CommonSubexpressionElimination) applied."""
+    net = _parse(net_def, caffe2_pb2.NetDef, "apply_transform")
+    return workspace.ApplyTransform(_text(transform_key), net).SerializeToString()
+
+
+def apply_transform_if_faster(
+    transform_key: bytes | str,
+    net_def: bytes,
+    init_net_def: bytes,
+    warmup_runs: int,
+    main_runs: int,
+    improvement_threshold: float,
+) -> bytes:
+    """caffe2::ApplyTransformIfFaster: the transformed net if, timed in fresh workspaces set up by the init net,
+    it runs `improvement_threshold` times faster than `net_def`; else `net_def`."""
+    net = _parse(net_def, caffe2_pb2.NetDef, "apply_transform_if_faster")
+    init_net = _parse(init_net_def, caffe2_pb2.NetDef, "apply_transform_if_faster")
+    return workspace.ApplyTransformIfFaster(
+        _text(transform_key),
+        net,
+        init_net,
+        warmup_runs=warmup_runs,
+        main_runs=main_runs,
+        improvement_threshold=improvement_threshold,
+    ).SerializeToString()
+
+
+def transform_addNNPACK(net_def: bytes) -> bytes:
+    return _run_pass("AddNNPACK", net_def, "transform_addNNPACK")
+
+
+def transform_fuseNNPACKConvRelu(net_def: bytes) -> bytes:
+    return _run_pass("FuseNNPACKConvRelu", net_def, "transform_fuseNNPACKConvRelu")
+
+
+def transform_fuseConvBN(net_def: bytes) -> bytes:
+    return _run_pass("FuseConvBN", net_def, "transform_fuseConvBN", with_workspace=True)
 
 
 def support_onnx_export(op: str) -> bool:
@@ -519,4 +600,5 @@ __all__ = sorted(
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
     | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor", "Observer"}
     | {"create_db", "DB", "Cursor", "Transaction"}
+    | set(_nomni.__all__)
 )

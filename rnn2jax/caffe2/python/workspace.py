@@ -36,7 +36,7 @@ from ...storage.serialization import serialize_blob as _serialize_blob
 from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
-from . import _flags, _step_blobs, python_op, scope  # noqa: F401
+from . import _flags, _step_blobs, _torch_interop, _transforms, python_op, scope  # noqa: F401
 from .lazy import TriggerLazyImport
 
 _cache = CompileCache()
@@ -190,8 +190,13 @@ def _as_runtime_error(error: Rnn2JaxError) -> Rnn2JaxError:
 
 @contextlib.contextmanager
 def _caffe2_errors() -> Iterator[None]:
+    shared = _torch_interop.active()  # blobs sharing a torch.Tensor: view it as it is now, copy new values back
     try:
+        if shared:
+            _torch_interop.refresh()
         yield
+        if shared:
+            _torch_interop.write_back()
     except Rnn2JaxError as error:
         raise _as_runtime_error(error) from error.__cause__
     except FloatingPointError as error:  # JAX's NaN/inf checks, on with Caffe2's floating-point exception flags
@@ -321,6 +326,10 @@ def GlobalInit(args: Sequence[str]) -> None:
 def FeedBlob(name: Any, arr: Any, device_option: caffe2_pb2.DeviceOption | None = None) -> bool:
     """Put a copy of `arr` in blob `name` (a TensorProto is decoded; strings become bytes)."""
     name = StringifyBlobName(name)
+    if _torch_interop.is_torch_tensor(arr):  # the blob and the tensor become one, as in Caffe2
+        with _caffe2_errors():
+            _torch_interop.feed(_ws(), name, arr)
+        return True
     if isinstance(arr, caffe2_pb2.TensorProto):
         from ...ir.netdef import decode_tensor
 
@@ -334,6 +343,12 @@ def FeedBlob(name: Any, arr: Any, device_option: caffe2_pb2.DeviceOption | None 
     with _caffe2_errors():
         _ws().feed(name, arr)
     return True
+
+
+def FetchTorch(name: Any) -> Any:
+    """Blob `name` as a CPU torch.Tensor sharing its memory: writes and resizes of either show in the other
+    (needs rnn2jax's `torch` extra)."""
+    return _CWorkspace.current.blobs[StringifyBlobName(name)].to_torch()
 
 
 def FetchBlob(name: Any) -> Any:
@@ -400,6 +415,35 @@ def CreateBlob(name: Any) -> bool:
 def _blob_names(ws: _RuntimeWorkspace) -> list[str]:
     """As in Caffe2, blobs made by CreateBlob or CreateNet count before anything writes them."""
     return sorted(set(ws.blobs()) | ws._created)
+
+
+def _fresh_workspace() -> _RuntimeWorkspace:
+    """A new workspace outside the named ones (Caffe2's ApplyTransformIfFaster times nets in such)."""
+    return _RuntimeWorkspace(cache=_cache)
+
+
+def ApplyTransform(transform_key: Any, net: caffe2_pb2.NetDef) -> caffe2_pb2.NetDef:
+    """The NetDef transform `transform_key` of Caffe2's registry makes of `net` (ConvToNNPack,
+    CommonSubexpressionElimination)."""
+    with _caffe2_errors():
+        return _transforms.apply_transform(str(transform_key), _proto(net))
+
+
+def ApplyTransformIfFaster(
+    transform_key: Any, net: caffe2_pb2.NetDef, init_net: caffe2_pb2.NetDef, **kwargs: Any
+) -> caffe2_pb2.NetDef:
+    """`ApplyTransform`'s net if it runs `improvement_threshold` (1.01) times faster than `net` over `main_runs`
+    (10) runs after `warmup_runs` (5), each net in a fresh workspace that `init_net` sets up; else `net`."""
+    with _caffe2_errors():
+        return _transforms.apply_transform_if_faster(
+            str(transform_key),
+            _proto(net),
+            _proto(init_net),
+            int(kwargs.get("warmup_runs", 5)),
+            int(kwargs.get("main_runs", 10)),
+            float(kwargs.get("improvement_threshold", 1.01)),
+            _fresh_workspace,
+        )
 
 
 def GetNameScope() -> str:
@@ -813,10 +857,20 @@ class _Blob:
         self.name = name
 
     def fetch(self) -> Any:
-        value = self._ws.fetch(self.name)
+        with _caffe2_errors():
+            value = self._ws.fetch(self.name)
         return np.array(value, copy=True) if isinstance(value, np.ndarray) else value
 
+    def to_torch(self) -> Any:
+        """The blob as a CPU torch.Tensor that shares it (needs the `torch` extra)."""
+        with _caffe2_errors():
+            return _torch_interop.to_torch(self._ws, self.name)
+
     def feed(self, arr: Any, device_option: Any = None) -> bool:
+        if _torch_interop.is_torch_tensor(arr):
+            with _caffe2_errors():
+                _torch_interop.feed(self._ws, self.name, arr)
+            return True
         self._ws.feed(self.name, np.array(arr, copy=True) if not isinstance(arr, str | bytes) else arr)
         return True
 
@@ -1033,6 +1087,18 @@ class _OpSchema:
         from ._inplace import inplace_enforced
 
         return inplace_enforced(self.name, i, o)
+
+    # The op types whose Caffe2 schema says SameNumberOfOutput (as many outputs as inputs) with a range of counts
+    _SAME_NUMBER_OF_OUTPUT = frozenset({"Free", "SparseDropoutWithReplacement", "SparseItemwiseDropoutWithReplacement"})
+
+    def CalculateOutput(self, num_input: int) -> int:
+        """Caffe2's `OpSchema::CalculateOutput`: the output count, fixed or from the input count, else -1
+        (kCannotComputeNumOutputs)."""
+        if self.min_output == self.max_output:
+            return self.min_output
+        if self.name in self._SAME_NUMBER_OF_OUTPUT:
+            return num_input
+        return -1
 
     @staticmethod
     def get(op_type: str) -> _OpSchema | None:

@@ -151,18 +151,21 @@ def _from_blob(value, name=""):
 
 
 # ------------------------------------------------------------------------------------------------
-# Device options: nets written for CUDA run on the CPU here
+# Device options: nets written for CUDA run on the CPU here. IDEEP (MKL-DNN) is kept: the CPU wheel has it, and
+# some ops (CopyCPUToIDEEP, CopyIDEEPToCPU) exist there only.
 
 
 def _cpu_net(net):
-    net.ClearField("device_option")
+    if net.device_option.device_type != caffe2_pb2.IDEEP:
+        net.ClearField("device_option")
     for op in net.op:
         _cpu_op(op)
     return net
 
 
 def _cpu_op(op):
-    op.ClearField("device_option")
+    if op.device_option.device_type != caffe2_pb2.IDEEP:
+        op.ClearField("device_option")
     for arg in op.arg:
         if arg.HasField("n"):
             _cpu_net(arg.n)
@@ -188,8 +191,28 @@ def _cpu_plan(plan):
 # Commands
 
 
+# The IDEEP registry's own op types (caffe2/ideep/operators), which RegisteredOperators() (the CPU, CUDA and HIP
+# registries) leaves out: listed when this build creates them on device IDEEP.
+IDEEP_ONLY = ("CopyCPUToIDEEP", "CopyIDEEPToCPU")
+
+
+def _ideep_only_ops():
+    found = []
+    device = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.IDEEP)
+    ws = workspace.C.Workspace()
+    ws.create_blob("x").feed(np.zeros(1, np.float32))
+    for name in IDEEP_ONLY:
+        op = caffe2_pb2.OperatorDef(type=name, input=["x"], output=["y"], device_option=device)
+        try:
+            ws._run_operator(op.SerializeToString())
+        except Exception:
+            continue
+        found.append(name)
+    return found
+
+
 def cmd_hello(request, arrays, out):
-    ops = sorted(workspace.RegisteredOperators())
+    ops = sorted(set(workspace.RegisteredOperators()) | set(_ideep_only_ops()))
     schema_files = {}
     for name in ops:
         schema = workspace.C.OpSchema.get(name)
