@@ -76,14 +76,14 @@ class _Specialised:
 def _traced_segment() -> Any:
     """A fresh function to jit (jit's caches are per function, so each SharedCode entry owns its own)."""
 
-    def call(handle: _Specialised, env: dict[str, Any], counter: Any, net_run: Any) -> Any:
-        def apply(env: dict[str, Any], counter: Any, net_run: Any) -> dict[str, Any]:
-            return handle.segment._apply({**env, **handle.static}, counter, net_run)
+    def call(handle: _Specialised, env: dict[str, Any], counter: Any, net_run: Any, seed: Any) -> Any:
+        def apply(env: dict[str, Any], counter: Any, net_run: Any, seed: Any) -> dict[str, Any]:
+            return handle.segment._apply({**env, **handle.static}, counter, net_run, seed)
 
         # ops that check traced values (EnforceFinite, Gather's indices) run under checkify, as in CompiledNet
         if handle.segment.runtime_checks:
-            return checked_call(apply)(env, counter, net_run)
-        return apply(env, counter, net_run)
+            return checked_call(apply)(env, counter, net_run, seed)
+        return apply(env, counter, net_run, seed)
 
     return call
 
@@ -130,8 +130,10 @@ class PureSegment:
         # failed check too, raised after the call (ops/checks.py), as Caffe2 refused the input at the op.
         self.runtime_checks = any(op.type in CHECKED_OP_TYPES for op in net.walk())
 
-    def _apply(self, env: dict[str, Any], counter: Any, net_run: Any) -> dict[str, Any]:
-        key = jax.random.fold_in(jax.random.key(self._seed), counter) if self.random else None
+    def _apply(self, env: dict[str, Any], counter: Any, net_run: Any, seed: Any) -> dict[str, Any]:
+        # the workspace's seed is an argument (int64, so key(seed) is key(int) exactly): workspaces of other
+        # seeds share the compiled code
+        key = jax.random.fold_in(jax.random.key(seed), counter) if self.random else None
         out = self.lowered(env, key=key, net_run=net_run if self.random else 0)
         return {name: out[name] for name in self.outputs if name in out}  # If/While may leave one unset
 
@@ -160,6 +162,7 @@ class PureSegment:
                 env,
                 np.uint32(counter & 0xFFFFFFFF) if self.random else None,
                 np.uint32(net_run & 0xFFFFFFFF) if self.random else None,
+                np.int64(getattr(workspace, "seed", self._seed)) if self.random else None,
             )
         except TypeError:
             self._check_arrays(env)

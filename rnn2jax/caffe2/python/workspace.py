@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import secrets
 import shutil
 import tempfile
 import time
@@ -40,7 +41,17 @@ from . import _flags, _step_blobs, _torch_interop, _transforms, python_op, scope
 from .lazy import TriggerLazyImport
 
 _cache = CompileCache()
-_workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
+
+
+def _new_workspace(**options: Any) -> _RuntimeWorkspace:
+    """A workspace of this API. Its random ops draw from a seed of their own, as Caffe2 seeds an op's
+    generator without `random_seed` from the clock (RandomNumberSeed): fresh workspaces draw different
+    values; an op's device_option.random_seed makes them repeat. The seed is an argument of the compiled
+    code, so workspaces share it."""
+    return _RuntimeWorkspace(cache=_cache, seed=secrets.randbits(31), **options)
+
+
+_workspaces: dict[str, _RuntimeWorkspace] = {"default": _new_workspace()}
 _current = "default"
 # a `C.Workspace` object switched to (`SwitchWorkspace(ws)`): current until a switch by name; the name stays
 _current_object: _RuntimeWorkspace | None = None
@@ -280,7 +291,7 @@ def SwitchWorkspace(name: str | bytes | _CWorkspace, create_if_missing: bool = F
     if name not in _workspaces:
         if not create_if_missing:
             raise _as_runtime_error(WorkspaceError(f"Workspace {name} does not exist"))
-        _workspaces[name] = _RuntimeWorkspace(cache=_cache)
+        _workspaces[name] = _new_workspace()
     _current = name
 
 
@@ -301,7 +312,7 @@ def ResetWorkspace(root_folder: str | None = None) -> bool:
     """Empty the current workspace: its blobs and nets go; compiled code stays cached."""
     global _current_object
     _current_object = None  # as Caffe2: the named workspace is reset and current again
-    _workspaces[_current] = _RuntimeWorkspace(cache=_cache, db_root=root_folder)
+    _workspaces[_current] = _new_workspace(db_root=root_folder)
     return True
 
 
@@ -419,7 +430,7 @@ def _blob_names(ws: _RuntimeWorkspace) -> list[str]:
 
 def _fresh_workspace() -> _RuntimeWorkspace:
     """A new workspace outside the named ones (Caffe2's ApplyTransformIfFaster times nets in such)."""
-    return _RuntimeWorkspace(cache=_cache)
+    return _new_workspace()
 
 
 def ApplyTransform(transform_key: Any, net: caffe2_pb2.NetDef) -> caffe2_pb2.NetDef:
@@ -990,7 +1001,7 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
         blobs, as a session's private task workspace."""
         if isinstance(ws, _CWorkspace):
             ws = ws._ws.child()
-        self._ws = ws if ws is not None else _RuntimeWorkspace(cache=_cache)
+        self._ws = ws if ws is not None else _new_workspace()
 
     @property
     def blobs(self) -> dict[str, _Blob]:
