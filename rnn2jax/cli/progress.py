@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
+from ..ops.waits import bystander
+
 if TYPE_CHECKING:
     from ..ir.netdef import ExecutionStep
     from ..runtime.plan import StepProgress
@@ -42,7 +44,7 @@ def stage(text: str) -> Iterator[None]:
             show()
 
     show()
-    thread = threading.Thread(target=tick, daemon=True)
+    thread = bystander(threading.Thread(target=tick, daemon=True))  # it never fills or empties a queue
     thread.start()
     try:
         yield

@@ -26,6 +26,7 @@ from .common import size_from_dim
 from .facets import GRADIENT_OP, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient, should_not_do_gradient
 from .registry import Kernel, declare_family, facet, register
+from .stats import counts_events
 
 declare_family(
     __name__,
@@ -85,6 +86,10 @@ def atomic_iter(op: Op) -> Kernel:
     """(mutex, iter) -> iter + 1; the mutex only serialised Caffe2's threads."""
     _check_in_place(op, 1)
     return lambda mutex, counter: _increment(op, counter)
+
+
+# Caffe2's AtomicIterOpStats: "atomic_iter/stats/<iter blob>/num_iter" counts the op's runs
+counts_events("AtomicIter", lambda op: (f"atomic_iter/stats/{op.inputs[1]}/num_iter",))
 
 
 @register("CreateMutex", inputs=0, gradient=should_not_do_gradient)

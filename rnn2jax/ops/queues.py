@@ -6,16 +6,18 @@ DequeueRebatchingQueue, CloseRebatchingQueue).
 A blobs queue is, as in Caffe2, a ring of workspace blobs `<queue>_<slot>_<column>` that reads and writes
 swap with the op's blobs (so an enqueued blob is left holding whatever its slot held, at first nothing).
 
-Caffe2's threads wait on a full or empty queue for another thread to make room; nothing runs beside a
-host op here, so an op that would wait forever (an enqueue into a full open queue, a dequeue from an empty
-open one) raises a `WorkspaceError` saying so instead of hanging. A closed queue keeps Caffe2's answers:
-the plain ops fail, the Safe ones set their status output to true.
+As in Caffe2, an op waits on a full or empty open queue (on the queue's condition variable) for another
+thread to make room, fill it or close it; a dequeue's `timeout_secs` bounds its wait. A wait that nothing
+can end (no other thread that could act: `waits.py` says how that is told) raises a `WorkspaceError` saying
+so instead of hanging. A closed queue keeps Caffe2's answers: the plain ops fail, the Safe ones set their
+status output to true.
 """
 
 from __future__ import annotations
 
 import bisect
 import random
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -28,12 +30,26 @@ from ..errors import BadArgumentError, InputTypeError, ShapeError, WorkspaceErro
 from ..ir.netdef import Op
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_GRADIENT, NO_ROLES
 from .registry import HostWorkspace, declare_family, host_op
+from .waits import runs_unlocked, wait_until
 
 declare_family(
     __name__, roles=NO_ROLES, shape_rule=HOST_OP_NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=HOST_OP_NO_EMITTER
 )
 
 _EMPTY = object()  # the content of an empty blob (Caffe2's Blob after Reset)
+
+# they wait for other threads, holding only their queue's lock
+runs_unlocked(
+    "EnqueueBlobs",
+    "SafeEnqueueBlobs",
+    "DequeueBlobs",
+    "SafeDequeueBlobs",
+    "WeightedSampleDequeueBlobs",
+    "CloseBlobsQueue",
+    "EnqueueRebatchingQueue",
+    "DequeueRebatchingQueue",
+    "CloseRebatchingQueue",
+)
 
 
 def _take(workspace: HostWorkspace, name: str) -> Any:
@@ -56,9 +72,24 @@ def _swap(workspace: HostWorkspace, first: str, second: str) -> None:
 
 def _would_block(op: Op, queue: str, what: str) -> WorkspaceError:
     return WorkspaceError(
-        f"{op.where}: {what} queue '{queue}', which is open: Caffe2 would wait here for another thread, forever "
-        "when nothing else runs, and nothing runs beside a host op here (close the queue, or balance the "
-        "enqueues and dequeues)"
+        f"{op.where}: {what} queue '{queue}', which is open, and no other thread can act (none is left, or "
+        "each waits on a queue too): Caffe2 would wait here forever (close the queue, or balance the enqueues "
+        "and dequeues)"
+    )
+
+
+def _wait(op: Op, queue: Any, ready: Any, what: str, timeout: float = 0.0) -> None:
+    """With the queue's lock held, wait until `ready()` or the queue is closed (Caffe2's cv_.wait)."""
+
+    def timed_out() -> WorkspaceError:
+        return WorkspaceError(f"{op.where}: {op.type} timed out in {timeout:g} secs (queue '{queue.name}')")
+
+    wait_until(
+        queue.cond,
+        lambda: queue.closed or ready(),
+        timeout,
+        lambda: _would_block(op, queue.name, what),
+        timed_out,
     )
 
 
@@ -81,6 +112,7 @@ class BlobsQueue:
     reader: int = 0
     writer: int = 0
     closed: bool = False
+    cond: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
 
     def can_read(self) -> bool:
         return self.reader != self.writer
@@ -172,11 +204,12 @@ def enqueue_blobs(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> No
     """Write one record; each blob is left holding what its slot held. A closed full queue fails."""
     queue = _queue(workspace, op, op.inputs[0])
     _check_width(op, queue, len(op.outputs), "enqueues")
-    if not queue.can_write():
-        if queue.closed:
+    with queue.cond:
+        _wait(op, queue, queue.can_write, "enqueues into the full")
+        if not queue.can_write():
             raise WorkspaceError(f"{op.where}: queue '{queue.name}' is closed and full: the enqueue fails")
-        raise _would_block(op, queue.name, "enqueues into the full")
-    queue.write(workspace, list(op.outputs))
+        queue.write(workspace, list(op.outputs))
+        queue.cond.notify_all()
 
 
 def _check_safe_enqueue(op: Op) -> None:
@@ -193,11 +226,12 @@ def safe_enqueue_blobs(workspace: HostWorkspace, op: Op, state: dict[str, Any]) 
     and full."""
     queue = _queue(workspace, op, op.inputs[0])
     _check_width(op, queue, len(op.outputs) - 1, "enqueues")
-    failed = not queue.can_write()
-    if failed and not queue.closed:
-        raise _would_block(op, queue.name, "enqueues into the full")
-    if not failed:
-        queue.write(workspace, list(op.outputs[:-1]))
+    with queue.cond:
+        _wait(op, queue, queue.can_write, "enqueues into the full")
+        failed = not queue.can_write()
+        if not failed:
+            queue.write(workspace, list(op.outputs[:-1]))
+            queue.cond.notify_all()
     workspace.put(op.outputs[-1], np.array(failed))
 
 
@@ -213,17 +247,12 @@ def dequeue_blobs(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> No
     """Read one record into the outputs (swapped with its slots). A closed empty queue fails."""
     queue = _queue(workspace, op, op.inputs[0])
     _check_width(op, queue, len(op.outputs), "dequeues")
-    if not queue.can_read():
-        if queue.closed:
+    with queue.cond:
+        _wait(op, queue, queue.can_read, "dequeues from the empty", op.float("timeout_secs", 0.0))
+        if not queue.can_read():
             raise WorkspaceError(f"{op.where}: queue '{queue.name}' is closed and empty: the dequeue fails")
-        timeout = op.float("timeout_secs", 0.0)
-        if timeout > 0:
-            raise WorkspaceError(
-                f"{op.where}: queue '{queue.name}' is empty: Caffe2's dequeue would time out after {timeout:g} s "
-                "(nothing runs beside a host op here to fill it)"
-            )
-        raise _would_block(op, queue.name, "dequeues from the empty")
-    queue.read(workspace, list(op.outputs))
+        queue.read(workspace, list(op.outputs))
+        queue.cond.notify_all()
 
 
 def _check_safe_dequeue(op: Op) -> None:
@@ -258,26 +287,28 @@ def safe_dequeue_blobs(workspace: HostWorkspace, op: Op, state: dict[str, Any]) 
     _check_width(op, queue, len(outputs), "dequeues")
     records = op.int("num_records", 1)
     if records == 1:
-        ok = queue.can_read()
-        if not ok and not queue.closed:
-            raise _would_block(op, queue.name, "dequeues from the empty")
-        if ok:
-            queue.read(workspace, outputs)
+        with queue.cond:
+            _wait(op, queue, queue.can_read, "dequeues from the empty")
+            ok = queue.can_read()
+            if ok:
+                queue.read(workspace, outputs)
+                queue.cond.notify_all()
         workspace.put(op.outputs[-1], np.array(not ok))
         return
     # Caffe2 reads each record into blobs the op keeps (its blobs_), then copies them into the outputs.
     kept: list[Any] = state.setdefault("values", [_EMPTY] * len(outputs))
     read = 0
     for i in range(records):
-        if not queue.can_read():
-            if not queue.closed:
-                raise _would_block(op, queue.name, "dequeues from the empty")
-            break
-        row = queue.slots[queue.reader % len(queue.slots)]
-        for column, slot in enumerate(row):
-            kept[column], slot_value = _take(workspace, slot), kept[column]
-            _give(workspace, slot, slot_value)
-        queue.reader += 1
+        with queue.cond:
+            _wait(op, queue, queue.can_read, "dequeues from the empty")
+            if not queue.can_read():
+                break
+            row = queue.slots[queue.reader % len(queue.slots)]
+            for column, slot in enumerate(row):
+                kept[column], slot_value = _take(workspace, slot), kept[column]
+                _give(workspace, slot, slot_value)
+            queue.reader += 1
+            queue.cond.notify_all()
         for column, name in enumerate(outputs):
             value = kept[column]
             if i == 0:
@@ -317,11 +348,12 @@ def weighted_sample_dequeue_blobs(workspace: HostWorkspace, op: Op, state: dict[
     queue = _queue(workspace, op, op.inputs[index])
     outputs = list(op.outputs[:-1])
     _check_width(op, queue, len(outputs), "dequeues")
-    ok = queue.can_read()
-    if not ok and not queue.closed:
-        raise _would_block(op, queue.name, "dequeues from the empty")
-    if ok:
-        queue.read(workspace, outputs)
+    with queue.cond:
+        _wait(op, queue, queue.can_read, "dequeues from the empty")
+        ok = queue.can_read()
+        if ok:
+            queue.read(workspace, outputs)
+            queue.cond.notify_all()
     table = op.int("table_idx_blob", -1)
     if table >= 0:
         workspace.put(op.outputs[table], np.array([index], np.int32))
@@ -335,8 +367,11 @@ def _check_close(op: Op) -> None:
 
 @host_op("CloseBlobsQueue", check=_check_close)
 def close_blobs_queue(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
-    """Close the queue: what it holds can still be read, and written while it has room."""
-    _queue(workspace, op, op.inputs[0]).closed = True
+    """Close the queue, waking its waiters: what it holds can still be read, and written while it has room."""
+    queue = _queue(workspace, op, op.inputs[0])
+    with queue.cond:
+        queue.closed = True
+        queue.cond.notify_all()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -352,6 +387,7 @@ class RebatchingQueue:
     num_blobs: int
     records: deque[tuple[np.ndarray, ...]] = field(default_factory=deque)
     closed: bool = False
+    cond: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
 
     def __repr__(self) -> str:
         return f"RebatchingQueue({self.name!r}, {len(self.records)}/{self.capacity} records)"
@@ -416,12 +452,13 @@ def enqueue_rebatching_queue(workspace: HostWorkspace, op: Op, state: dict[str, 
         records = [tuple(t[i] for t in tensors) for i in range(tensors[0].shape[0])]
     else:
         records = [tuple(tensors)]
-    for record in records:
-        if queue.closed:
-            raise WorkspaceError(f"{op.where}: rebatching queue '{queue.name}' is closed: the enqueue fails")
-        if len(queue.records) >= queue.capacity:
-            raise _would_block(op, queue.name, "enqueues into the full rebatching")
-        queue.records.append(record)
+    with queue.cond:
+        for record in records:
+            _wait(op, queue, lambda: len(queue.records) < queue.capacity, "enqueues into the full rebatching")
+            if queue.closed:
+                raise WorkspaceError(f"{op.where}: rebatching queue '{queue.name}' is closed: the enqueue fails")
+            queue.records.append(record)
+            queue.cond.notify_all()
 
 
 def _check_dequeue_rebatching(op: Op) -> None:
@@ -442,12 +479,16 @@ def dequeue_rebatching_queue(workspace: HostWorkspace, op: Op, state: dict[str, 
             f"{op.where}: queue '{queue.name}' holds records of {queue.num_blobs} tensors; the op has "
             f"{len(op.outputs)} outputs"
         )
-    if len(queue.records) < wanted and not queue.closed:
-        raise _would_block(op, queue.name, f"dequeues {wanted} records from the")
-    count = min(wanted, len(queue.records))
-    if count == 0:
+    records: list[tuple[np.ndarray, ...]] = []
+    with queue.cond:  # Caffe2 takes the records one at a time, each as soon as there is one
+        while len(records) < wanted:
+            _wait(op, queue, lambda: bool(queue.records), f"dequeues {wanted} records from the")
+            if not queue.records:
+                break
+            records.append(queue.records.popleft())
+            queue.cond.notify_all()
+    if not records:
         raise WorkspaceError(f"{op.where}: rebatching queue '{queue.name}' is closed and empty: the dequeue fails")
-    records = [queue.records.popleft() for _ in range(count)]
     for column, name in enumerate(op.outputs):
         first = records[0][column]
         for record in records[1:]:
@@ -461,4 +502,7 @@ def dequeue_rebatching_queue(workspace: HostWorkspace, op: Op, state: dict[str, 
 
 @host_op("CloseRebatchingQueue", check=_check_close)
 def close_rebatching_queue(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
-    _rebatching_queue(workspace, op).closed = True
+    queue = _rebatching_queue(workspace, op)
+    with queue.cond:
+        queue.closed = True
+        queue.cond.notify_all()

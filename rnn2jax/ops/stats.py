@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,21 @@ class StatRegistry:
 
 
 GLOBAL_REGISTRY = StatRegistry()  # Caffe2's StatRegistry::get(): one per process
+
+# Lowered (pure) ops whose Caffe2 kernel also counts a stat of the global registry (CAFFE_EVENT): op type ->
+# the keys one run of the op adds 1 to. The executor adds the keys when it builds the op, as Caffe2 exports
+# them when it creates the op, and counts them after each run.
+_OP_EVENTS: dict[str, Callable[[Op], tuple[str, ...]]] = {}
+
+
+def counts_events(op_type: str, keys: Callable[[Op], tuple[str, ...]]) -> None:
+    _OP_EVENTS[op_type] = keys
+
+
+def op_events(op: Op) -> tuple[str, ...]:
+    """The global-registry stats one run of `op` adds 1 to."""
+    keys = _OP_EVENTS.get(op.type)
+    return keys(op) if keys is not None else ()
 
 
 def _registry(workspace: HostWorkspace, op: Op, position: int) -> StatRegistry:

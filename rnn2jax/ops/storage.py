@@ -807,11 +807,13 @@ class BlobsQueueReader(DBReader):
                 f"{self.where}: the queue is empty and open: Caffe2 would wait for another thread to fill it, and "
                 "nothing runs beside a host op here"
             )
-        row = queue.slots[queue.reader % len(queue.slots)]
-        values = [self.workspace.get(slot) if self.workspace.has_blob(slot) else None for slot in row]
-        for slot in row[:1]:  # Caffe2 swaps the first blob out with an empty one
-            self.workspace.reset(slot)
-        queue.reader += 1
+        with queue.cond:  # a writer waiting on the full queue wakes
+            row = queue.slots[queue.reader % len(queue.slots)]
+            values = [self.workspace.get(slot) if self.workspace.has_blob(slot) else None for slot in row]
+            for slot in row[:1]:  # Caffe2 swaps the first blob out with an empty one
+                self.workspace.reset(slot)
+            queue.reader += 1
+            queue.cond.notify_all()
         key = self._string(values[self.key_index], self.key_index) if self.key_index >= 0 else b""
         return key, self._string(values[self.value_index], self.value_index)
 

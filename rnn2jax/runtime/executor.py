@@ -25,6 +25,8 @@ from ..ir.netdef import Net, Op
 from ..lowering.interpreter import LoweredNet, specialisation_key
 from ..ops.checks import CHECKED_OP_TYPES, checked_call, raise_failed
 from ..ops.registry import REGISTER_EACH_ADVICE, HostOp, HostWorkspace, find_host, lookup, unsupported_ops
+from ..ops.stats import GLOBAL_REGISTRY, op_events
+from ..ops.waits import OP_LOCK, needs_op_lock
 
 
 class SegmentWorkspace(HostWorkspace, Protocol):
@@ -74,14 +76,14 @@ class _Specialised:
 def _traced_segment() -> Any:
     """A fresh function to jit (jit's caches are per function, so each SharedCode entry owns its own)."""
 
-    def call(handle: _Specialised, env: dict[str, Any], counter: Any, net_run: Any) -> Any:
-        def apply(env: dict[str, Any], counter: Any, net_run: Any) -> dict[str, Any]:
-            return handle.segment._apply({**env, **handle.static}, counter, net_run)
+    def call(handle: _Specialised, env: dict[str, Any], counter: Any, net_run: Any, seed: Any) -> Any:
+        def apply(env: dict[str, Any], counter: Any, net_run: Any, seed: Any) -> dict[str, Any]:
+            return handle.segment._apply({**env, **handle.static}, counter, net_run, seed)
 
         # ops that check traced values (EnforceFinite, Gather's indices) run under checkify, as in CompiledNet
         if handle.segment.runtime_checks:
-            return checked_call(apply)(env, counter, net_run)
-        return apply(env, counter, net_run)
+            return checked_call(apply)(env, counter, net_run, seed)
+        return apply(env, counter, net_run, seed)
 
     return call
 
@@ -120,16 +122,26 @@ class PureSegment:
             name for name in self.inputs if all(lookup(op).shape_only for op in ops if name in op.inputs)
         )
         self.code = SharedCode()
+        # stats the ops count in Caffe2's global registry (AtomicIter's num_iter), there from now on at 0
+        self.events = tuple(key for op in ops for key in op_events(op))
+        for key in self.events:
+            GLOBAL_REGISTRY.add(key)
         # Ops whose kernels check values only known when the segment runs: the segment returns the first
         # failed check too, raised after the call (ops/checks.py), as Caffe2 refused the input at the op.
         self.runtime_checks = any(op.type in CHECKED_OP_TYPES for op in net.walk())
 
-    def _apply(self, env: dict[str, Any], counter: Any, net_run: Any) -> dict[str, Any]:
-        key = jax.random.fold_in(jax.random.key(self._seed), counter) if self.random else None
+    def _apply(self, env: dict[str, Any], counter: Any, net_run: Any, seed: Any) -> dict[str, Any]:
+        # the workspace's seed is an argument (int64, so key(seed) is key(int) exactly): workspaces of other
+        # seeds share the compiled code
+        key = jax.random.fold_in(jax.random.key(seed), counter) if self.random else None
         out = self.lowered(env, key=key, net_run=net_run if self.random else 0)
         return {name: out[name] for name in self.outputs if name in out}  # If/While may leave one unset
 
     def run(self, workspace: SegmentWorkspace, counter: int, net_run: int = 0) -> None:
+        with OP_LOCK:  # read, compute and write as one step when threads share the workspace
+            self._run(workspace, counter, net_run)
+
+    def _run(self, workspace: SegmentWorkspace, counter: int, net_run: int) -> None:
         values = workspace._values
         try:
             env = {name: values[name] for name in self.inputs}
@@ -150,6 +162,7 @@ class PureSegment:
                 env,
                 np.uint32(counter & 0xFFFFFFFF) if self.random else None,
                 np.uint32(net_run & 0xFFFFFFFF) if self.random else None,
+                np.int64(getattr(workspace, "seed", self._seed)) if self.random else None,
             )
         except TypeError:
             self._check_arrays(env)
@@ -158,6 +171,8 @@ class PureSegment:
             error, result = result
             raise_failed(error)
         workspace._write_all(result)
+        for key in self.events:
+            GLOBAL_REGISTRY.increment(key, 1)
 
     def _executable(self, key: tuple) -> Any:
         fns = self.code.fns
@@ -187,7 +202,11 @@ class HostStep:
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def run(self, workspace: SegmentWorkspace, counter: int, net_run: int = 0) -> None:
-        self.host.run(workspace, self.op, self.state)
+        if needs_op_lock(self.op.type):
+            with OP_LOCK:
+                self.host.run(workspace, self.op, self.state)
+        else:
+            self.host.run(workspace, self.op, self.state)
 
 
 class Executor:

@@ -15,11 +15,13 @@ What holds, as in Caffe2 (each checked against real Caffe2 in tests/test_runtime
   while the step runs and once more when it ends. Caffe2 runs them in a background thread; here they run
   between the step's iterations, so one that is due runs after the current iteration, and a step shorter
   than the interval runs them exactly once, at its end, as Caffe2 does.
-- `concurrent_substeps` (or `num_concurrent_instances` > 1, which Caffe2 also treats as concurrent): Caffe2
-  starts one thread per substep and instance, `substeps x instances` in all, thread i running substep
-  i mod n, and checks the stop blob once they all finished. Here they run one after another in thread
-  order, which gives the same blobs whenever the substeps do not race on a blob (when they do, Caffe2's
-  result depends on thread timing).
+- `concurrent_substeps` (or `num_concurrent_instances` > 1, which Caffe2 also treats as concurrent): as in
+  Caffe2, one thread per substep and instance, `substeps x instances` in all, thread i running substep
+  i mod n, and the stop blob checked once they all finished. A substep that fails stops the others' next
+  iterations (Caffe2's gotFailure), and the step raises the first failure once every thread has ended.
+  So a consumer substep can wait on a queue that a producer substep fills (ops/waits.py: the step's
+  own thread waits for its workers as a blocked thread, so workers that all wait on queues are a
+  deadlock, reported rather than hung).
 - `create_workspace` runs the step in a child workspace made afresh for every run of the step: it writes
   to blobs its parent has and drops those it created. With a `NODE_ID` blob, the child gets a
   `GLOBAL_WORKSPACE_ID` blob as in Caffe2.
@@ -42,7 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import PlanError
+from ..ir.dtypes import caffe2_dtypes
 from ..ir.netdef import ExecutionStep, Net, Plan
+from ..ops.waits import blocked
 from .executor import Executor, SegmentWorkspace
 
 ShouldContinue = Callable[[int], bool]
@@ -110,10 +114,28 @@ class _Runner:
         self.observer = observer
         self.progress = progress
         self.needs_override = {name: workspace.has_net(name) for name in plan.nets}
-        self.stack: list[list[Any]] = []  # [step name, iteration under way, step], outermost first
-        self.running: str = ""
+        self._local = threading.local()  # each thread of concurrent substeps has its own stack
+        self._local.stack, self._local.running = [], ""
+        self.lock = threading.RLock()  # creating nets (Caffe2's createAndGetNet) from concurrent substeps
         self.interrupt_requested = False
         self.workspace_seq = 0
+
+    @property
+    def stack(self) -> list[list[Any]]:
+        """[step name, iteration under way, step] of the running steps of this thread, outermost first."""
+        return self._local.stack
+
+    @property
+    def running(self) -> str:
+        return self._local.running
+
+    @running.setter
+    def running(self, label: str) -> None:
+        self._local.running = label
+
+    def enter_thread(self, stack: list[list[Any]]) -> None:
+        """A worker thread of concurrent substeps starts with (a copy of) its parent's stack."""
+        self._local.stack, self._local.running = [list(frame) for frame in stack], ""
 
     def where(self) -> str:
         if not self.stack:
@@ -134,9 +156,10 @@ class _Runner:
                 f"plan '{self.plan.name}': execution step '{step.name}' uses net '{name}', which the plan does "
                 f"not define; its nets are: {', '.join(self.plan.nets) or '(none)'}"
             )
-        if self.needs_override.get(name) or not workspace.has_net(name):
-            workspace.create_net(net, overwrite=True)
-            self.needs_override[name] = False
+        with self.lock:
+            if self.needs_override.get(name) or not workspace.has_net(name):
+                workspace.create_net(net, overwrite=True)
+                self.needs_override[name] = False
         return net
 
 
@@ -151,7 +174,8 @@ class _StepWrapper:
     def compiled(self) -> _CompiledStep:
         if self._compiled is not None:
             return self._compiled
-        return _CompiledStep(self.runner, self.step, self.workspace, self.should_continue)
+        with self.runner.lock:
+            return _CompiledStep(self.runner, self.step, self.workspace, self.should_continue)
 
 
 class _CompiledStep:
@@ -167,8 +191,12 @@ class _CompiledStep:
         self.recurring: list[_StepWrapper] = []
         self.reports: list[_StepWrapper] = []
         self.executors: list[Executor] = []
+        self.failed = False  # Caffe2's gotFailure: a concurrent substep failed, the others stop iterating
+        substep_continue = external
+        if step.concurrent_substeps and len(step.substeps) > 1:
+            substep_continue = lambda i: not self.failed and external(i)  # noqa: E731
         for substep in step.substeps:
-            wrapper = _StepWrapper(runner, substep, workspace, external)
+            wrapper = _StepWrapper(runner, substep, workspace, substep_continue)
             (self.reports if substep.run_every_ms is not None else self.recurring).append(wrapper)
         nets = [runner.net(name, step, workspace) for name in step.networks]
         self.executors = [workspace._nets[net.name] for net in nets]
@@ -282,8 +310,7 @@ def _iterate(runner: _Runner, compiled: _CompiledStep, reporter: _Reporter, fram
                     if check_stop and should_stop():
                         return
             else:
-                for i in range(len(compiled.recurring) * instances):
-                    _execute(runner, compiled.recurring[i % len(compiled.recurring)])
+                _run_concurrently(runner, compiled, instances)
                 if check_stop and should_stop():
                     return
         else:
@@ -302,6 +329,51 @@ def _iterate(runner: _Runner, compiled: _CompiledStep, reporter: _Reporter, fram
             # the outer steps have finished as many iterations as the index of the one under way
             outer = tuple(StepProgress(running, under_way) for _, under_way, running in runner.stack[:-1])
             runner.progress((*outer, StepProgress(step, iteration)))
+
+
+def _run_concurrently(runner: _Runner, compiled: _CompiledStep, instances: int) -> None:
+    """One iteration of concurrent substeps (Caffe2's worker threads): `substeps x instances` threads,
+    thread i running substep i mod n; the first failure is raised once every thread has ended."""
+    substeps = compiled.recurring
+    if not substeps:
+        return
+    failures: list[BaseException] = []
+    finished = threading.Condition()
+    done = [0]
+    parent = [list(frame) for frame in runner.stack]
+
+    def worker(index: int) -> None:
+        runner.enter_thread(parent)
+        try:
+            if not compiled.failed:
+                with caffe2_dtypes():  # JAX's x64 switch is per thread: int64 blobs stay int64 here too
+                    _execute(runner, substeps[index % len(substeps)])
+        except BaseException as error:  # handed to the step's thread, which raises it
+            with finished:
+                failures.append(error)
+                compiled.failed = True
+        finally:
+            with finished:
+                done[0] += 1
+                finished.notify_all()
+
+    count = len(substeps) * instances
+    threads = [
+        threading.Thread(target=worker, args=(i,), name=f"{compiled.step.name}:{i}", daemon=True) for i in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        with finished, blocked(lambda: done[0] == count):
+            while done[0] < count:
+                finished.wait(0.1)
+    except KeyboardInterrupt:
+        runner.interrupt_requested = True  # the workers stop between iterations
+        raise
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
 
 
 def run_plan(

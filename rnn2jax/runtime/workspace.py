@@ -49,13 +49,11 @@ class CompileCache:
         self.programs: dict[tuple, list[tuple[tuple[Net, ...], weakref.ref]]] = {}
 
     def twin(self, nets: tuple[Net, ...], seed: int, executor: Executor) -> Executor | None:
-        """A live executor of the same program (these nets but for their names, the same seed), whose
-        compiled code `executor` can share; `executor` is recorded as one for later nets."""
+        """A live executor of the same program (these nets but for their names), whose compiled code
+        `executor` can share; `executor` is recorded as one for later nets. The seed does not matter: the
+        compiled code takes the workspace's seed as an argument."""
         nameless = tuple(dataclasses.replace(net, name="") for net in nets)
-        outline = (
-            seed,
-            *((n.type, n.external_inputs, tuple((o.type, o.inputs, o.outputs) for o in n.ops)) for n in nets),
-        )
+        outline = tuple((n.type, n.external_inputs, tuple((o.type, o.inputs, o.outputs) for o in n.ops)) for n in nets)
         known = self.get(self.programs, outline) or []
         known = [(program, ref) for program, ref in known if ref() is not None]
         twin = next((ref() for program, ref in known if program == nameless), None)

@@ -373,3 +373,35 @@ def test_registered_python_gradient_matches_caffe2(real_caffe2, restore_gradient
     )
     ops, _ = core.GradientRegistry.GetGradientForOp(core.CreateOperator("Floor", "x", "y"), ["y_grad"])
     assert [op.type for op in ops] == ["Copy"]
+
+
+RUN_ALL_ON_GPU_AND_ENFORCE = """
+R = {}
+step = core.Net("step")
+step.Relu(["x"], "y")
+net = core.Net("gpu")
+net.RecurrentNetwork(["x"], ["x"], step_net=step.Proto())
+net.Relu(["x"], "z")
+net.RunAllOnGPU(gpu_id=3, use_cudnn=True)
+proto = net.Proto()
+R["gpu"] = [proto.device_option.device_type, proto.device_option.device_id, [op.engine for op in proto.op],
+            proto.op[0].arg[0].n.device_option.device_id, proto.op[0].arg[0].n.op[0].engine]
+for kind in ("", "dag", "async_scheduling"):
+    bad = core.Net("bad" + kind)
+    bad.Proto().type = kind
+    bad.Split("a", ["b", "c"], axis=0)
+    workspace.FeedBlob("a", np.array([1, 2, 3], dtype=np.float32))
+    try:
+        workspace.RunNetOnce(bad)
+    except RuntimeError as error:
+        R[kind] = str(error).startswith("[enforce fail at ")
+"""
+
+
+def test_run_all_on_gpu_marks_the_net_and_op_refusals_read_as_caffe2s(real_caffe2):
+    """RunAllOnGPU sets the device option (and CUDNN engines) down into RecurrentNetwork step nets, as
+    Caffe2's does; an op's refusal is a RuntimeError opening with "[enforce fail at", whatever the net type
+    (core_test.py's test_rnn_run_on_gpu and test_async_exception_handling)."""
+    theirs = real_caffe2(RUN_ALL_ON_GPU_AND_ENFORCE)
+    assert run_here(RUN_ALL_ON_GPU_AND_ENFORCE) == theirs
+    assert theirs["dag"] is True

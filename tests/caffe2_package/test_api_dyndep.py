@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,44 @@ def test_an_existing_library_is_an_rnn2jax_error_where_caffe2_would_load_it(tmp_
     message = str(raised.value)
     assert str(library) in message and "cannot load C++ op libraries" in message and "rnn2jax.register_op" in message
     assert dyndep.GetImportedOpsLibraries() == set()  # nothing was loaded
+
+
+LAZY_PROGRAM = """
+import tempfile
+from caffe2.python import core, lazy_dyndep, workspace
+seen = []
+with tempfile.NamedTemporaryFile() as f:
+    for trigger in (core.RefreshRegisteredOperators, lambda: workspace.CreateNet("fake")):
+        lazy_dyndep.RegisterOpsLibrary(f.name)
+        lazy_dyndep.SetErrorHandler(lambda e: seen.append(type(e).__name__))
+        try:
+            trigger()
+        except Exception:  # CreateNet("fake"): no such net, once the lazy import ran
+            pass
+    lazy_dyndep.RegisterOpsLibrary(f.name)
+    lazy_dyndep.SetErrorHandler(lambda e: seen.append(type(e).__name__))
+    core.RefreshRegisteredOperators(trigger_lazy=False)
+print(seen, sorted(lazy_dyndep._LAZY_IMPORTED_DYNDEPS) == [f.name])
+"""
+
+
+def test_lazy_op_libraries_are_imported_when_ops_are_first_needed(tmp_path):
+    """Caffe2's lazy_dyndep defers loading a library to RefreshRegisteredOperators or CreateNet (not with
+    trigger_lazy=False); an error while loading goes to the error handler (in Caffe2 1.10 always an
+    AttributeError: lazy_dyndep calls `dyndep.InitOpLibrary`, which does not exist). The same program on both."""
+    real = real_caffe2(LAZY_PROGRAM)
+    assert real.returncode == 0, real.stderr[-2000:]
+    script = tmp_path / "lazy.py"
+    script.write_text(LAZY_PROGRAM)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # lazy_dyndep is Caffe2's own module, run on rnn2jax from the real-Caffe2 venv's sources
+    source = sorted(Path(real.args[0]).parents[1].glob("lib/python3*/site-packages/caffe2"))
+    ours = subprocess.run(
+        [sys.executable, "-m", "rnn2jax", "exec", f"--caffe2-source={source[0]}", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert ours.stdout.splitlines()[-1] == real.stdout.splitlines()[-1] == "['AttributeError', 'AttributeError'] True"

@@ -1,14 +1,20 @@
 """Caffe2's blobs queue and rebatching queue as host ops, against real Caffe2: random sequences of
-enqueues, dequeues and closes that never wait in Caffe2 (a waiting op would hang its worker), and in
-rnn2jax alone the ops that would wait forever, which raise instead."""
+enqueues, dequeues and closes that never wait in Caffe2 (a waiting op would hang its worker); and with
+threads, as Caffe2's `BlobsQueue` documents: an op waits for another thread to fill, empty or close the
+queue, a dequeue's timeout_secs bounds its wait, and a wait nothing can end raises instead of hanging."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rnn2jax import Workspace
+from rnn2jax.caffe2.opdef import create_net
 from rnn2jax.errors import BadArgumentError, InputTypeError, WorkspaceError
 from tests.differential import make_op
 from tests.host_differential import check_net, run_rnn2jax_net
@@ -133,15 +139,112 @@ def test_enforce_unique_name_matches_caffe2(caffe2):
             make_op("Copy", ["y"], ["x"]),
             make_op("EnqueueBlobs", ["q", "x"], ["x"]),
         ],
-        [make_op("DequeueBlobs", ["q"], ["a"], timeout_secs=0.5)],
+        [
+            make_op("CreateRebatchingQueue", [], ["r"], capacity=1, num_blobs=1),
+            make_op("DequeueRebatchingQueue", ["r"], ["a"]),
+        ],
     ],
 )
 def test_an_op_that_would_wait_forever_raises(ops):
-    """Caffe2 would wait for another thread here; rnn2jax says so and never hangs."""
+    """Caffe2 would wait for another thread here, and no other thread exists: rnn2jax says so, never hangs."""
     create = make_op("CreateBlobsQueue", [], ["q"], capacity=1, num_blobs=1)
+    start = time.monotonic()
     error = run_rnn2jax_net([create, *ops], {"x": np.ones(2, np.float32), "y": np.ones(2, np.float32)})
     assert isinstance(error, WorkspaceError), error
-    assert "queue 'q'" in str(error) and ("forever" in str(error) or "time out" in str(error))
+    assert "forever" in str(error) and "no other thread can act" in str(error)
+    assert time.monotonic() - start < 5
+
+
+def test_a_dequeue_waits_out_its_timeout(caffe2):
+    """Caffe2's DequeueBlobs waits timeout_secs for a record, then fails ('DequeueBlobs timed out in 0.2 secs')."""
+    ops = [
+        make_op("CreateBlobsQueue", [], ["q"], capacity=5, num_blobs=1),
+        make_op("DequeueBlobs", ["q"], ["a"], timeout_secs=0.2),
+    ]
+    check_net(caffe2, ops, {}, fails=True)
+    start = time.monotonic()
+    error = run_rnn2jax_net(ops, {})
+    assert time.monotonic() - start >= 0.19
+    assert isinstance(error, WorkspaceError) and "timed out in 0.2 secs" in str(error), error
+
+
+def _workspace_with_queue(capacity: int = 1, num_blobs: int = 1) -> Workspace:
+    workspace = Workspace()
+    workspace.run(
+        create_net("create", [make_op("CreateBlobsQueue", [], ["q"], capacity=capacity, num_blobs=num_blobs)])
+    )
+    return workspace
+
+
+def _run_op(workspace: Workspace, *args, **kwargs) -> None:
+    workspace.run(create_net("one", [make_op(*args, **kwargs)]))
+
+
+def test_a_dequeue_waits_for_a_producer_thread():
+    """The consumer finds the queue empty and waits; the producer's records reach it, in order."""
+    workspace = _workspace_with_queue(capacity=2)
+    got = []
+
+    def produce():
+        for i in range(5):
+            time.sleep(0.02)
+            workspace.feed(f"x{i}", np.full(3, i, np.float32))
+            _run_op(workspace, "EnqueueBlobs", ["q", f"x{i}"], [f"x{i}"])
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    for i in range(5):
+        _run_op(workspace, "DequeueBlobs", ["q"], [f"y{i}"])
+        got.append(np.asarray(workspace.fetch(f"y{i}")))
+    producer.join()
+    assert [int(y[0]) for y in got] == list(range(5))
+
+
+def test_an_enqueue_waits_for_room_and_a_close_wakes_it():
+    """SafeEnqueueBlobs into a full queue waits; CloseBlobsQueue from another thread ends the wait with the
+    status true (Caffe2's blockingWrite answers false once the queue is closed and still full)."""
+    workspace = _workspace_with_queue(capacity=1)
+    workspace.feed("x", np.ones(2, np.float32))
+    _run_op(workspace, "EnqueueBlobs", ["q", "x"], ["x"])
+    workspace.feed("x", np.ones(2, np.float32))
+
+    def close_later():
+        time.sleep(0.2)
+        _run_op(workspace, "CloseBlobsQueue", ["q"], [])
+
+    closer = threading.Thread(target=close_later)
+    closer.start()
+    start = time.monotonic()
+    _run_op(workspace, "SafeEnqueueBlobs", ["q", "x"], ["x", "status"])
+    closer.join()
+    assert time.monotonic() - start >= 0.15
+    assert bool(np.asarray(workspace.fetch("status"))) is True
+
+
+def test_threads_that_all_wait_on_queues_are_a_deadlock():
+    """A thread dequeues from an empty queue only the main thread fills; the main thread dequeues from an empty
+    queue only that thread could fill: neither can act, so the main thread's wait raises rather than hangs.
+    The other thread's wait goes on while the main thread lives (it could still act), and ends when the main
+    thread closes its queue, as in Caffe2."""
+    workspace = _workspace_with_queue()
+    _run_op(workspace, "CreateBlobsQueue", [], ["q2"], capacity=1, num_blobs=1)
+    errors = []
+
+    def consume():
+        try:
+            _run_op(workspace, "DequeueBlobs", ["q2"], ["out"])
+        except WorkspaceError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    time.sleep(0.1)  # the thread is waiting now
+    with pytest.raises(WorkspaceError, match="no other thread can act"):
+        _run_op(workspace, "DequeueBlobs", ["q"], ["mine"])
+    assert thread.is_alive()
+    _run_op(workspace, "CloseBlobsQueue", ["q2"], [])
+    thread.join(10)
+    assert not thread.is_alive() and len(errors) == 1 and "closed and empty" in str(errors[0])
 
 
 def test_enqueue_must_work_in_place():
@@ -224,3 +327,20 @@ def test_rebatching_queue_refusals_match_caffe2(caffe2):
     assert isinstance(error, WorkspaceError) and "forever" in str(error)
     error = run_rnn2jax_net([make_op("DequeueRebatchingQueue", ["q"], ["a"], num_elements=0)], {"q": x})
     assert isinstance(error, BadArgumentError)
+
+
+def test_a_bystander_thread_does_not_keep_a_hopeless_wait_going():
+    """rnn2jax's own threads that never touch a queue (the progress display's ticker) are not counted as
+    threads that could end a wait; any other live thread is."""
+    from rnn2jax.ops.waits import bystander
+
+    stop = threading.Event()
+    ticker = bystander(threading.Thread(target=stop.wait, daemon=True))
+    ticker.start()
+    try:
+        workspace = _workspace_with_queue()
+        with pytest.raises(WorkspaceError, match="no other thread can act"):
+            _run_op(workspace, "DequeueBlobs", ["q"], ["out"])
+    finally:
+        stop.set()
+        ticker.join()

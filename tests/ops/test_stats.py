@@ -149,3 +149,21 @@ def test_put_ops_register_their_counters_when_their_net_is_created(caffe2):
     ops = [make_op("StatRegistryExport", [], ["k", "v", "t"]), make_op("IncrementPut", ["x"], [], stat_name=name)]
     got, want = run_both(caffe2, ops, {"x": np.ones(1, np.float32)}, ["k", "v"])
     assert exported(got, "k", "v", name) == exported(want, "k", "v", name) == {f"{name}/stat_value".encode(): 0}
+
+
+def test_atomic_iter_counts_its_runs_in_the_global_registry(caffe2):
+    """Caffe2's AtomicIter counts "atomic_iter/stats/<iter blob>/num_iter" (exported at 0 once the op exists),
+    though rnn2jax lowers the op itself into jitted code."""
+    counter = fresh("iter")
+    ops = [
+        make_op("StatRegistryExport", [], ["k0", "v0", "t0"]),
+        make_op("CreateMutex", [], ["mutex"]),
+        make_op("AtomicIter", ["mutex", counter], [counter]),
+        make_op("AtomicIter", ["mutex", counter], [counter]),
+        make_op("StatRegistryExport", [], ["k", "v", "t"]),
+    ]
+    got, want = run_both(caffe2, ops, {counter: np.zeros(1, np.int64)}, ["k0", "v0", "k", "v", counter])
+    key = f"atomic_iter/stats/{counter}/num_iter"
+    assert exported(got, "k0", "v0", key) == exported(want, "k0", "v0", key) == {key.encode(): 0}
+    assert exported(got, "k", "v", key) == exported(want, "k", "v", key) == {key.encode(): 2}
+    assert got[counter].tolist() == want[counter].tolist() == [2]

@@ -59,3 +59,29 @@ def test_the_seed_gives_the_same_values_in_a_fresh_workspace() -> None:
         ws.run(op)
         values.append(ws.blobs["g"].fetch())
     np.testing.assert_array_equal(values[0], values[1])
+
+
+def _compiled_count() -> int:
+    """Traces jit holds, over every jitted segment of the API's workspaces."""
+    return sum(
+        fn._cache_size()
+        for _, executor in workspace._cache.executors.values()
+        for piece in executor.pieces
+        if hasattr(piece, "code")
+        for fn in piece.code.fns.values()
+    )
+
+
+def test_without_a_seed_fresh_workspaces_draw_different_values_from_shared_code() -> None:
+    """Caffe2 seeds an op without random_seed from the clock (RandomNumberSeed): in fresh workspaces the same
+    op draws different values (hypothesis_test.py's test_random_seed_behaviour). The workspace's seed is an
+    argument of the compiled code, so the fresh workspaces compile nothing again."""
+    op = core.CreateOperator("XavierFill", [], ["y"], shape=[8])
+    values, compiled = [], []
+    for _ in range(3):
+        ws = workspace.C.Workspace()
+        ws.run(op)
+        values.append(ws.blobs["y"].fetch())
+        compiled.append(_compiled_count())
+    assert not np.array_equal(values[0], values[1]) and not np.array_equal(values[1], values[2])
+    assert compiled[0] == compiled[1] == compiled[2]

@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from runtime_helpers import add, assert_same_as_caffe2, counters, net, op, plan, run_ours, step
+from runtime_helpers import add, assert_same_as_caffe2, counters, net, op, plan, run_caffe2, run_ours, step
+
+from rnn2jax.errors import Rnn2JaxError, WorkspaceError
+from rnn2jax.proto import caffe2_pb2 as pb
 
 
 def _nested(depth: int, num_iters: list[int | None]) -> tuple:
@@ -179,3 +182,58 @@ def test_child_workspaces_get_a_global_workspace_id_when_there_is_a_node_id(caff
     got = assert_same_as_caffe2(caffe2, message, feeds)
     assert int(got["gid"]) == (3 << 16) + 1  # the second child workspace of the run
     assert "GLOBAL_WORKSPACE_ID" not in got
+
+
+def _queue_plan(records: int, consumers: int) -> pb.PlanDef:
+    """Producers enqueue `records` records into a queue of capacity 1 (so each waits for a consumer), then
+    close it; `consumers` concurrent steps dequeue until it is closed and empty, counting what they read."""
+    init = net(
+        "init",
+        op("CreateBlobsQueue", [], ["q"], capacity=1, num_blobs=1),
+        *(op("ConstantFill", [], [f"n{i}"], shape=[1], value=0.0) for i in range(consumers)),
+    )
+    record = op("ConstantFill", [], ["record"], shape=[1], value=1.0)  # the enqueue swaps it for an empty blob
+    produce = net("produce", record, op("SafeEnqueueBlobs", ["q", "record"], ["record", "enqueued"]))
+    close = net("close", op("CloseBlobsQueue", ["q"], []))
+    producer = step("producer", substep=[step("p", network="produce", num_iter=records), step("c", network="close")])
+    consumer_steps, consumer_nets = [], []
+    for i in range(consumers):
+        consumer_nets += [net(f"take{i}", op("SafeDequeueBlobs", ["q"], [f"x{i}", f"done{i}"])), add(f"n{i}")]
+        consumer_steps.append(step(f"consumer{i}", network=[f"take{i}", f"inc_n{i}"], should_stop_blob=f"done{i}"))
+    consumer = step("consumers", substep=consumer_steps, concurrent_substeps=True)
+    worker = step("worker", substep=[consumer, producer], concurrent_substeps=True)
+    return plan([init, produce, close, *consumer_nets], step("init", network="init"), worker)
+
+
+@given(records=st.integers(0, 6), consumers=st.integers(1, 3))
+def test_concurrent_substeps_pass_records_through_a_queue(caffe2, records, consumers):
+    """Caffe2's concurrent substeps are threads: consumers wait on the queue that the producer fills, and the
+    close ends their waits; each record is read once (the counters add up to the records)."""
+    message, feeds = _queue_plan(records, consumers), counters()
+    want = run_caffe2(caffe2, message, feeds)
+    got = run_ours(message, feeds)
+    total = sum(int(got[f"n{i}"][0]) for i in range(consumers))
+    assert total == sum(int(want[f"n{i}"][0]) for i in range(consumers)) == records
+
+
+def test_concurrent_substeps_that_all_wait_are_a_deadlock():
+    """Two concurrent substeps each dequeue from an empty open queue that nothing fills: Caffe2 would wait
+    forever; the step's own thread waits for them, so no thread can act and the plan fails saying so."""
+    init = net("init", op("CreateBlobsQueue", [], ["q"], capacity=1, num_blobs=1))
+    take = net("take", op("DequeueBlobs", ["q"], ["x"]))
+    worker = step("worker", substep=[step("a", network="take"), step("b", network="take")], concurrent_substeps=True)
+    with pytest.raises(WorkspaceError, match="no other thread can act"):
+        run_ours(plan([init, take], step("init", network="init"), worker), counters())
+
+
+def test_a_failing_concurrent_substep_stops_the_others():
+    """Caffe2's gotFailure: once a substep fails, the others run no further iteration and the step raises the
+    first failure (here a consumer waits on a queue the failed producer would have filled: it is woken as a
+    deadlock, and the producer's own error is the one raised)."""
+    init = net("init", op("CreateBlobsQueue", [], ["q"], capacity=1, num_blobs=1))
+    take = net("take", op("DequeueBlobs", ["q"], ["x"]))
+    fail = net("fail", op("CountDown", ["one"], ["y"]))  # 'one' holds a tensor, not a counter
+    worker = step("worker", substep=[step("a", network="take"), step("b", network="fail")], concurrent_substeps=True)
+    with pytest.raises(Rnn2JaxError) as caught:
+        run_ours(plan([init, take, fail], step("init", network="init"), worker), counters())
+    assert "not a counter" in str(caught.value)

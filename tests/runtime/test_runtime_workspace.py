@@ -280,15 +280,15 @@ def test_nets_that_differ_only_in_name_share_compiled_code(monkeypatch):
     assert traces == ["net 'mul', op #0 (Mul)"]
     workspace.run(net("mul_other", op("Mul", ["x", "z"], ["y"], broadcast=1)))  # another argument: not a twin
     assert traces[-1] == "net 'mul_other', op #0 (Mul)"
-    other_seed = rnn2jax.Workspace(cache=cache, seed=1)  # random ops would draw other keys: not a twin
+    other_seed = rnn2jax.Workspace(cache=cache, seed=1)  # the seed is an argument of the code: still a twin
     other_seed.feed("x", np.ones(3, np.float32))
     other_seed.feed("z", np.ones(3, np.float32))
     other_seed.run(net("mul_copy_2", op("Mul", ["x", "z"], ["y"])))
-    assert traces[-1] == "net 'mul_copy_2', op #0 (Mul)"
+    assert len(traces) == 2
     workspace.feed("z", np.ones(4, np.float32))  # a new signature: traced through the net being run
     with pytest.raises(ShapeError, match=r"net 'mul_copy_3', op #0 \(Mul\)"):
         workspace.run(net("mul_copy_3", op("Mul", ["x", "z"], ["y"])))
-    assert len(traces) == 4
+    assert len(traces) == 3
 
 
 def test_db_root_of_the_wrong_type_is_an_input_type_error():

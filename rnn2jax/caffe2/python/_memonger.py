@@ -18,6 +18,7 @@ from google.protobuf import text_format
 
 from ...errors import BadArgumentError
 from ..proto import caffe2_pb2
+from ._inplace import inplace_violation
 
 
 def _size(blob: str, blob_shapes: Mapping[str, Sequence[int]]) -> int:
@@ -205,7 +206,8 @@ class _BlobRecycling:
 
 
 def _run_schema_check(net: caffe2_pb2.NetDef) -> None:
-    """Caffe2's `run_schema_check`: every op whose type has a schema must pass it (its input and output counts)."""
+    """Caffe2's `run_schema_check`: every op whose type has a schema must pass it (its input and output counts,
+    and the inputs it enforces in place: `_inplace.py`)."""
     from ...ops.registry import record
 
     for op in net.op:
@@ -215,6 +217,9 @@ def _run_schema_check(net: caffe2_pb2.NetDef) -> None:
         (low_in, high_in), (low_out, high_out) = opdef.inputs, opdef.outputs
         if not (low_in <= len(op.input) <= high_in and low_out <= len(op.output) <= high_out):
             raise BadArgumentError(f"memonger: Operator def did not pass schema checking: {op}")
+        violation = inplace_violation(op.type, list(op.input), list(op.output))
+        if violation is not None:
+            raise BadArgumentError(f"memonger: {violation}; Operator def did not pass schema checking: {op}")
 
 
 def _renamed(net: caffe2_pb2.NetDef, final: Mapping[str, str]) -> caffe2_pb2.NetDef:

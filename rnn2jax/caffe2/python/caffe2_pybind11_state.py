@@ -28,6 +28,7 @@ from ...storage.serialization import serialize_blob as _serialize
 from ..proto import caffe2_pb2
 from . import _memonger, _nomni, _opt_passes, python_op, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
+from ._db import DB, Cursor, Transaction, create_db  # noqa: F401  (Caffe2's database bindings)
 from ._nomni import *  # noqa: F403  (the nomnigraph bindings, pybind_state_nomni.cc)
 
 # ------------------------------------------------------------------------------------------------
@@ -435,22 +436,24 @@ def memonger_compute_blob_recycling_for_dag(
 ) -> bytes:
     """Caffe2's memonger over a DAG of ops (`memonger.share_grad_blobs`, `optimize_inference_for_dag`)."""
     net = _parse(net_def, caffe2_pb2.NetDef, "memonger_compute_blob_recycling_for_dag")
-    optimized = _memonger.compute_blob_recycling_for_dag(
-        net,
-        [_text(b) for b in input_blobs],
-        list(op_indices),
-        {_text(b) for b in shareable_blob_names},
-        _text(namescope),
-        {_text(b) for b in dont_share_blob_names},
-        {_text(k): list(v) for k, v in blob_shapes.items()},
-    )
+    with workspace._caffe2_errors():  # Caffe2's enforce failures are RuntimeErrors
+        optimized = _memonger.compute_blob_recycling_for_dag(
+            net,
+            [_text(b) for b in input_blobs],
+            list(op_indices),
+            {_text(b) for b in shareable_blob_names},
+            _text(namescope),
+            {_text(b) for b in dont_share_blob_names},
+            {_text(k): list(v) for k, v in blob_shapes.items()},
+        )
     return optimized.SerializeToString()
 
 
 def memonger_optimize_inference_net(net_def: bytes, static_blobs: Sequence[bytes | str]) -> bytes:
     """Caffe2's memonger for a simple inference net (`memonger.optimize_inference_fast`)."""
     net = _parse(net_def, caffe2_pb2.NetDef, "memonger_optimize_inference_net")
-    return _memonger.optimize_inference_net(net, [_text(b) for b in static_blobs]).SerializeToString()
+    with workspace._caffe2_errors():
+        return _memonger.optimize_inference_net(net, [_text(b) for b in static_blobs]).SerializeToString()
 
 
 def _text(name: bytes | str) -> str:
@@ -507,7 +510,6 @@ _UNAVAILABLE = {
     "fakeFp16FuseOps": _NO_TRANSFORMS,
     "export_to_onnx": "rnn2jax does not export ONNX (rnn2jax export writes a jax.export artifact)",
     "onnxifi": "rnn2jax has no ONNXIFI backend",
-    "create_db": "use rnn2jax.read_blobs and rnn2jax.write_blobs, or the Load and Save ops",
     "get_blob_numa_node": "rnn2jax is built without NUMA support",
     "get_cuda_version": _NO_CUDA,
     "get_cudnn_version": _NO_CUDA,
@@ -597,5 +599,6 @@ __all__ = sorted(
     _defined_here
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
     | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor", "Observer"}
+    | {"create_db", "DB", "Cursor", "Transaction"}
     | set(_nomni.__all__)
 )

@@ -37,6 +37,7 @@ from ..proto import caffe2_pb2
 from . import _import_c_extension as C
 from . import scope, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
+from .lazy import TriggerLazyImport
 from .scope import DeviceScope, NameScope
 
 DataType = caffe2_pb2.TensorProto.DataType
@@ -116,12 +117,11 @@ SetEnginePref = C.set_engine_pref
 SetOpEnginePref = C.set_op_engine_pref
 
 
-def TriggerLazyImport() -> None:
-    """Nothing to import lazily: every op family is registered when rnn2jax is imported."""
-
-
 def RefreshRegisteredOperators(trigger_lazy: bool = True) -> None:
-    """Ops registered with `rnn2jax.register_op` are seen at once; nothing to refresh."""
+    """Ops registered with `rnn2jax.register_op` are seen at once; only the lazy imports
+    (`lazy_dyndep.RegisterOpsLibrary`) run, as in Caffe2."""
+    if trigger_lazy:
+        TriggerLazyImport()
 
 
 _GLOBAL_INIT_ARGS: list[str] = []
@@ -1055,8 +1055,22 @@ class Net:
             self.AddExternalOutput(blob)
         self._output_record = self._output_record + schema.Struct((field_name, record))
 
+    @staticmethod
+    def _RunAllOnGPU(net: caffe2_pb2.NetDef, gpu_id: int = 0, use_cudnn: bool = False) -> None:
+        net.device_option.CopyFrom(caffe2_pb2.DeviceOption(device_type=workspace.GpuDeviceType, device_id=gpu_id))
+        if use_cudnn:
+            for op in net.op:
+                op.engine = "CUDNN"
+        for op in net.op:  # RecurrentNetwork's step nets move too
+            if op.type == "RecurrentNetwork":
+                for arg in op.arg:
+                    if arg.name == "step_net":
+                        Net._RunAllOnGPU(arg.n, gpu_id, use_cudnn)
+
     def RunAllOnGPU(self, gpu_id: int = 0, use_cudnn: bool = False) -> None:
-        """Device options say nothing to XLA: the net runs on JAX's default device, so this is a no-op."""
+        """Mark the net (and RecurrentNetwork step nets) for GPU `gpu_id`, as Caffe2 does. rnn2jax records
+        the device options; the net runs on JAX's default device whatever they say."""
+        self._RunAllOnGPU(self._net, gpu_id, use_cudnn)
 
     def RunAllOnMKL(self) -> None:
         """No MKL engine here: a no-op."""

@@ -27,6 +27,7 @@ from ...errors import BadArgumentError
 from ...ops.facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
 from ...ops.gradient_makers import GradientContext, gradient_op
 from ...ops.registry import declare_family, facet, find_host, register_host_op
+from ...ops.waits import runs_unlocked
 
 WorkspaceView = Callable[[Any], Any]  # the running workspace -> what a `pass_workspace` function gets
 _FUNCTIONS: dict[str, tuple[Callable, Callable | None, WorkspaceView | None]] = {}
@@ -228,6 +229,8 @@ if find_host("Python") is None:
     register_host_op(
         "PythonDLPackGradient", _run(gradient=True, dlpack=True), gradient=Absent("no builder gradient maker")
     )
+# the caller's Python may wait on another thread (a queue it fills): it runs without the op lock
+runs_unlocked("Python", "PythonGradient", "PythonDLPack", "PythonDLPackGradient")
 
 
 @facet("gradient", "Python", "PythonDLPack")

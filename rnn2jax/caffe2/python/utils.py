@@ -127,3 +127,12 @@ def NHWC2NCHW(tensor: Any) -> Any:
 
 def NCHW2NHWC(tensor: Any) -> Any:
     return tensor.transpose((0, *range(2, tensor.ndim), 1))
+
+
+def ResetBlobs(blobs: Iterable[Any]) -> None:
+    """Free the blobs' contents (Caffe2's Free op on CPU): data_workers releases its scratch blobs so."""
+    from . import core, workspace
+
+    workspace.RunOperatorOnce(
+        core.CreateOperator("Free", list(blobs), list(blobs), device_option=core.DeviceOption(caffe2_pb2.CPU))
+    )

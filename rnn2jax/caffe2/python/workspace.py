@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import secrets
 import shutil
 import tempfile
 import time
@@ -38,9 +39,20 @@ from ..proto import caffe2_pb2
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
 from . import _flags, _step_blobs, _torch_interop, _transforms, python_op, scope  # noqa: F401
 from ._schema_inference import SCHEMA_INFERENCE
+from .lazy import TriggerLazyImport
 
 _cache = CompileCache()
-_workspaces: dict[str, _RuntimeWorkspace] = {"default": _RuntimeWorkspace(cache=_cache)}
+
+
+def _new_workspace(**options: Any) -> _RuntimeWorkspace:
+    """A workspace of this API. Its random ops draw from a seed of their own, as Caffe2 seeds an op's
+    generator without `random_seed` from the clock (RandomNumberSeed): fresh workspaces draw different
+    values; an op's device_option.random_seed makes them repeat. The seed is an argument of the compiled
+    code, so workspaces share it."""
+    return _RuntimeWorkspace(cache=_cache, seed=secrets.randbits(31), **options)
+
+
+_workspaces: dict[str, _RuntimeWorkspace] = {"default": _new_workspace()}
 _current = "default"
 # a `C.Workspace` object switched to (`SwitchWorkspace(ws)`): current until a switch by name; the name stays
 _current_object: _RuntimeWorkspace | None = None
@@ -163,14 +175,25 @@ def FeedImmediate(*args: Any, **kwargs: Any) -> bool:
 _RUNTIME_FLAVOURS: dict[type, type] = {}
 
 
+ENFORCE_FAIL = "[enforce fail at rnn2jax] "
+
+
+def _enforce_str(self: Rnn2JaxError) -> str:
+    return ENFORCE_FAIL + super(type(self), self).__str__()
+
+
 def _as_runtime_error(error: Rnn2JaxError) -> Rnn2JaxError:
-    """The same error as a subclass that is also a RuntimeError (Caffe2 scripts catch that)."""
+    """The same error as a subclass that is also a RuntimeError (Caffe2 scripts catch that), its message
+    opening as Caffe2's C++ refusals do (CAFFE_ENFORCE's "[enforce fail at FILE:LINE] ..."), which scripts
+    and tests look for, whatever kind of net ran the op."""
     cls = type(error)
     if isinstance(error, RuntimeError):
         return error
     flavour = _RUNTIME_FLAVOURS.get(cls)
     if flavour is None:
-        flavour = _RUNTIME_FLAVOURS[cls] = type(cls.__name__, (cls, RuntimeError), {"__module__": cls.__module__})
+        flavour = _RUNTIME_FLAVOURS[cls] = type(
+            cls.__name__, (cls, RuntimeError), {"__module__": cls.__module__, "__str__": _enforce_str}
+        )
     new = flavour.__new__(flavour)
     new.__dict__.update(error.__dict__)
     new.args = error.args
@@ -269,7 +292,7 @@ def SwitchWorkspace(name: str | bytes | _CWorkspace, create_if_missing: bool = F
     if name not in _workspaces:
         if not create_if_missing:
             raise _as_runtime_error(WorkspaceError(f"Workspace {name} does not exist"))
-        _workspaces[name] = _RuntimeWorkspace(cache=_cache)
+        _workspaces[name] = _new_workspace()
     _current = name
 
 
@@ -290,7 +313,7 @@ def ResetWorkspace(root_folder: str | None = None) -> bool:
     """Empty the current workspace: its blobs and nets go; compiled code stays cached."""
     global _current_object
     _current_object = None  # as Caffe2: the named workspace is reset and current again
-    _workspaces[_current] = _RuntimeWorkspace(cache=_cache, db_root=root_folder)
+    _workspaces[_current] = _new_workspace(db_root=root_folder)
     return True
 
 
@@ -408,7 +431,7 @@ def _blob_names(ws: _RuntimeWorkspace) -> list[str]:
 
 def _fresh_workspace() -> _RuntimeWorkspace:
     """A new workspace outside the named ones (Caffe2's ApplyTransformIfFaster times nets in such)."""
-    return _RuntimeWorkspace(cache=_cache)
+    return _new_workspace()
 
 
 def ApplyTransform(transform_key: Any, net: caffe2_pb2.NetDef) -> caffe2_pb2.NetDef:
@@ -558,7 +581,9 @@ def RunNetOnce(net: Any) -> bool:
 
 
 def CreateNet(net: Any, overwrite: bool = False, input_blobs: Iterable[Any] | None = None) -> bool:
-    """Create a net in the current workspace; the blobs it reads must exist (or be in `input_blobs`)."""
+    """Create a net in the current workspace; the blobs it reads must exist (or be in `input_blobs`). Lazy
+    op-library imports run first, as in Caffe2."""
+    TriggerLazyImport()
     for name in input_blobs or ():
         CreateBlob(name)
     with _caffe2_errors():
@@ -953,8 +978,8 @@ class _NetHandle:
             _run_observed(self._ws, self.name, 1)
 
     def cancel(self) -> None:
-        """Caffe2's NetBase::Cancel, which wakes ops blocked on a queue. rnn2jax's queue ops never block
-        (an op that would wait raises instead), so no run of this net can be waiting: nothing to do."""
+        """Caffe2's NetBase::Cancel, which calls its ops' Cancel. Caffe2's queue ops have none (closing the
+        queue is what ends their wait), and rnn2jax's other ops do not wait: nothing to do."""
 
 
 class _BlobTensor:
@@ -1030,7 +1055,7 @@ class _CWorkspace(metaclass=_CurrentWorkspaceProperty):
         blobs, as a session's private task workspace."""
         if isinstance(ws, _CWorkspace):
             ws = ws._ws.child()
-        self._ws = ws if ws is not None else _RuntimeWorkspace(cache=_cache)
+        self._ws = ws if ws is not None else _new_workspace()
 
     @property
     def blobs(self) -> dict[str, _Blob]:
@@ -1123,7 +1148,10 @@ class _OpSchema:
         return self.num_inputs_allowed(n_in) and self.num_outputs_allowed(n_out)
 
     def inplace_enforced(self, i: int, o: int) -> bool:
-        return False
+        """Whether Caffe2's schema enforces input i and output o in place (EnforceInplace)."""
+        from ._inplace import inplace_enforced
+
+        return inplace_enforced(self.name, i, o)
 
     # The op types whose Caffe2 schema says SameNumberOfOutput (as many outputs as inputs) with a range of counts
     _SAME_NUMBER_OF_OUTPUT = frozenset({"Free", "SparseDropoutWithReplacement", "SparseItemwiseDropoutWithReplacement"})
