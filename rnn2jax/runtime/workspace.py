@@ -17,6 +17,7 @@ import dataclasses
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import jax
@@ -26,7 +27,7 @@ from ..errors import BadArgumentError, InputTypeError, MissingBlobError, Workspa
 from ..ir.dtypes import device_array, in_caffe2_dtypes
 from ..ir.int8 import Int8Tensor
 from ..ir.loader import load
-from ..ir.netdef import Net, Plan
+from ..ir.netdef import Arg, Net, Plan
 from ..ir.packed import PackedFP16Matrix
 from . import plan as plan_runner
 from .executor import Executor
@@ -52,7 +53,7 @@ class CompileCache:
         """A live executor of the same program (these nets but for their names), whose compiled code
         `executor` can share; `executor` is recorded as one for later nets. The seed does not matter: the
         compiled code takes the workspace's seed as an argument."""
-        nameless = tuple(dataclasses.replace(net, name="") for net in nets)
+        nameless = tuple(_nameless(net) for net in nets)
         outline = tuple((n.type, n.external_inputs, tuple((o.type, o.inputs, o.outputs) for o in n.ops)) for n in nets)
         known = self.get(self.programs, outline) or []
         known = [(program, ref) for program, ref in known if ref() is not None]
@@ -74,6 +75,26 @@ class CompileCache:
         while len(table) > self.max_entries:
             table.pop(next(iter(table)))
         return value
+
+
+def _nameless(net: Net) -> Net:
+    """`net` with its name, and the names of the nets its ops carry, left out: what a twin must equal. A
+    clone's step nets are renamed too (`core.Net.Clone` makes `cloned_sub_net_2` of `cloned_sub_net`)."""
+    ops = tuple(
+        dataclasses.replace(op, args=MappingProxyType({name: _nameless_arg(arg) for name, arg in op.args.items()}))
+        if any(arg.kind in ("n", "nets") for arg in op.args.values())
+        else op
+        for op in net.ops
+    )
+    return dataclasses.replace(net, name="", ops=ops)
+
+
+def _nameless_arg(arg: Arg) -> Arg:
+    if arg.kind == "n":
+        return dataclasses.replace(arg, value=_nameless(arg.value))
+    if arg.kind == "nets":
+        return dataclasses.replace(arg, value=tuple(_nameless(net) for net in arg.value))
+    return arg
 
 
 class Workspace:

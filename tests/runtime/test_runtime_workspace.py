@@ -13,6 +13,7 @@ from differential import assert_blobs_equal
 from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import InputTypeError, MissingBlobError, ShapeError, UnsupportedOpError, WorkspaceError
 from rnn2jax.ops import registry
+from rnn2jax.proto import caffe2_pb2 as pb
 from rnn2jax.runtime.executor import HostStep, PureSegment
 from rnn2jax.runtime.workspace import CompileCache
 
@@ -313,3 +314,29 @@ def test_values_a_segment_checks_fail_the_net_as_in_caffe2(caffe2, ops, feeds, m
     workspace = _workspace(**feeds)
     with pytest.raises(ShapeError, match=rf"net 'checked', {message}"):
         workspace.run(checked)
+
+
+def test_clones_whose_step_nets_were_renamed_share_compiled_code(monkeypatch):
+    """`core.Net.Clone` renames the nets an op carries too (`cloned_sub_net` -> `cloned_sub_net_2`), so a
+    gradient checker's clones of an RNN net are twins only if those names are left out as well (Caffe2's
+    rnn_cell_test::test_multi_lstm ran ten times slower before); a step net with another op is no twin."""
+    traces = []
+    apply = PureSegment._apply
+    monkeypatch.setattr(PureSegment, "_apply", lambda self, *a: (traces.append(1), apply(self, *a))[1])
+
+    def if_net(name: str, branch: str, kind: str = "Mul") -> pb.NetDef:
+        then_net = net(f"then_{branch}", op(kind, ["x", "x"], ["y"]))
+        else_net = net(f"else_{branch}", op("Sub", ["x", "x"], ["y"]))
+        return net(name, op("If", ["cond", "x"], ["y"], then_net=then_net, else_net=else_net))
+
+    workspace = rnn2jax.Workspace(cache=CompileCache())
+    workspace.feed("cond", np.array(True))
+    workspace.feed("x", np.full(3, 3, np.float32))
+    workspace.feed("y", np.zeros(3, np.float32))  # If reads the blob it may leave unset: a run's input
+    for name, branch in (("n", "a"), ("n_copy", "b"), ("n_copy_1", "c")):
+        workspace.run(if_net(name, branch))
+        np.testing.assert_array_equal(workspace.fetch("y"), [9, 9, 9])
+    assert len(traces) == 1
+    workspace.run(if_net("n_copy_2", "d", kind="Add"))
+    np.testing.assert_array_equal(workspace.fetch("y"), [6, 6, 6])
+    assert len(traces) == 2
