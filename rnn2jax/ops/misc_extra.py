@@ -84,14 +84,16 @@ runtime_checked("Assert")
 
 @register("DataCouple", inputs=(0, None), outputs=(0, None))
 def data_couple(op: Op) -> Kernel:
-    """Passes each input through to the output of the same name: it only ties blobs into a data dependency
-    (Caffe2's schema enforces one-to-one in-place outputs)."""
-    if list(op.inputs) != list(op.outputs):
+    """Passes its first inputs through to the outputs of the same names: it only ties blobs into a data
+    dependency (Caffe2's schema enforces output i in place on input i; inputs past the outputs are only read).
+    Outputs past the inputs, which Caffe2 leaves holding whatever they held, are refused."""
+    count = len(op.outputs)
+    if count > len(op.inputs) or list(op.inputs[:count]) != list(op.outputs):
         raise BadArgumentError(
-            f"{op.where}: DataCouple's outputs must be its inputs, one to one and in place; got inputs "
+            f"{op.where}: DataCouple's outputs must be its first inputs, one to one and in place; got inputs "
             f"{list(op.inputs)}, outputs {list(op.outputs)}"
         )
-    return lambda *xs: tuple(xs)
+    return lambda *xs: tuple(xs[:count])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -41,7 +41,8 @@ def draw_data_couple(data):
     names = [f"x{i}" for i in range(count)]
     dtypes = [np.float32, np.int64, np.int32, np.float16, np.uint8]
     inputs = {name: data.draw(arrays(shapes(0, 3), data.draw(st.sampled_from(dtypes)), 0, 9)) for name in names}
-    return make_op("DataCouple", names, names), inputs
+    outputs = names[: data.draw(st.integers(0, count))]  # output i in place on input i; the rest only read
+    return make_op("DataCouple", names, outputs), inputs
 
 
 def draw_deprocess(data):
