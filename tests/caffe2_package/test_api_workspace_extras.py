@@ -67,6 +67,26 @@ for x, w, kwargs in INPUTS:
     R["costs"].append(tuple(workspace.GetOperatorCost(op.SerializeToString(), ["X", "W"])))
 for op_type in ["Relu", "LeakyRelu", "HardSigmoid"]:
     R["costs"].append(tuple(workspace.GetOperatorCost(core.CreateOperator(op_type, ["X"], ["Y"]), ["X"])))
+MOVES = [  # Concat and Split: (op type, inputs' arrays, arguments)
+    ("Concat", [np.ones((2, 3), np.float32), np.ones((2, 1), np.float32)], {}),
+    ("Concat", [np.ones((2, 3), np.float16)] * 2, {"axis": 2, "add_axis": 1}),
+    ("Concat", [np.ones((2, 3), np.float32), np.ones((1, 3), np.int64)], {"axis": 0}),
+    ("Concat", [np.ones((1, 2, 3, 4), np.int8)] * 3, {"order": "NHWC"}),
+    ("Concat", [np.ones((2, 3, 4), np.float32)] * 2, {"axis": -1}),
+    ("Concat", [np.ones((2, 3, 4), np.float32)] * 2, {"order": "NHWC"}),  # axis 3 of 3 dims: refused
+    ("Split", [np.ones((2, 3), np.int64), np.array([1, 2], np.int32)], {"axis": 1}),
+    ("Split", [np.ones((4, 2), np.int8)], {"axis": 0}),
+]
+for op_type, arrays, kwargs in MOVES:
+    names = [f"M{i}" for i in range(len(arrays))]
+    for name, value in zip(names, arrays):
+        workspace.FeedBlob(name, value)
+    outputs = ["cat", "info"] if op_type == "Concat" else ["p", "q"]
+    try:
+        moved = core.CreateOperator(op_type, names, outputs, **kwargs)
+        R["costs"].append(tuple(workspace.GetOperatorCost(moved, names)))
+    except RuntimeError:
+        R["costs"].append("RuntimeError")
 try:
     workspace.GetOperatorCost(core.CreateOperator("Sigmoid", ["X"], ["Y"]), ["X"])
 except RuntimeError as e:

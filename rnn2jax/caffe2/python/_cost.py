@@ -73,6 +73,10 @@ def operator_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[Shape]) -> tuple[
     """Caffe2's `OpSchema::InferCost` of `op` given its inputs' shapes: (flops, bytes_written, bytes_read)."""
     if op.type in _CONV:
         return _conv_cost(op, shapes)
+    if op.type == "Concat":
+        return _concat_cost(op, shapes)
+    if op.type == "Split":  # moves its first input: reads every input (the lengths too), writes the first's bytes
+        return 0, _elements(shapes[0][0]) * shapes[0][1].itemsize, sum(_elements(d) * t.itemsize for d, t in shapes)
     if op.type in _POINTWISE:
         size = int(np.prod(shapes[0][0], dtype=np.int64))
         read = sum(int(np.prod(dims, dtype=np.int64)) * dtype.itemsize for dims, dtype in shapes)
@@ -80,10 +84,44 @@ def operator_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[Shape]) -> tuple[
     if op.type in CAFFE2_COST_OPS:
         raise UnsupportedOpError(
             f"GetOperatorCost: rnn2jax does not carry Caffe2's cost inference of {op.type} (it has it for "
-            f"{', '.join(sorted(_CONV | set(_POINTWISE)))})",
+            f"{', '.join(sorted(_CONV | set(_POINTWISE) | {'Concat', 'Split'}))})",
             (("GetOperatorCost", op.type),),
         )
     raise BadArgumentError(f"GetOperatorCost: {op.type}: Cost inference function not defined.")
+
+
+def _elements(dims: tuple[int, ...]) -> int:
+    return int(np.prod(dims, dtype=np.int64))
+
+
+def _concat_cost(op: caffe2_pb2.OperatorDef, shapes: Sequence[Shape]) -> tuple[int, int, int]:
+    """Caffe2's `CostInferenceForConcat` (1.10, asked of the wheel): every element read and the result written
+    at the first input's item size, plus the int32 split_info of one entry per input, written even when the op
+    has no such output."""
+    args = _args(op)
+    if "axis" in args:
+        axis = args["axis"].i
+    else:
+        order = args["order"].s.decode() if "order" in args else "NCHW"
+        if order not in ("NCHW", "NHWC"):
+            raise BadArgumentError(f"GetOperatorCost: Concat: unknown order {order!r}")
+        axis = 1 if order == "NCHW" else 3
+    add_axis = "add_axis" in args and args["add_axis"].i != 0
+    dims0 = list(shapes[0][0])
+    rank = len(dims0) + add_axis
+    canonical = axis + rank if axis < 0 else axis
+    if not 0 <= canonical < rank:
+        raise BadArgumentError(f"GetOperatorCost: Concat: axis {axis} is out of range for {rank} dims")
+    if add_axis:
+        dims0.insert(canonical, len(shapes))
+    else:
+        for dims, _ in shapes[1:]:
+            if len(dims) <= canonical:
+                raise BadArgumentError(f"GetOperatorCost: Concat: an input of shape {list(dims)} has no axis {axis}")
+            dims0[canonical] += dims[canonical]
+    item = shapes[0][1].itemsize
+    read = sum(_elements(dims) for dims, _ in shapes) * item
+    return 0, _elements(tuple(dims0)) * item + 4 * len(shapes), read
 
 
 def _args(op: caffe2_pb2.OperatorDef) -> dict[str, caffe2_pb2.Argument]:
