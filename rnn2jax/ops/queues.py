@@ -277,6 +277,18 @@ def _concatenate(op: Op, name: str, column: int, first: Any, rows: Any) -> np.nd
     return np.concatenate([first, rows])
 
 
+def _read_one(workspace: HostWorkspace, op: Op, queue: BlobsQueue, outputs: list[str]) -> bool:
+    """One record into `outputs`, waiting while the queue is open and empty (and something can still fill or
+    close it); False when it is closed and empty."""
+    with queue.cond:
+        _wait(op, queue, queue.can_read, "dequeues from the empty")
+        ok = queue.can_read()
+        if ok:
+            queue.read(workspace, outputs)
+            queue.cond.notify_all()
+    return ok
+
+
 @host_op("SafeDequeueBlobs", check=_check_safe_dequeue)
 def safe_dequeue_blobs(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """DequeueBlobs that sets its last output to true, rather than failing, when the queue is closed and
@@ -287,13 +299,7 @@ def safe_dequeue_blobs(workspace: HostWorkspace, op: Op, state: dict[str, Any]) 
     _check_width(op, queue, len(outputs), "dequeues")
     records = op.int("num_records", 1)
     if records == 1:
-        with queue.cond:
-            _wait(op, queue, queue.can_read, "dequeues from the empty")
-            ok = queue.can_read()
-            if ok:
-                queue.read(workspace, outputs)
-                queue.cond.notify_all()
-        workspace.put(op.outputs[-1], np.array(not ok))
+        workspace.put(op.outputs[-1], np.array(not _read_one(workspace, op, queue, outputs)))
         return
     # Caffe2 reads each record into blobs the op keeps (its blobs_), then copies them into the outputs.
     kept: list[Any] = state.setdefault("values", [_EMPTY] * len(outputs))
@@ -348,12 +354,7 @@ def weighted_sample_dequeue_blobs(workspace: HostWorkspace, op: Op, state: dict[
     queue = _queue(workspace, op, op.inputs[index])
     outputs = list(op.outputs[:-1])
     _check_width(op, queue, len(outputs), "dequeues")
-    with queue.cond:
-        _wait(op, queue, queue.can_read, "dequeues from the empty")
-        ok = queue.can_read()
-        if ok:
-            queue.read(workspace, outputs)
-            queue.cond.notify_all()
+    ok = _read_one(workspace, op, queue, outputs)
     table = op.int("table_idx_blob", -1)
     if table >= 0:
         workspace.put(op.outputs[table], np.array([index], np.int32))
