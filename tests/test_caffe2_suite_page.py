@@ -93,3 +93,24 @@ def test_every_priority_file_is_in_the_suite():
         pytest.skip("real Caffe2 (.venv-caffe2, made by make test) is absent")
     source = caffe2_suite.find_source()
     assert set(caffe2_suite.PRIORITY) <= set(caffe2_suite.suite_files(source))
+
+
+def test_a_test_that_calls_pytorchs_caffe2_ops_is_listed_apart(tmp_path):
+    (tmp_path / "python").mkdir()
+    (tmp_path / "python" / "x_test.py").write_text(
+        "class T:\n    def test_torch(self):\n        torch.ops._caffe2.LayerNorm(x)\n"
+        "    def test_plain(self):\n        workspace.RunOperatorOnce(op)\n"
+    )
+    passed = {"outcome": "passed", "message": ""}
+    tests = {f"python/x_test.py::T::{name}": dict(passed) for name in ("test_torch", "test_plain")}
+    results = {
+        "examples": 1, "derandomize": True, "suite_files": 1,
+        "files": {"python/x_test.py": {
+            "caffe2": {"status": "ok", "seconds": 0.0, "collection_error": None, "tests": tests},
+            "rnn2jax": {"status": "ok", "seconds": 0.0, "collection_error": None, "tests": {}},
+        }},
+    }  # fmt: skip
+    caffe2_suite.mark_apart(results, tmp_path)
+    summary = caffe2_suite.summarize(results)
+    assert summary["real"] == 1 and summary["ours"] == 0  # test_plain alone counts
+    assert summary["apart"] == {caffe2_suite.APART_MESSAGES[0][1]: {"python/x_test.py": 1}}

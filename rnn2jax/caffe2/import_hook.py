@@ -20,14 +20,16 @@ NumPy, `past.builtins`, and every other module's view of them, stay as they are.
 from __future__ import annotations
 
 import builtins
+import collections
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import GeneratorType, ModuleType
 from typing import Any
 
 import numpy
@@ -183,9 +185,17 @@ class _Numpy1Array(numpy.ndarray):
     * item assignment takes a one-element array for one element (`a[i] = np.array([x])`; NumPy 2 raises
       "setting an array element with a sequence"): adam_test's references fill copies so, with LR of shape [1];
     * arithmetic with a NumPy scalar promotes by the scalar's value (NumPy 2's NEP 50 by its type): int32 ones
-      times an np.int64 stay int32, as lengths_reducer_fused_8bit_rowwise_ops_test's LENGTHS must.
+      times an np.int64 stay int32, as lengths_reducer_fused_8bit_rowwise_ops_test's LENGTHS must;
+    * `int()` and `float()` take a one-element array of any rank (NumPy 2 only a 0-d one):
+      learning_rate_op_test's `int(np.random.randint(..., size=1))`.
 
     What is computed from such arrays is one too (a reduction to one value is a NumPy scalar, as usual)."""
+
+    def __int__(self) -> int:
+        return int(self.view(numpy.ndarray).reshape(())) if self.size == 1 else super().__int__()
+
+    def __float__(self) -> float:
+        return float(self.view(numpy.ndarray).reshape(())) if self.size == 1 else super().__float__()
 
     def __setitem__(self, key: Any, value: Any) -> None:
         try:
@@ -230,12 +240,33 @@ def _numpy1_filled(make: Any) -> Any:
     return made
 
 
+def _numpy1_sum(a: Any, *args: Any, **kwargs: Any) -> Any:
+    """NumPy 1's `sum`: of a generator, Python's sum (NumPy 2 raises; cross_entropy_ops_test sums one)."""
+    if isinstance(a, GeneratorType):
+        return builtins.sum(a)
+    return numpy.sum(a, *args, **kwargs)
+
+
+def _getargspec(func: Any) -> Any:
+    """`inspect.getargspec`, removed in Python 3.11 (Caffe2's matmul_op_test calls it): getfullargspec's first
+    four fields, under their old names."""
+    spec = inspect.getfullargspec(func)
+    return _ArgSpec(spec.args, spec.varargs, spec.varkw, spec.defaults)
+
+
+_ArgSpec = collections.namedtuple("ArgSpec", "args varargs keywords defaults")
+
+
 # What NumPy 2 changed and Caffe2's sources rely on, as NumPy 1 did it (over NumPy 2's own)
 _NUMPY1_BEHAVIOUR: dict[str, Any] = {
+    "sum": _numpy1_sum,
     "array": _numpy1_array,
     **{
         name: _numpy1_filled(getattr(numpy, name))
-        for name in ("copy", "zeros", "zeros_like", "empty", "empty_like", "ones", "ones_like", "full", "full_like")
+        for name in (
+            *("asarray", "copy", "zeros", "zeros_like", "empty", "empty_like"),
+            *("ones", "ones_like", "full", "full_like"),
+        )
     },
 }
 
@@ -271,9 +302,24 @@ def _tree_view(module: ModuleType) -> ModuleType | None:
     module."""
     if module is numpy:
         present = vars(numpy)
-        return _proxy(
-            numpy, {**{k: v for k, v in _REMOVED_NUMPY_NAMES.items() if k not in present}, **_NUMPY1_BEHAVIOUR}
+        random = _proxy(  # its draws are NumPy 1 arrays too (int() of a size-1 draw)
+            numpy.random,
+            {
+                name: _numpy1_filled(value)
+                for name, value in vars(numpy.random).items()
+                if inspect.isroutine(value) and not name.startswith("_")
+            },
         )
+        return _proxy(
+            numpy,
+            {
+                **{k: v for k, v in _REMOVED_NUMPY_NAMES.items() if k not in present},
+                **_NUMPY1_BEHAVIOUR,
+                "random": random,
+            },
+        )
+    if module is inspect:
+        return _proxy(inspect, {"getargspec": _getargspec})
     if module.__name__ == "past.builtins":
         return _proxy(module, {"basestring": _basestring})
     return None
@@ -285,10 +331,10 @@ _tree_views: dict[str, ModuleType | None] = {}  # made on first use: a process t
 def _import_for_source_tree(
     name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
 ) -> ModuleType:
-    """`__import__` for the tree's modules: `numpy` and `past.builtins` are their views (`_tree_view`), every
+    """`__import__` for the tree's modules: `numpy`, `past.builtins` and `inspect` are their views (`_tree_view`), every
     other module is as usual."""
     module = builtins.__import__(name, globals, locals, fromlist, level)
-    if module.__name__ not in ("numpy", "past.builtins"):
+    if module.__name__ not in ("numpy", "past.builtins", "inspect"):
         return module
     if module.__name__ not in _tree_views:
         _tree_views[module.__name__] = _tree_view(module)

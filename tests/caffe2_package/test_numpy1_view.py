@@ -46,3 +46,23 @@ def test_what_is_computed_from_them_promotes_alike(tree_np):
     cores += 1
     assert cores.tolist() == [2.0, 3.0]
     assert type(np.array(cores)) is np.ndarray  # NumPy's own copy of one is plain
+
+
+def test_int_and_float_take_a_one_element_array_of_any_rank(tree_np):
+    """learning_rate_op_test: `int(np.random.randint(low, high, size=1))`, `int(np.asarray([i]))`."""
+    drawn = tree_np.random.randint(low=1, high=5, size=1)
+    assert 1 <= int(drawn) < 5 and float(tree_np.asarray([[2.5]])) == 2.5
+    with pytest.raises(TypeError):
+        int(tree_np.asarray([1, 2]))  # two elements are no scalar
+    with pytest.raises(TypeError):
+        int(np.asarray([1]))  # NumPy's own arrays are NumPy 2's
+
+
+def test_sum_of_a_generator_is_pythons_and_getargspec_is_back(tree_np):
+    """cross_entropy_ops_test sums a generator; matmul_op_test calls inspect.getargspec (gone in Python 3.11)."""
+    from rnn2jax.caffe2.import_hook import _getargspec
+
+    assert tree_np.sum(x * x for x in range(4)) == 14
+    assert tree_np.sum(np.ones((2, 2)), axis=0).tolist() == [2.0, 2.0]
+    spec = _getargspec(lambda a, b=1, *rest, **extra: None)
+    assert (spec.args, spec.varargs, spec.keywords, spec.defaults) == (["a", "b"], "rest", "extra", (1,))
