@@ -33,7 +33,7 @@ from .checks import runtime_checked
 from .elementwise import _legacy_axis, _legacy_b_shape
 from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
 from .int8 import _int8
-from .registry import REGISTRY, Kernel, declare_family, register
+from .registry import REGISTRY, Kernel, declare_family, engine_variant, register
 from .shape import _check_indices, _check_range
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
@@ -732,6 +732,9 @@ def int8_lstm_unit(op: Op) -> Kernel:
         return finish(op, h_out, out_h), finish(op, c_out, out_c)
 
     return kernel
+
+
+engine_variant("LSTMUnit", "DNNLOWP", "Int8LSTMUnit")  # the same LSTMUnitDNNLowPOp in Caffe2
 
 
 def _lstm_unit_float(h_prev, c_prev, gates, lengths, timestep, forget_bias, drop_states):

@@ -376,7 +376,22 @@ REGISTER_ADVICE = Advice(
 REGISTER_EACH_ADVICE = replace(REGISTER_ADVICE, separator="\nfor each type: ")  # after a list of ops
 
 
+# (op type, engine) -> the record Caffe2 runs for it: DNNLOWP registers one class under both keys
+# (`LSTMUnit_ENGINE_DNNLOWP` and `Int8LSTMUnit_ENGINE_DNNLOWP` are both LSTMUnitDNNLowPOp)
+ENGINE_VARIANTS: dict[tuple[str, str], str] = {}
+
+
+def engine_variant(op_type: str, engine: str, record_type: str) -> None:
+    """Caffe2 runs `record_type`'s op for `op_type` under `engine` (a family module declares it beside the record)."""
+    ENGINE_VARIANTS[(op_type, engine)] = record_type
+
+
 def lookup(op: Op) -> OpDef:
+    variant = ENGINE_VARIANTS.get((op.type, op.engine))
+    if variant is not None and find(variant) is not None:
+        opdef = find(variant)
+        _check_arity(op, opdef)
+        return opdef
     opdef = find(op.type)
     if opdef is None:
         raise UnsupportedOpError(

@@ -217,9 +217,10 @@ def draw_spatial_bn(op_type: str):
     return draw
 
 
-def draw_lstm_unit(data):
+def draw_lstm_unit(data, op_type: str = "Int8LSTMUnit"):
     """Static output parameters: dynamic ones come from Caffe2's float LSTMUnit (expf), whose last bits rnn2jax's
-    exp need not share, and a symmetric range's zero point (127.5) then rounds either way."""
+    exp need not share, and a symmetric range's zero point (127.5) then rounds either way. Caffe2 runs the same
+    op for LSTMUnit under engine DNNLOWP."""
     n, d = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
     args = {
         "Y_scale": data.draw(st.sampled_from([0.004, 0.01, 0.03])),
@@ -240,7 +241,7 @@ def draw_lstm_unit(data):
         "lengths": data.draw(arrays((n,), np.int32, 0, 3)),
         "t": np.array([data.draw(st.integers(0, 3))], np.int32),
     }
-    op = dnnlowp_op("Int8LSTMUnit", "DNNLOWP", list(inputs), ["h_out", "c_out"], **args)
+    op = dnnlowp_op(op_type, "DNNLOWP", list(inputs), ["h_out", "c_out"], **args)
     return op, inputs
 
 
@@ -256,6 +257,7 @@ CASES = cases(
     Case("Int8SpatialBN_ENGINE_DNNLOWP", draw_spatial_bn("Int8SpatialBN"), jit=False),
     Case("Int8SpatialBNRelu_ENGINE_DNNLOWP", draw_spatial_bn("Int8SpatialBNRelu"), jit=False),
     Case("Int8LSTMUnit_ENGINE_DNNLOWP", draw_lstm_unit, jit=False),
+    Case("LSTMUnit_ENGINE_DNNLOWP", lambda data: draw_lstm_unit(data, "LSTMUnit"), jit=False),
 )
 
 
