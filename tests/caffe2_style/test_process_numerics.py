@@ -20,12 +20,13 @@ import textwrap
 
 import numpy as np
 
-# A small training net as a Caffe2 script writes it: random fills (XavierFill's U[-s, s) is a multiply-add per
+# A small training net as a Caffe2 script writes it: seeded random fills (XavierFill's U[-s, s) is a multiply-add per
 # value, the op whose last bit first showed the difference), a one-layer LSTM over a sequence with lengths
 # (rnn_cell.LSTM: a RecurrentNetwork), and its gradient net (from ones over the hidden states).
 SCRIPT = textwrap.dedent(
     """
     import numpy as np
+    from caffe2.proto import caffe2_pb2
     from caffe2.python import core, rnn_cell, workspace
     from caffe2.python.model_helper import ModelHelper
 
@@ -38,10 +39,13 @@ SCRIPT = textwrap.dedent(
         workspace.FeedBlob("lengths", np.array([4, 2, 3], dtype=np.int32))
         workspace.FeedBlob("h0", rng.standard_normal((1, n, h)).astype(np.float32))
         workspace.FeedBlob("c0", rng.standard_normal((1, n, h)).astype(np.float32))
-        model.param_init_net.XavierFill([], "filled", shape=[64, 48])
-        hidden_all, _, _, _ = rnn_cell.LSTM(
-            model, "x", "lengths", ("h0", "c0"), dim_in=d, dim_out=h, scope="lstm", forget_bias=1.0
-        )
+        # seeded, as a user makes fills repeatable (an unseeded op draws from the workspace's clock-seeded
+        # generator, as in Caffe2, so two processes would draw differently)
+        with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU, 0, random_seed=7)):
+            model.param_init_net.XavierFill([], "filled", shape=[64, 48])
+            hidden_all, _, _, _ = rnn_cell.LSTM(
+                model, "x", "lengths", ("h0", "c0"), dim_in=d, dim_out=h, scope="lstm", forget_bias=1.0
+            )
         model.AddGradientOperators([hidden_all])
         workspace.RunNetOnce(model.param_init_net)
         workspace.RunNetOnce(model.net)
