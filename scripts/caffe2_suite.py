@@ -90,7 +90,7 @@ PRIORITY = (
     "python/operator_test/wngrad_test.py",
 )
 CI_PRIORITY_EXAMPLES = 2  # as many as the page's runs draw
-CI_TESTS_PER_FILE = 2
+CI_TESTS_PER_FILE = 3
 TEST_TIMEOUT_S = 300  # one test; a process of n files gets max(FILE_TIMEOUT_S, 300 n s) in all
 FILE_TIMEOUT_S = 1800
 # Caffe2's test utilities load the hypothesis profile $CAFFE2_HYPOTHESIS_PROFILE names when imported: real Caffe2's
