@@ -388,8 +388,8 @@ def engine_variant(op_type: str, engine: str, record_type: str) -> None:
 
 def lookup(op: Op) -> OpDef:
     variant = ENGINE_VARIANTS.get((op.type, op.engine))
-    if variant is not None and find(variant) is not None:
-        opdef = find(variant)
+    opdef = find(variant) if variant is not None else None
+    if opdef is not None:
         _check_arity(op, opdef)
         return opdef
     opdef = find(op.type)
