@@ -14,19 +14,24 @@ import numpy as np
 from rnn2jax.caffe2.opdef import create_net
 from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import Rnn2JaxError
+from rnn2jax.ir.int8 import Int8Tensor
 from rnn2jax.proto import caffe2_pb2 as pb
 from rnn2jax.runtime.workspace import CompileCache, Workspace
 from tests.differential import assert_blob_equal
 
 
 def array_blobs(workspace: Workspace, skip: Iterable[str] = ()) -> dict[str, np.ndarray]:
-    """The workspace's tensor blobs as NumPy arrays (strings as object arrays of bytes)."""
+    """The workspace's tensor blobs as NumPy arrays (strings as object arrays of bytes; Int8 blobs with NumPy data)."""
     skipped = set(skip)
     out = {}
     for name in workspace.blobs():
         value = workspace.get(name)
-        if name not in skipped and isinstance(value, jax.Array | np.ndarray):
+        if name in skipped:
+            continue
+        if isinstance(value, jax.Array | np.ndarray):
             out[name] = np.asarray(value)
+        elif isinstance(value, Int8Tensor):
+            out[name] = Int8Tensor(np.asarray(value.data), value.scale, value.zero_point)
     return out
 
 

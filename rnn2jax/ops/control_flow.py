@@ -22,6 +22,7 @@ A gradient While pops one forward frame per step: it runs where the forward Whil
 
 from __future__ import annotations
 
+import math
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
@@ -475,9 +476,12 @@ class ONNXWhileLowering:
 
     The trip count is made static (registry `static_inputs`): without has_cond the loop is one `lax.scan`,
     so gradients flow; with has_cond it unrolls while the condition is known and becomes `lax.while_loop`
-    where it is traced (then it can have no scan outputs: their length would be data-dependent).
-    Caffe2 (torch 1.10.2) stacks the scan outputs wrongly (its first CopyFrom drops the iteration axis, and
-    later iterations write past the tensor it extends): the outputs here are the stack ONNX's Loop defines."""
+    where it is traced (then it can have no scan outputs: their length would be data-dependent, so a workspace
+    runs such an op eagerly, registry `eager`).
+    Caffe2 (torch 1.10.2) does not stack the scan outputs as ONNX's Loop does: its first CopyFrom drops the
+    iteration axis, and each later iteration extends the first axis by one row and copies one whole step's
+    values after the previous ones. The outputs here are Caffe2's (`_caffe2_scan_output`): steps of one row are
+    concatenated on the first axis; where Caffe2 would write past the tensor it extends, the op is refused."""
 
     def __init__(self, op: Op, lower: LowerNet):
         self.op = op
@@ -562,18 +566,17 @@ class ONNXWhileLowering:
             if _is_traced(trips):
                 raise ShapeError(f"{op.where}: the trip count '{op.inputs[0]}' must be known when the net is compiled")
             limit = int(np.reshape(np.asarray(trips), (-1,))[0])
-        condition = np.bool_(True)
-        if self.has_cond:  # Caffe2 reads the first value
-            xp = jnp if _is_traced(first) else np
-            condition = xp.reshape(xp.asarray(first), (-1,))[0].astype(bool)
+        xp = jnp if _is_traced(first) else np
+        initial = xp.reshape(xp.asarray(first), (-1,))[0].astype(bool)  # Caffe2 reads the first value
+        condition = initial if self.has_cond else np.bool_(True)
         state, written, scans = list(deps[: self.deps]), {}, [[] for _ in range(self.scans)]
-        iteration = 0
+        iteration, fed = 0, initial  # the body's condition input: the first value, then its own last output
         if not self.has_cond:
-            state, written, stacked = self._scan(limit, condition, state, dtype, scope, key)
+            state, written, stacked, fed, iteration = self._scan(limit, initial, state, dtype, scope, key)
         else:
             while limit is None or iteration < limit:
                 if _is_traced(condition):
-                    state, written = self._while(iteration, limit, condition, state, dtype, scope, key)
+                    state, written, fed, iteration = self._while(iteration, limit, condition, state, dtype, scope, key)
                     break
                 if not bool(condition):
                     break
@@ -581,43 +584,61 @@ class ONNXWhileLowering:
                     self._inputs(iteration, condition, state, dtype), scope, jax.random.fold_in(key, iteration)
                 )
                 condition, state, outs = self._outputs(written)
+                fed = condition
                 for k, value in enumerate(outs):
                     scans[k].append(value)
                 iteration += 1
             stacked = [_stack(op, values) for values in scans]
         if self.disable_scopes:
-            scope.update({n: written[n] for n in self.scope_writes if n in written})
-        return (*state, *stacked)
+            scope.update(self._left_in_scope(scope, written, iteration, fed, state, dtype))
+        names = op.outputs[self.deps : self.deps + self.scans]
+        return (*state, *(_caffe2_scan_output(op, name, steps) for name, steps in zip(names, stacked, strict=True)))
 
-    def _scan(self, limit, condition, state, dtype, scope, key) -> tuple[list[Any], dict[str, Any], list[Any]]:
-        """No has_cond: `limit` steps of one `lax.scan` (the dependencies keep their shapes and dtypes)."""
+    def _left_in_scope(
+        self, scope: Mapping[str, Any], written: Mapping[str, Any], iteration: Any, fed: Any, state: list[Any], dtype
+    ) -> dict[str, Any]:
+        """What disable_scopes leaves in the enclosing workspace, which the body's blobs live in: what the last
+        iteration wrote, then the body's inputs as Caffe2 sets them for a next iteration (the iteration count,
+        the last condition, the final dependencies), and the condition output, which Caffe2 creates before the
+        first iteration (one bool, False here: Caffe2 leaves it unset when no iteration runs)."""
+        left = {n: written[n] for n in self.scope_writes if n in written}
+        left.update(self._inputs(iteration, fed, state, dtype))
+        if self.results[0] not in left and self.results[0] not in scope:
+            left[self.results[0]] = np.zeros((1,), np.bool_)
+        return left
+
+    def _scan(self, limit, initial, state, dtype, scope, key) -> tuple[list[Any], dict[str, Any], list[Any], Any, int]:
+        """No has_cond: `limit` steps of one `lax.scan` (the dependencies keep their shapes and dtypes; the body's
+        condition input is `initial`, then its own last output, as in Caffe2)."""
         op = self.op
         if not limit:
-            return state, {}, [np.zeros((0,), np.int32) for _ in range(self.scans)]
+            return state, {}, [np.zeros((0,), np.int32) for _ in range(self.scans)], initial, 0
 
-        def step(carry: tuple[list[Any], dict[str, Any]], iteration: Any) -> tuple:
-            deps, _ = carry
-            env = self._step(self._inputs(iteration, condition, deps, dtype), scope, jax.random.fold_in(key, iteration))
-            _, new, outs = self._outputs(env)
+        def step(carry: tuple[list[Any], Any, dict[str, Any]], iteration: Any) -> tuple:
+            deps, fed, _ = carry
+            env = self._step(self._inputs(iteration, fed, deps, dtype), scope, jax.random.fold_in(key, iteration))
+            flag, new, outs = self._outputs(env)
             kept = {n: env[n] for n in self.scope_writes if n in env}
             return (
                 [_like(op, self.results[1 + j], v, d) for j, (v, d) in enumerate(zip(new, deps, strict=True))],
+                jnp.asarray(flag, bool),
                 kept,
             ), outs
 
-        first = jax.eval_shape(lambda: step((state, {}), jnp.int64(0)))
-        kept0 = _zeros_like(first[0][1])
-        deps0 = [jnp.asarray(d) for d in state]
-        (final, kept), stacked = jax.lax.scan(step, (deps0, kept0), jnp.arange(limit, dtype=np.int64))
-        return list(final), kept, list(stacked)
+        deps0, fed0 = [jnp.asarray(d) for d in state], jnp.asarray(initial, bool)
+        first = jax.eval_shape(lambda: step((deps0, fed0, {}), jnp.int64(0)))
+        kept0 = _zeros_like(first[0][2])
+        (final, fed, kept), stacked = jax.lax.scan(step, (deps0, fed0, kept0), jnp.arange(limit, dtype=np.int64))
+        return list(final), kept, list(stacked), fed, limit
 
-    def _while(self, start, limit, condition, state, dtype, scope, key) -> tuple[list[Any], dict[str, Any]]:
-        """A traced condition: `lax.while_loop` on, from iteration `start` (bounded by the trip count)."""
+    def _while(self, start, limit, condition, state, dtype, scope, key) -> tuple[list[Any], dict[str, Any], Any, Any]:
+        """A traced condition: `lax.while_loop` on, from iteration `start` (bounded by the trip count); the final
+        dependencies, the last iteration's blobs, the last condition and the iteration count."""
         op = self.op
         if self.scans:
             raise ShapeError(
                 f"{op.where}: the loop's condition is known only at run time, so its {self.scans} scan output(s) "
-                "would have a data-dependent length"
+                "would have a data-dependent length here; a Workspace (or the Caffe2 API) runs this op eagerly"
             )
 
         def step(carry):
@@ -636,8 +657,8 @@ class ONNXWhileLowering:
             iteration, flag = carry[0], carry[1]
             return flag if limit is None else jnp.logical_and(flag, iteration < limit)
 
-        _, _, final, kept = jax.lax.while_loop(go_on, step, carry)
-        return list(final), kept
+        iterations, flag, final, kept = jax.lax.while_loop(go_on, step, carry)
+        return list(final), kept, flag, iterations
 
 
 def _like(op: Op, name: str, value: Any, before: Any) -> Any:
@@ -650,6 +671,32 @@ def _like(op: Op, name: str, value: Any, before: Any) -> Any:
     return value
 
 
+def _caffe2_scan_output(op: Op, name: str, steps: Any) -> Any:
+    """What Caffe2's ONNXWhile leaves in scan output `name` from the per-iteration values `steps` ([n, *dims]):
+    the first value as it is, then each iteration's values copied after the previous ones while the tensor
+    grows by one row (Tensor::Extend). With one row per step that is the steps concatenated on the first axis;
+    with more, the first two iterations fill dims[0] + 1 rows and a third writes past the tensor's memory."""
+    n, dims = steps.shape[0], tuple(steps.shape[1:])
+    if n <= 1:
+        return steps if n == 0 else jnp.reshape(steps, dims)
+    if not dims:
+        raise ShapeError(
+            f"{op.where}: scan output '{name}' is a scalar per iteration, which Caffe2's ONNXWhile cannot extend "
+            "past the first iteration (Tensor::Extend needs at least one dimension)"
+        )
+    if dims[0] == 1:
+        return jnp.reshape(steps, (n, *dims[1:]))
+    if n > 2:
+        raise ShapeError(
+            f"{op.where}: scan output '{name}' has {dims[0]} rows per iteration; over {n} iterations Caffe2's "
+            "ONNXWhile copies each iteration's rows past the one row it extends the tensor by, writing past its "
+            "memory (one row per iteration, or at most 2 iterations, is defined)"
+        )
+    rest = math.prod(dims[1:])
+    flat = jnp.reshape(steps, (-1,))[: (dims[0] + 1) * rest]
+    return jnp.reshape(flat, (dims[0] + 1, *dims[1:]))
+
+
 def _stack(op: Op, values: list[Any]) -> Any:
     if not values:
         return np.zeros((0,), np.int32)  # Caffe2's zero-iteration scan output
@@ -658,8 +705,26 @@ def _stack(op: Op, values: list[Any]) -> Any:
     return jnp.stack([jnp.asarray(v) for v in values])
 
 
+def _scans_of_a_condition(op: Op) -> bool:
+    """An ONNXWhile whose condition decides the trip count and that has scan outputs: their length depends on
+    values, so a workspace runs it eagerly (registry `eager`), where the loop unrolls on known conditions."""
+    body = dict(op.nested_nets()).get("body")
+    if body is None or not op.int("has_cond", 0):
+        return False
+    count = op.int("num_loop_carried_deps", -1)
+    deps = len(op.inputs) - 2 if count == -1 else count
+    return len(body.external_outputs) - 1 - deps > 0
+
+
 @register(
-    "ONNXWhile", inputs=(2, None), outputs=(0, None), random=True, scoped=True, carries_nets=True, static_inputs=(0,)
+    "ONNXWhile",
+    inputs=(2, None),
+    outputs=(0, None),
+    random=True,
+    scoped=True,
+    carries_nets=True,
+    static_inputs=(0,),
+    eager=_scans_of_a_condition,
 )
 def onnx_while(op: Op, lower: LowerNet) -> ONNXWhileLowering:
     return ONNXWhileLowering(op, lower)

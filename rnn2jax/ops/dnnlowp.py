@@ -8,7 +8,10 @@ DNNLOWP chooses quantization parameters itself: from an op's `Y_scale`/`Y_zero_p
 adjusted by `followed_by`), or else from the min and max of the data (`fbgemm::ChooseQuantizationParams`, with
 the `activation_precision`, `preserve_activation_sparsity` and `force_scale_power_of_two` arguments). A scale is
 static in an `Int8Tensor` (rnn2jax/ir/int8.py says why), so an op that chooses it from data reads that input's
-values (`static_inputs`): rnn2jax.compile makes the net input it comes from static, specialised per value.
+values (`static_inputs`): rnn2jax.compile makes the net input it comes from static, specialised per value. The
+ops that may choose them from values they compute (a float input's range, the float result's min and max) run
+eagerly in a workspace (registry `eager`), on concrete values; a compiled net traces them, where Int8 inputs and
+static output quantization are what they take.
 
 The arithmetic is fbgemm's as this Caffe2 build runs it on x86 with AVX2 and FMA: an 8-bit quantization rounds
 `x * (1/scale) + zero_point` fused (one rounding), a NaN saturating to 255; other precisions round
@@ -256,7 +259,7 @@ def _concrete(op: Op, x: Any, what: str) -> np.ndarray:
     if isinstance(x, jax.core.Tracer):
         raise BadArgumentError(
             f"{op.where}: {what} is traced here, but DNNLOWP chooses the output's quantization from its values; "
-            "give Y_scale (static quantization), or run it eagerly"
+            "give Y_scale (static quantization), or run the net in a workspace, which runs this op eagerly"
         )
     return np.asarray(x)
 
@@ -284,7 +287,7 @@ def dynamic_quantization(op: Op, factory: Factory, y: Any, index: int) -> tuple[
 runtime_checked("Int8Gather")
 
 
-@register("Int8Gather", inputs=2, engines=("DNNLOWP",))
+@register("Int8Gather", inputs=2, engines=("DNNLOWP",), eager=True)
 def int8_gather(op: Op) -> Kernel:
     """GatherDNNLowPOp: rows (axis 0, whatever `axis` says) of Int8 DATA, keeping its quantization; float DATA is
     gathered by the float Gather, then quantized (or, with `dequantize_output`, left float)."""
@@ -372,7 +375,7 @@ def _real_multiplier(*scales: float, out: float) -> float:
     return float(f32(product / f32(out)))
 
 
-@register("Int8Mul", inputs=2, engines=("DNNLOWP",))
+@register("Int8Mul", inputs=2, engines=("DNNLOWP",), eager=True)
 def int8_mul(op: Op) -> Kernel:
     """MulDNNLowPOp: `(qa - za) * (qb - zb)` requantized by `sa * sb / sy`; with broadcast=1, B is a scalar or
     Caffe2's legacy broadcast of B over A (`axis`)."""
@@ -409,7 +412,7 @@ def output_quantization_of(op: Op, factory: Factory, reference: Any) -> tuple[fl
     return fixed if fixed is not None else output_quantization(op, factory, reference())
 
 
-@register("Int8ElementwiseLinear", inputs=3, engines=("DNNLOWP",))
+@register("Int8ElementwiseLinear", inputs=3, engines=("DNNLOWP",), eager=True)
 def int8_elementwise_linear(op: Op) -> Kernel:
     """ElementwiseLinearDNNLowPOp: X (N x D from `axis`) times `a` quantized as a weight, plus `b` quantized to
     int32 with scale `sx * sa`, requantized by `sx * sa / sy`."""
@@ -494,7 +497,7 @@ def _batch_matmul_geometry(
     return a_dims, b_dims, tuple(out)
 
 
-@register("Int8BatchMatMul", inputs=2, engines=("DNNLOWP",))
+@register("Int8BatchMatMul", inputs=2, engines=("DNNLOWP",), eager=True)
 def int8_batch_matmul(op: Op) -> Kernel:
     """BatchMatMulDNNLowPOp's exact path: `sum_k (qa - za) * (qb - zb)` in int32, requantized by `sa * sb / sy`.
     With `constant_B` Caffe2 packs B for fbgemm (B quantized as int8, a different rounding): not supported."""
@@ -619,12 +622,12 @@ def _bn_output_quantization(op: Op, factory: Factory, relu: bool, reference: Any
     return factory.choose(low, high)
 
 
-@register("Int8SpatialBN", inputs=5, engines=("DNNLOWP",))
+@register("Int8SpatialBN", inputs=5, engines=("DNNLOWP",), eager=True)
 def int8_spatial_bn(op: Op) -> Kernel:
     return _spatial_bn(op, relu=False)
 
 
-@register("Int8SpatialBNRelu", inputs=5, engines=("DNNLOWP",))
+@register("Int8SpatialBNRelu", inputs=5, engines=("DNNLOWP",), eager=True)
 def int8_spatial_bn_relu(op: Op) -> Kernel:
     return _spatial_bn(op, relu=True)
 
@@ -656,7 +659,7 @@ def _output_static(op: Op, factory: Factory, index: int) -> tuple[float, int] | 
     return float(f32(arg.value)), op.int(f"Y{index + 1}_zero_point", 0)
 
 
-@register("Int8LSTMUnit", inputs=5, outputs=2, engines=("DNNLOWP",))
+@register("Int8LSTMUnit", inputs=5, outputs=2, engines=("DNNLOWP",), eager=True)
 def int8_lstm_unit(op: Op) -> Kernel:
     """LSTMUnitDNNLowPOp: (hidden_prev, cell_prev, gates [1, N, 4D], seq_lengths, timestep) -> (hidden, cell),
     with dnnlowp's sigmoid and tanh tables and fbgemm's float requantization between them. The gates are read

@@ -118,6 +118,10 @@ class OpDef:
     say what it writes there undeclared (`scope_writes`), what it reads only when it exists
     (`optional_reads`), and that it binds its outputs in `scope` itself (`binds_outputs`: one left unset
     stays unset).
+    `eager` (or `eager(op)`) says that a workspace runs the op outside jitted code, its kernel on concrete values,
+    because what it writes depends on values it computes (DNNLOWP's output quantization chosen from the float
+    result, ONNXWhile's scan outputs when the condition decides the trip count); a compiled net still traces it,
+    and the kernel then says why it cannot run there.
     `static_inputs` are the positions of inputs whose VALUES decide the output's shape (lengths, sizes,
     starts): the compiler makes the net inputs they come from static, so the kernel receives them as
     concrete arrays (`np.asarray` works on them) and is specialised per value. A `shape_only` op's outputs
@@ -135,6 +139,7 @@ class OpDef:
     carries_nets: bool = False
     shape_only: bool = False
     shape_outputs: tuple[int, ...] = ()
+    eager: bool | Callable[[Op], bool] = False
     user: bool = False  # registered by `rnn2jax.register_op` or given to compile(custom_ops=)
     module: str = ""  # the family module that holds every facet of the op
     roles: Roles | Absent = UNSTATED
@@ -149,6 +154,10 @@ class OpDef:
         if self.shape_only:
             return False
         return any(i not in self.shape_outputs for i, name in enumerate(op.outputs) if name in outputs)
+
+    def runs_eagerly(self, op: Op) -> bool:
+        """Whether a workspace runs `op` outside jitted code (`eager`)."""
+        return self.eager(op) if callable(self.eager) else self.eager
 
     def static_positions(self, op: Op) -> tuple[int, ...]:
         """The positions of `op`'s inputs whose values decide its output shapes (some depend on arguments:
@@ -278,6 +287,7 @@ def register(
     shape_only: bool = False,
     shape_outputs: tuple[int, ...] = (),
     engines: tuple[str, ...] = (),
+    eager: bool | Callable[[Op], bool] = False,
     **facets: Any,
 ) -> Callable[[Builder], Builder]:
     """Register `build` for each of `types` (aliases share one builder), with any facets given here
@@ -305,6 +315,7 @@ def register(
                 carries_nets,
                 shape_only,
                 shape_outputs,
+                eager,
                 module=module,
                 **stated,
                 host=existing.host if existing is not None else None,

@@ -5,7 +5,8 @@ Consecutive pure ops form one segment: one `jax.jit` function from the blobs the
 blob it writes (written back to the workspace, as Caffe2's in-place updates are). A net of pure ops is
 one segment, so one dispatch per run; jax.jit compiles it once per input signature (the shapes and
 dtypes of the blobs it reads) and caches it. Host ops (records of the op registry with a `host` facet)
-run in Python between segments.
+run in Python between segments. An op whose record says it runs eagerly here (registry `eager`: what it writes
+depends on values it computes) is a segment of its own, run outside jit on concrete values.
 
 The executor builds on no other runtime module: it reads and writes blobs through `SegmentWorkspace`,
 which `rnn2jax.runtime.workspace.Workspace` implements (the workspace makes executors, never the reverse).
@@ -193,6 +194,22 @@ class PureSegment:
                 raise InputTypeError(f"{where}blob '{name}' holds {kind}, which this op cannot read")
 
 
+class EagerSegment(PureSegment):
+    """One op run outside jit (registry `eager`), with the blob handling of a pure segment: its kernel sees
+    concrete values, so it may choose shapes or quantization from what it computes."""
+
+    def __init__(self, ops: Sequence[Op], label: str, seed: int):
+        super().__init__(ops, label, seed)
+        self.runtime_checks = False  # its checks see concrete values, and refuse at once (ops/checks.py)
+
+    def _executable(self, key: tuple) -> Any:
+        return _eager_call
+
+
+def _eager_call(handle: _Specialised, env: dict[str, Any], counter: Any, net_run: Any, seed: Any) -> Any:
+    return handle.segment._apply({**env, **handle.static}, counter, net_run, seed)
+
+
 @dataclasses.dataclass
 class HostStep:
     """One host op, with the state it keeps for as long as its net exists."""
@@ -225,12 +242,16 @@ class Executor:
         pending: list[Op] = []
         for op in ops:
             host = find_host(op.type)
-            if host is None or not host.runs(op):
+            eager = host is None and lookup(op).runs_eagerly(op)
+            if not eager and (host is None or not host.runs(op)):
                 pending.append(op)
                 continue
             if pending:
                 self.pieces.append(PureSegment(pending, f"{self.label}, ops #{pending[0].index}-", seed))
                 pending = []
+            if eager:
+                self.pieces.append(EagerSegment([op], f"{self.label}, op #{op.index}", seed))
+                continue
             if host.check is not None:
                 host.check(op)
             self.pieces.append(HostStep(op, host))

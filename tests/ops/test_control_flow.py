@@ -13,8 +13,11 @@ those gradient ops as Caffe2 does.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
+from host_differential import check_net as host_check_net
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -132,32 +135,46 @@ def draw_create_scope(data: st.DataObject) -> tuple[pb.OperatorDef, dict[str, np
     return make_op("CreateScope", [], ["ws"]), {}
 
 
-def draw_onnx_while(data: st.DataObject) -> tuple[pb.OperatorDef, dict[str, np.ndarray]]:
+def draw_onnx_while(data: st.DataObject, scans_with_cond: bool = False) -> tuple[pb.OperatorDef, dict[str, np.ndarray]]:
     """ONNXWhile with a drawn trip count and, drawn, a condition the body computes from the iteration number
-    (bool, so that the body's LT writes the condition's type); one or two dependencies, no scan outputs (Caffe2
-    stacks those wrongly: see ONNXWhileLowering). The body makes its own constants: its workspace sees none of
-    the enclosing blobs, unless disable_scopes. One draw in eight gives an int32 trip count (Caffe2 refuses)."""
+    (bool, so that the body's LT writes the condition's type); one or two dependencies and up to two scan outputs.
+    A scan output is a dependency's value with a leading axis of one (ExpandDims) or, for at most two iterations,
+    as it is: over more, Caffe2 writes past the tensor it extends (see `_caffe2_scan_output`). Scan outputs come
+    with a condition only for `scans_with_cond` (their length then depends on values: a workspace runs the op
+    eagerly, a compiled net refuses it). The body makes its own constants: its workspace sees none of the
+    enclosing blobs, unless disable_scopes. One draw in eight gives an int32 trip count (Caffe2 refuses)."""
     shape = data.draw(shapes(1, 2))
     deps = data.draw(st.integers(1, 2))
-    has_cond = data.draw(st.booleans())
+    has_cond = scans_with_cond or data.draw(st.booleans())
     dtype = np.bool_ if has_cond else data.draw(st.sampled_from([np.bool_, np.int32, np.int64]))
     names = [f"d{j}" for j in range(deps)]
+    trip_count = data.draw(st.integers(0, 4))
     ops = [
         make_op("GivenTensorFill", [], ["w"], shape=list(shape), values=data.draw(arrays(shape)).ravel().tolist()),
         make_op("ConstantFill", [], ["lim"], shape=[], value=data.draw(st.integers(0, 4)), dtype=pb.TensorProto.INT64),
     ]
     ops += [make_op(data.draw(st.sampled_from(BINARY)), [name, "w"], [f"{name}_out"]) for name in names]
     ops.append(make_op("LT", ["it", "lim"], ["cond_out"]))
+    scans = []
+    if scans_with_cond or not has_cond:
+        for k in range(data.draw(st.integers(1 if scans_with_cond else 0, 2))):
+            source = f"{data.draw(st.sampled_from(names))}_out"
+            if trip_count <= 2 and data.draw(st.booleans()):
+                scans.append(source)
+            else:
+                ops.append(make_op("ExpandDims", [source], [f"scan{k}"], dims=[0]))
+                scans.append(f"scan{k}")
     body = create_net("body", ops)
     body.external_input.extend(["it", "cond_in", *names])
-    body.external_output.extend(["cond_out", *(f"{name}_out" for name in names)])
-    trips = np.array(data.draw(st.integers(0, 4)), np.int32 if invalid(data) else np.int64)
+    body.external_output.extend(["cond_out", *(f"{name}_out" for name in names), *scans])
+    trips = np.array(trip_count, np.int32 if invalid(data) else np.int64)
     inputs = {"trips": trips, "cond": np.array([data.draw(st.booleans())]).astype(dtype)}
     inputs.update({name: data.draw(arrays(shape)) for name in names})
     args = {"body": body, "has_trip_count": 1, "has_cond": int(has_cond)}
     if data.draw(st.booleans()):
         args["disable_scopes"] = 1
-    return make_op("ONNXWhile", list(inputs), [f"{name}_final" for name in names], **args), inputs
+    outputs = [f"{name}_final" for name in names] + [f"scan{k}_all" for k in range(len(scans))]
+    return make_op("ONNXWhile", list(inputs), outputs, **args), inputs
 
 
 CASES = cases(
@@ -174,7 +191,12 @@ CASES = cases(
         note="data-dependent trip count: lax.while_loop under jit, unrolled eagerly; gradient: "
         "test_while_gradient_when_the_trip_count_is_known",
     ),
-    Case("ONNXWhile", draw_onnx_while, note="trip count static: lax.scan, or lax.while_loop with has_cond"),
+    Case(
+        "ONNXWhile",
+        draw_onnx_while,
+        note="trip count static: lax.scan, or lax.while_loop with has_cond; scan outputs with has_cond: "
+        "test_onnx_while_scan_outputs_of_a_condition",
+    ),
     Case(
         "Do", draw_do, gradient_ops=("Do",), note="run after CreateScope, in one workspace; gradient: test_do_gradient"
     ),
@@ -233,6 +255,49 @@ def test_known_condition_matches_caffe2(caffe2, op_type, data):
     """Run eagerly, the condition is known: If runs one branch, While unrolls (each step traced once)."""
     op, inputs = CASES[op_type].draw(data)
     check_net(caffe2, [op], inputs, list(op.output), jit=False)
+
+
+@FEWER_EXAMPLES
+@given(data=st.data())
+def test_onnx_while_scan_outputs_of_a_condition(caffe2, data):
+    """Scan outputs whose length the body's condition decides: a workspace runs the op eagerly (registry `eager`),
+    with every blob as Caffe2 leaves it; a compiled net, where the condition is traced, refuses the op."""
+    op, inputs = draw_onnx_while(data, scans_with_cond=True)
+    body = next(arg.n for arg in op.arg if arg.name == "body")
+    blobs = {*op.input, *op.output, *body.external_input, *(name for inner in body.op for name in inner.output)}
+    # with disable_scopes and no iteration, Caffe2 creates the condition output without a value: its shape only
+    _, want = host_check_net(caffe2, [op], inputs, values_of=blobs - {"cond_out"})
+    if want is not None and inputs["trips"].dtype == np.int64 and int(inputs["trips"]) > 0 and inputs["cond"].all():
+        with pytest.raises(Rnn2JaxError, match="data-dependent length"):
+            run_rnn2jax([op], inputs, list(op.output))
+
+
+@pytest.mark.parametrize(
+    ("shape", "trips", "refusal"),
+    [
+        ((), 2, "scalar per iteration"),
+        ((2,), 3, "writing past its memory"),
+        ((3, 2), 4, "writing past its memory"),
+        ((2,), 2, None),
+    ],
+)
+def test_onnx_while_refuses_scan_outputs_caffe2_cannot_extend(caffe2, shape, trips, refusal):
+    """Caffe2 extends a scan output by one row per iteration but copies a whole step: a scalar step cannot be
+    extended (Caffe2 refuses: asked here), and over three iterations steps of more than one row are written past
+    the tensor's memory (undefined in Caffe2, not asked), which rnn2jax refuses; two iterations are defined."""
+    body = create_net("body", [make_op("Add", ["x", "x"], ["y"])])
+    body.external_input.extend(["i", "c", "x"])
+    body.external_output.extend(["c", "y", "y"])
+    op = make_op("ONNXWhile", ["trips", "cond", "x0"], ["x_final", "scan"], body=body, has_trip_count=1)
+    inputs = {
+        "trips": np.array(trips, np.int64),
+        "cond": np.array(True),
+        "x0": np.arange(1, 1 + int(np.prod(shape)), dtype=np.float32).reshape(shape),
+    }
+    if refusal is None or refusal.startswith("scalar"):
+        check_net(caffe2, [op], inputs, ["x_final", "scan"], jit=True)
+    with pytest.raises(Rnn2JaxError, match=refusal) if refusal else contextlib.nullcontext():
+        run_rnn2jax([op], inputs, ["scan"])
 
 
 def test_if_writes_its_branch_blobs_and_leaves_the_others(caffe2):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from host_differential import check_net as host_check_net
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -322,3 +323,18 @@ def test_dynamic_quantization_needs_the_values(caffe2):
     with pytest.raises(Rnn2JaxError, match=r"Int8Mul.*input 'a' is traced"):
         run_rnn2jax([dnnlowp_op("Int8Mul", "DNNLOWP", ["a", "b"], ["y"])], {"a": a, "b": a}, ["y"])
     assert check_op(caffe2, dnnlowp_op("Quantize", "DNNLOWP", ["a"], ["y"]), {"a": a}) is not None
+
+
+@given(data=st.data())
+def test_a_workspace_runs_dynamic_quantization_eagerly(caffe2, data):
+    """Where DNNLOWP chooses parameters from float operands and from the float result (no Y_scale), a workspace
+    runs the op outside jitted code (registry `eager`), in a net with jitted ops around it, as Caffe2 computes."""
+    n = data.draw(st.integers(1, 4))
+    a, b = (data.draw(arrays((1, n), np.float32, -3.0, 3.0)) for _ in range(2))
+    ops = [
+        make_op("Relu", ["a"], ["ra"]),
+        dnnlowp_op("Int8Mul", "DNNLOWP", ["ra", "b"], ["y"]),
+        dnnlowp_op("Dequantize", "DNNLOWP", ["y"], ["z"]),
+        make_op("Scale", ["z"], ["out"], scale=2.0),
+    ]
+    host_check_net(caffe2, ops, {"a": a, "b": b}, values_of=["a", "b", "ra", "y", "z", "out"])
