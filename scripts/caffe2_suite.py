@@ -90,12 +90,6 @@ PRIORITY = (
     "python/operator_test/wngrad_test.py",
 )
 CI_PRIORITY_EXAMPLES = 2  # as many as the page's runs draw
-# Files CI runs in the first run (whole, beside PRIORITY): they pass alone but failed in the second, after some
-# other file in the same worker left the current workspace elsewhere (not found yet; a known gap)
-CI_FIRST_RUN = (
-    "python/operator_test/weighted_multi_sample_test.py",
-    "python/operator_test/weighted_sample_test.py",
-)
 CI_TESTS_PER_FILE = 3
 TEST_TIMEOUT_S = 300  # one test; a process of n files gets max(FILE_TIMEOUT_S, 300 n s) in all
 FILE_TIMEOUT_S = 1800
@@ -512,7 +506,7 @@ def run_ci(source: Path, results: Path, jobs: int) -> int:
             (tree / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source / rel, tree / rel)
         (tree / "pytest.ini").write_text("[pytest]\n")
-        priority = [rel for rel in (*PRIORITY, *CI_FIRST_RUN) if rel in scored]
+        priority = [rel for rel in PRIORITY if rel in scored]
         runs = [
             (CI_PRIORITY_EXAMPLES, 0, [str(tree / rel) for rel in priority]),
             (1, CI_TESTS_PER_FILE, [*(f"--ignore={tree / rel}" for rel in priority), str(tree)]),

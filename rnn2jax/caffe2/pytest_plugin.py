@@ -10,6 +10,10 @@ Caffe2's hypothesis profiles set no deadline, and compiling a new shape takes lo
 default 200 ms, so this plugin registers a profile `rnn2jax` (Caffe2's `dev` profile without a
 deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set already (and loads it, for
 the test files that do not import Caffe2's hypothesis_test_util).
+
+Each test file starts in workspace "default", as it would in a process of its own: Caffe2's test files assume
+it, and some leave another workspace current (ideep/fc_op_test switches to `_device_check_` and stays there, so a
+later file's device checks would reset the workspace its test feeds).
 """
 
 from __future__ import annotations
@@ -98,3 +102,16 @@ def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> 
     if own and module_path.resolve().is_relative_to(Path(own).resolve()):
         return _Caffe2TestModule.from_parent(parent, path=module_path)
     return None
+
+
+_last_file: list[Path | None] = [None]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The first test of each file (module docstring) runs in workspace "default"."""
+    if item.path == _last_file[0]:
+        return
+    _last_file[0] = item.path
+    workspace = sys.modules.get(f"{__package__}.python.workspace")  # the state behind every view of the module
+    if workspace is not None:
+        workspace.SwitchWorkspace("default", True)
