@@ -22,6 +22,12 @@ Some Caffe2 types exist only under an engine (DNNLOWP's `Quantize`: Caffe2 regis
 and no plain `Quantize`). Their record declares the `engines` it accepts; `lookup` refuses an op of the type
 with any other engine, or none, as Caffe2 cannot create it, and `operator_keys` names the Caffe2 operator keys
 the record stands for (`Quantize_ENGINE_DNNLOWP`, ...), which is what the scoreboard counts.
+
+Caffe2 often registers one engine class under several keys (`Tanh_ENGINE_DNNLOWP` and `Int8Tanh_ENGINE_DNNLOWP`
+are both DNNLOWP's tanh table): `engine_variant` sends an op of the other type under that engine to the class's
+record. Where the type also exists without the engine, as a different class (QNNPACK's plain `Int8Sigmoid`
+beside `Int8Sigmoid_ENGINE_DNNLOWP`), the engine class's record is named by its Caffe2 operator key
+(`Int8Sigmoid_ENGINE_DNNLOWP`, as Caffe2's own registry names it) and both types reach it by `engine_variant`.
 """
 
 from __future__ import annotations
@@ -265,8 +271,11 @@ def operator_keys(opdef: OpDef) -> tuple[str, ...]:
 
 
 def lowered_keys() -> frozenset[str]:
-    """`lowered_types` as Caffe2's operator keys (`Quantize_ENGINE_DNNLOWP` for the record of `Quantize`)."""
-    return frozenset(key for opdef in REGISTRY.values() if opdef.build is not None for key in operator_keys(opdef))
+    """`lowered_types` as Caffe2's operator keys (`Quantize_ENGINE_DNNLOWP` for the record of `Quantize`), and
+    the engine variants (`Tanh_ENGINE_DNNLOWP`) whose record is lowered."""
+    records = {key for opdef in REGISTRY.values() if opdef.build is not None for key in operator_keys(opdef)}
+    variants = {f"{t}_ENGINE_{e}" for (t, e), record_type in ENGINE_VARIANTS.items() if find(record_type) is not None}
+    return frozenset(records | variants)
 
 
 def _bounds(count: int | tuple[int, int | None]) -> tuple[int, int]:
