@@ -34,7 +34,7 @@ from ..ir.netdef import Op
 from . import shape as _shape  # noqa: F401  (Gather, which Int8Gather runs on float data, is registered first)
 from .checks import runtime_checked
 from .elementwise import _legacy_axis, _legacy_b_shape
-from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
+from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Roles
 from .int8 import _int8
 from .registry import REGISTRY, Kernel, declare_family, engine_variant, register
 from .shape import _check_indices, _check_range
@@ -378,7 +378,7 @@ def dynamic_quantization(op: Op, factory: Factory, y: Any, index: int) -> tuple[
 runtime_checked("Int8Gather")
 
 
-@register("Int8Gather", inputs=2, engines=("DNNLOWP",), eager=True)
+@register("Int8Gather", inputs=2, engines=("DNNLOWP",), eager=True, roles=Roles(integers=(1,)))  # as Gather
 def int8_gather(op: Op) -> Kernel:
     """GatherDNNLowPOp: rows (axis 0, whatever `axis` says) of Int8 DATA, keeping its quantization; float DATA is
     gathered by the float Gather, then quantized (or, with `dequantize_output`, left float)."""
@@ -762,7 +762,7 @@ def _output_static(op: Op, factory: Factory, index: int) -> tuple[float, int] | 
     return float(f32(arg.value)), op.int(f"Y{index + 1}_zero_point", 0)
 
 
-@register("Int8LSTMUnit", inputs=5, outputs=2, engines=("DNNLOWP",), eager=True)
+@register("Int8LSTMUnit", inputs=5, outputs=2, engines=("DNNLOWP",), eager=True, roles=Roles(lengths=(3,)))
 def int8_lstm_unit(op: Op) -> Kernel:
     """LSTMUnitDNNLowPOp: (hidden_prev, cell_prev, gates [1, N, 4D], seq_lengths, timestep) -> (hidden, cell),
     with dnnlowp's sigmoid and tanh tables and fbgemm's float requantization between them. The gates are read

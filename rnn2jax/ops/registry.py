@@ -406,6 +406,15 @@ def engine_variant(op_type: str, engine: str, record_type: str) -> None:
     ENGINE_VARIANTS[(op_type, engine)] = record_type
 
 
+def record_for(op: Op) -> OpDef | None:
+    """The lowering that runs `op`: its engine variant's record (the class Caffe2 registers for that engine),
+    else its type's; None where there is none. What `lookup` finds, unchecked: the facets an op's roles,
+    codegen and the like read are the record's that runs it (Mul under DNNLOWP is Int8Mul's, not Mul's)."""
+    variant = ENGINE_VARIANTS.get((op.type, op.engine))
+    opdef = find(variant) if variant is not None else None
+    return opdef if opdef is not None else find(op.type)
+
+
 def lookup(op: Op) -> OpDef:
     variant = ENGINE_VARIANTS.get((op.type, op.engine))
     opdef = find(variant) if variant is not None else None
@@ -490,7 +499,7 @@ def unsupported_ops(nets: Iterable[Net], runnable_only: bool = False, host_ops: 
     for net in nets:
         top = {id(op) for op in net.ops} if host_ops else set()
         for op in _ops_to_check(net, runnable_only):
-            if find(op.type) is None and not (id(op) in top and find_host(op.type) is not None):
+            if record_for(op) is None and not (id(op) in top and find_host(op.type) is not None):
                 missing.append((op.where, op.type))
     return missing
 

@@ -426,3 +426,23 @@ def test_refusals_where_caffe2_breaks():
     shuffle = dnnlowp_op("ChannelShuffle", "DNNLOWP", ["q"], ["y"], group=2, dequantize_output=1)
     with pytest.raises(Rnn2JaxError, match="dequantize_output"):
         run_rnn2jax([shuffle], {"q": q}, ["y"])
+
+
+def test_an_engine_variant_has_its_records_facets():
+    """Roles and codegen read the record that runs the op: LSTMUnit under DNNLOWP reads sequence lengths as
+    Int8LSTMUnit does; codegen, which has no DNNLOWP code, refuses Mul under DNNLOWP instead of writing a float
+    multiply."""
+    from rnn2jax.caffe2.opdef import create_net
+    from rnn2jax.ir.netdef import decode_net
+    from rnn2jax.ops.roles import integer_blobs, length_blobs
+    from rnn2jax.serving.codegen import generate
+
+    ops = [
+        dnnlowp_op("LSTMUnit", "DNNLOWP", ["h", "c", "g", "lengths", "t"], ["h2", "c2"]),
+        dnnlowp_op("Gather", "DNNLOWP", ["x", "i"], ["y"]),
+    ]
+    net = decode_net(create_net("n", ops))
+    assert length_blobs(net) == {"lengths"} and integer_blobs(net) == {"lengths", "i"}
+    mul = create_net("m", [dnnlowp_op("Mul", "DNNLOWP", ["a", "b"], ["y"])], ["a", "b"], ["y"])
+    with pytest.raises(UnsupportedOpError, match="no emitter for Mul under engine DNNLOWP"):
+        generate(mul, {})
