@@ -67,9 +67,9 @@ def choose_quantization_params(
         largest = max(abs(float(low / f32(sym_min))), abs(float(high / f32(sym_max))))
         low, high = f32(largest * sym_min), f32(largest * sym_max)
     low, high = min(low, f32(0)), max(high, f32(0))
-    scale = (float(high) - float(low)) / (qmax - qmin)
+    scale = float(f32((float(high) - float(low)) / (qmax - qmin)))  # a float: the zero point divides by it
     if f32(scale) == 0 or math.isinf(float(f32(1) / f32(scale))):
-        scale = 0.1
+        scale = float(f32(0.1))
     if power_of_two:  # (1 << k) in C's int: the shift count wraps at 32
         if scale < 1:
             scale = 1.0 / _c_shift(math.floor(math.log(1.0 / scale) / math.log(2)))
@@ -196,6 +196,13 @@ def quantize_dnnlowp(op: Op) -> Kernel:
         return Int8Tensor(quantize(x, scale, zero_point, factory.precision, dtype), scale, zero_point)
 
     return kernel
+
+
+# QuantizeDNNLowPOp<uint8_t> and DequantizeDNNLowPOp<uint8_t> under the Int8 names too (QNNPACK's plain ones differ)
+engine_variant("Int8Quantize", "DNNLOWP", "Quantize")
+engine_variant("Int8Quantize", "DNNLOWP_ROWWISE", "Quantize")
+engine_variant("Int8Dequantize", "DNNLOWP", "Dequantize")
+engine_variant("Int8Dequantize", "DNNLOWP_ROWWISE", "Dequantize")
 
 
 @register("Dequantize", engines=ENGINES)

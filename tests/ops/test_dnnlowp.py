@@ -301,6 +301,8 @@ CASES = cases(
     *(Case(f"Quantize_ENGINE_{e}", draw_quantize(e)) for e in ENGINES),
     *(Case(f"Dequantize_ENGINE_{e}", draw_dequantize("Dequantize", e)) for e in ENGINES),
     Case("Int8DequantizeRowWise_ENGINE_DNNLOWP", draw_dequantize("Int8DequantizeRowWise", "DNNLOWP")),
+    *(Case(f"Int8Quantize_ENGINE_{e}", retyped(draw_quantize(e), "Int8Quantize")) for e in ENGINES[:2]),
+    *(Case(f"Int8Dequantize_ENGINE_{e}", draw_dequantize("Int8Dequantize", e)) for e in ENGINES[:2]),
     Case("Int8Tanh_ENGINE_DNNLOWP", draw_table("Int8Tanh")),
     Case("Tanh_ENGINE_DNNLOWP", draw_table("Tanh")),
     Case("Int8Sigmoid_ENGINE_DNNLOWP", draw_table("Int8Sigmoid")),
