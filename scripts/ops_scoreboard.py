@@ -155,9 +155,17 @@ def render(
             f"{', '.join(ours_only)}."
         )
     not_run = sorted(types - registered - set(host))
+    # engine variants whose class rnn2jax lacks: it refuses them rather than run the type's own kernel
+    refused = sorted(k for k in set(catalog.ops) - types - registered if k in WHY_UNSUPPORTED)
     lines.append(
         f"- **{len(not_run)}** op types rnn2jax does not run; each is listed under *Not run, and why* below, with "
-        "the reason (`rnn2jax/ops/unsupported.py`, which rnn2jax's error for such an op also gives)."
+        "the reason (`rnn2jax/ops/unsupported.py`, which rnn2jax's error for such an op also gives)"
+        + (
+            f"; so are the **{len(refused)}** engine variants it refuses (Caffe2 runs another class under the "
+            "engine, which rnn2jax has not lowered)."
+            if refused
+            else "."
+        )
     )
     lines += [
         "",
@@ -172,7 +180,9 @@ def render(
         "",
     ]
     lines += ["## Not run, and why", "", "| op | why rnn2jax does not run it |", "|---|---|"]
-    lines += [f"| {op_type} | {WHY_UNSUPPORTED.get(op_type, '**no reason given**')} |" for op_type in not_run]
+    lines += [
+        f"| {op_type} | {WHY_UNSUPPORTED.get(op_type, '**no reason given**')} |" for op_type in [*not_run, *refused]
+    ]
     lines.append("")
     for family in sorted(families, key=lambda f: (not any(t in registered for t in families[f]), f)):
         lines += [

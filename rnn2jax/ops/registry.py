@@ -410,17 +410,44 @@ def record_for(op: Op) -> OpDef | None:
     """The lowering that runs `op`: its engine variant's record (the class Caffe2 registers for that engine),
     else its type's; None where there is none. What `lookup` finds, unchecked: the facets an op's roles,
     codegen and the like read are the record's that runs it (Mul under DNNLOWP is Int8Mul's, not Mul's)."""
-    variant = ENGINE_VARIANTS.get((op.type, op.engine))
-    opdef = find(variant) if variant is not None else None
-    return opdef if opdef is not None else find(op.type)
+    opdef = _engine_record(op)
+    if opdef is not None:
+        return opdef
+    return None if _engine_refused(op) else find(op.type)
+
+
+def _engine_record(op: Op) -> OpDef | None:
+    """The record of the class Caffe2 registers for the op's type under its engine: the engine variant's, else
+    one named by the operator key (`Add_ENGINE_DNNLOWP`), as Caffe2 looks an engine up; None where rnn2jax has
+    neither (the type's own record then runs, as Caffe2 falls back to the type's default)."""
+    if not op.engine:
+        return None
+    return find(ENGINE_VARIANTS.get((op.type, op.engine), f"{op.type}_ENGINE_{op.engine}"))
+
+
+def _engine_refused(op: Op) -> bool:
+    """Caffe2 runs another class under the op's engine, which rnn2jax has not lowered (unsupported.py says why:
+    DNNLOWP's Add): the type's own record would compute something else."""
+    return bool(op.engine) and bool(why_unsupported(f"{op.type}_ENGINE_{op.engine}"))
 
 
 def lookup(op: Op) -> OpDef:
-    variant = ENGINE_VARIANTS.get((op.type, op.engine))
-    opdef = find(variant) if variant is not None else None
+    opdef = _engine_record(op)
     if opdef is not None:
         _check_arity(op, opdef)
         return opdef
+    if _engine_refused(op):
+        key = f"{op.type}_ENGINE_{op.engine}"
+        raise UnsupportedOpError(
+            f"{op.where}: op type '{op.type}' under engine '{op.engine}' is not supported"
+            + _why_not(op.type, op.engine),
+            ((op.where, op.type),),
+            advice=Advice(
+                python=f"give it a lowering with rnn2jax.register_op named '{key}' (or compile(..., custom_ops=))",
+                command_line=f"give it a lowering named '{key}' with rnn2jax.register_op in a module of yours, "
+                "loaded with --ops FILE",
+            ),
+        )
     opdef = find(op.type)
     if opdef is None:
         raise UnsupportedOpError(
@@ -500,7 +527,8 @@ def unsupported_ops(nets: Iterable[Net], runnable_only: bool = False, host_ops: 
         top = {id(op) for op in net.ops} if host_ops else set()
         for op in _ops_to_check(net, runnable_only):
             if record_for(op) is None and not (id(op) in top and find_host(op.type) is not None):
-                missing.append((op.where, op.type))
+                # an engine rnn2jax refuses is named by its operator key, whose reason check_supported gives
+                missing.append((op.where, f"{op.type}_ENGINE_{op.engine}" if _engine_refused(op) else op.type))
     return missing
 
 
