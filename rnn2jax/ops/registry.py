@@ -28,6 +28,9 @@ are both DNNLOWP's tanh table): `engine_variant` sends an op of the other type u
 record. Where the type also exists without the engine, as a different class (QNNPACK's plain `Int8Sigmoid`
 beside `Int8Sigmoid_ENGINE_DNNLOWP`), the engine class's record is named by its Caffe2 operator key
 (`Int8Sigmoid_ENGINE_DNNLOWP`, as Caffe2's own registry names it) and both types reach it by `engine_variant`.
+`lookup` finds a record so named for any op under its engine, as Caffe2 does. An engine whose class rnn2jax
+lacks, where the type's own record would compute something else (DNNLOWP's Add), has its operator key in
+unsupported.py, and `lookup` refuses the op with that reason.
 """
 
 from __future__ import annotations
