@@ -128,7 +128,8 @@ def render(
     with_grad = {t for t in lowered if gradient_kinds.get(t) in _HAS_GRADIENT}
     grad_tested = with_grad & tested.with_gradient
     # lowered or host ops that real Caffe2's registry (this build of it) lacks
-    ours_only = sorted((registered | {t for t, r in records.items() if r.host is not None}) - types)
+    # (an engine variant rnn2jax lowers, `Tanh_ENGINE_DNNLOWP`, is one of Caffe2's keys, not a type of its own)
+    ours_only = sorted((registered | {t for t, r in records.items() if r.host is not None}) - set(catalog.ops))
     lines = [
         "# Op scoreboard",
         "",
@@ -137,7 +138,8 @@ def render(
         "tests; `tests/ops/test_scoreboard.py` fails when it is stale. Do not edit by hand.",
         "",
         f"- Real Caffe2 registers **{len(catalog.ops)}** operator keys: **{len(types)}** op types, plus "
-        f"{len(catalog.ops) - len(types)} engine variants of them (`Conv_ENGINE_CUDNN`, ...).",
+        f"{len(catalog.ops) - len(types)} engine variants of them (`Conv_ENGINE_CUDNN`, ...); rnn2jax lowers "
+        f"{len((registered & set(catalog.ops)) - types)} of those variants (marked * below).",
         f"- rnn2jax lowers **{len(lowered)}** of those op types; a workspace runs **{len(host)}** more as host ops "
         f"(in Python between jitted segments): {', '.join(host)}.",
         f"- **{len(fwd)}** of them have a forward differential test against real Caffe2 (run by `make test`).",
@@ -153,14 +155,23 @@ def render(
             f"{', '.join(ours_only)}."
         )
     not_run = sorted(types - registered - set(host))
+    # engine variants whose class rnn2jax lacks: it refuses them rather than run the type's own kernel
+    refused = sorted(k for k in set(catalog.ops) - types - registered if k in WHY_UNSUPPORTED)
     lines.append(
         f"- **{len(not_run)}** op types rnn2jax does not run; each is listed under *Not run, and why* below, with "
-        "the reason (`rnn2jax/ops/unsupported.py`, which rnn2jax's error for such an op also gives)."
+        "the reason (`rnn2jax/ops/unsupported.py`, which rnn2jax's error for such an op also gives)"
+        + (
+            f"; so are the **{len(refused)}** engine variants it refuses (Caffe2 runs another class under the "
+            "engine, which rnn2jax has not lowered)."
+            if refused
+            else "."
+        )
     )
     lines += [
         "",
         "Columns: **lowered**: rnn2jax compiles it (`host op`: a workspace runs it in Python between jitted "
-        "segments); **module**: the family module holding every facet of the op (docs/architecture.md); "
+        "segments; an engine marked * it compiles too, `Tanh_ENGINE_DNNLOWP`, with a differential test of that "
+        "key); **module**: the family module holding every facet of the op (docs/architecture.md); "
         "**facets**: those it has (each other facet it states it has none of, saying why); **Caffe2 gradient**: "
         "what Caffe2's gradient registry says; **builder maker**: `rnn2jax.ops.gradient_makers.get_gradient_for_op` "
         "knows it; **differential test**: "
@@ -169,7 +180,9 @@ def render(
         "",
     ]
     lines += ["## Not run, and why", "", "| op | why rnn2jax does not run it |", "|---|---|"]
-    lines += [f"| {op_type} | {WHY_UNSUPPORTED.get(op_type, '**no reason given**')} |" for op_type in not_run]
+    lines += [
+        f"| {op_type} | {WHY_UNSUPPORTED.get(op_type, '**no reason given**')} |" for op_type in [*not_run, *refused]
+    ]
     lines.append("")
     for family in sorted(families, key=lambda f: (not any(t in registered for t in families[f]), f)):
         lines += [
@@ -179,7 +192,8 @@ def render(
         ]
         lines.append("|---|---|---|---|---|---|---|")
         for op_type in sorted(families[family]):
-            name = op_type + (f" (engines: {', '.join(sorted(engines[op_type]))})" if engines[op_type] else "")
+            marked = [e + ("*" if f"{op_type}_ENGINE_{e}" in registered else "") for e in sorted(engines[op_type])]
+            name = op_type + (f" (engines: {', '.join(marked)})" if marked else "")
             test = []
             if op_type in tested.forward:
                 test.append("fwd")

@@ -34,7 +34,7 @@ from ..ir.netdef import Op
 from . import shape as _shape  # noqa: F401  (Gather, which Int8Gather runs on float data, is registered first)
 from .checks import runtime_checked
 from .elementwise import _legacy_axis, _legacy_b_shape
-from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE
+from .facets import NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Roles
 from .int8 import _int8
 from .registry import REGISTRY, Kernel, declare_family, engine_variant, register
 from .shape import _check_indices, _check_range
@@ -67,9 +67,9 @@ def choose_quantization_params(
         largest = max(abs(float(low / f32(sym_min))), abs(float(high / f32(sym_max))))
         low, high = f32(largest * sym_min), f32(largest * sym_max)
     low, high = min(low, f32(0)), max(high, f32(0))
-    scale = (float(high) - float(low)) / (qmax - qmin)
+    scale = float(f32((float(high) - float(low)) / (qmax - qmin)))  # a float: the zero point divides by it
     if f32(scale) == 0 or math.isinf(float(f32(1) / f32(scale))):
-        scale = 0.1
+        scale = float(f32(0.1))
     if power_of_two:  # (1 << k) in C's int: the shift count wraps at 32
         if scale < 1:
             scale = 1.0 / _c_shift(math.floor(math.log(1.0 / scale) / math.log(2)))
@@ -198,6 +198,13 @@ def quantize_dnnlowp(op: Op) -> Kernel:
     return kernel
 
 
+# QuantizeDNNLowPOp<uint8_t> and DequantizeDNNLowPOp<uint8_t> under the Int8 names too (QNNPACK's plain ones differ)
+engine_variant("Int8Quantize", "DNNLOWP", "Quantize")
+engine_variant("Int8Quantize", "DNNLOWP_ROWWISE", "Quantize")
+engine_variant("Int8Dequantize", "DNNLOWP", "Dequantize")
+engine_variant("Int8Dequantize", "DNNLOWP_ROWWISE", "Dequantize")
+
+
 @register("Dequantize", engines=ENGINES)
 def dequantize_dnnlowp(op: Op) -> Kernel:
     """DequantizeDNNLowPOp: an Int8 blob (uint16 data for the _16 engines) to float32."""
@@ -214,7 +221,7 @@ def int8_dequantize_row_wise(op: Op) -> Kernel:
 
 
 # --------------------------------------------------------------------------------------------------
-# Int8Tanh: dnnlowp::Tanh's lookup table
+# Int8Tanh, Int8Sigmoid: dnnlowp::Tanh's lookup table
 
 
 def _tanh_table() -> np.ndarray:
@@ -235,6 +242,7 @@ def _tanh_table() -> np.ndarray:
 
 
 TANH_OUT = (float(f32(1.0 / 127)), 128)
+SIGMOID_OUT = (float(f32(0.5 / 127)), 0)  # dnnlowp::Sigmoid's output: 0 -> 0, 1/2 -> 127, 1 -> 254
 
 
 @register("Int8Tanh", engines=("DNNLOWP",))
@@ -248,6 +256,96 @@ def int8_tanh(op: Op) -> Kernel:
         return Int8Tensor(jnp.asarray(table)[x.data.astype(jnp.int32)], *TANH_OUT)
 
     return kernel
+
+
+engine_variant("Tanh", "DNNLOWP", "Int8Tanh")  # the same UnaryElementwiseWithArgsDNNLowPOp<TanhFunctor>
+
+
+@register("Int8Sigmoid_ENGINE_DNNLOWP")
+def int8_sigmoid_dnnlowp(op: Op) -> Kernel:
+    """UnaryElementwiseWithArgsDNNLowPOp with SigmoidFunctor: `sigmoid(x) = (1 + tanh(x / 2)) / 2`, so
+    dnnlowp::Sigmoid reads the input as (6/127, 128), looks it up in the tanh table and subtracts 1: the output
+    is (0.5/127, 0). Named by its operator key: the plain Int8Sigmoid is QNNPACK's (ops/int8.py)."""
+    Factory(op)
+    table = _tanh_table() - np.uint8(1)  # the table's least entry is 1
+
+    def kernel(x: Any) -> Int8Tensor:
+        x = _int8(op, 0, x, np.uint8)
+        return Int8Tensor(jnp.asarray(table)[x.data.astype(jnp.int32)], *SIGMOID_OUT)
+
+    return kernel
+
+
+engine_variant("Sigmoid", "DNNLOWP", "Int8Sigmoid_ENGINE_DNNLOWP")
+engine_variant("Int8Sigmoid", "DNNLOWP", "Int8Sigmoid_ENGINE_DNNLOWP")
+
+
+# --------------------------------------------------------------------------------------------------
+# Int8Relu, Int8ChannelShuffle: the input's quantization kept
+
+
+@register("Int8Relu_ENGINE_DNNLOWP")
+def int8_relu_dnnlowp(op: Op) -> Kernel:
+    """ReluDNNLowPOp: `max(q, zero_point)`, keeping the Int8 input's quantization. Named by its operator key: the
+    plain Int8Relu is QNNPACK's (ops/int8.py). A float input Caffe2 quantizes, then writes the output as an Int8
+    blob and through the float tensor it just replaced (a crash): refused here."""
+    Factory(op)
+
+    def kernel(x: Any) -> Int8Tensor:
+        if not isinstance(x, Int8Tensor):
+            raise InputTypeError(
+                f"{op.where}: input '{op.inputs[0]}' must be an Int8 tensor: Caffe2's ReluDNNLowPOp crashes on "
+                f"float data, got {getattr(x, 'dtype', type(x).__name__)}"
+            )
+        x = _int8(op, 0, x, np.uint8)
+        if not 0 <= x.zero_point <= 255:
+            raise BadArgumentError(
+                f"{op.where}: input '{op.inputs[0]}''s zero point {x.zero_point} is outside [0, 255]"
+            )
+        return Int8Tensor(jnp.maximum(x.data, jnp.uint8(x.zero_point)), x.scale, x.zero_point)
+
+    return kernel
+
+
+engine_variant("Relu", "DNNLOWP", "Int8Relu_ENGINE_DNNLOWP")
+engine_variant("Int8Relu", "DNNLOWP", "Int8Relu_ENGINE_DNNLOWP")
+
+
+@register("Int8ChannelShuffle_ENGINE_DNNLOWP")
+def int8_channel_shuffle_dnnlowp(op: Op) -> Kernel:
+    """ChannelShuffleDNNLowPOp<uint8_t>: channels (G, C/G) -> (C/G, G), dim 1 (NCHW) or the last (NHWC), keeping
+    the Int8 input's quantization (Y_scale plays no part). Unlike QNNPACK's plain Int8ChannelShuffle (ops/int8.py)
+    it takes either order, one group, and no kernel; `dequantize_output` leaves Caffe2 an Int8 blob of no data
+    type, which nothing can read: refused."""
+    Factory(op)
+    order = op.str("order", "NCHW")
+    if order not in ("NCHW", "NHWC"):
+        raise BadArgumentError(f'{op.where}: order should be either "NCHW" or "NHWC", got {order!r}')
+    if op.bool("dequantize_output", False):
+        raise BadArgumentError(f"{op.where}: dequantize_output=1 leaves Caffe2 an Int8 blob of no data type")
+    groups = op.int("group", 1)
+    if groups < 1:
+        raise BadArgumentError(f"{op.where}: group must be positive, got {groups}")
+    nhwc = order == "NHWC"
+
+    def kernel(x: Any) -> Int8Tensor:
+        x = _int8(op, 0, x, np.uint8)
+        shape = tuple(x.shape)
+        if len(shape) < (1 if nhwc else 2):
+            raise ShapeError(f"{op.where}: input '{op.inputs[0]}' {list(shape)} has no channel dim ({order})")
+        axis = len(shape) - 1 if nhwc else 1
+        channels = shape[axis]
+        if channels % groups:
+            raise ShapeError(f"{op.where}: C % G == 0 fails: {channels} channels, {groups} groups")
+        split = (*shape[:axis], groups, channels // groups, *shape[axis + 1 :])
+        data = jnp.swapaxes(jnp.reshape(x.data, split), axis, axis + 1)
+        return Int8Tensor(jnp.reshape(data, shape), x.scale, x.zero_point)
+
+    return kernel
+
+
+engine_variant("ChannelShuffle", "DNNLOWP", "Int8ChannelShuffle_ENGINE_DNNLOWP")
+engine_variant("Int8ChannelShuffle", "DNNLOWP", "Int8ChannelShuffle_ENGINE_DNNLOWP")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -287,7 +385,7 @@ def dynamic_quantization(op: Op, factory: Factory, y: Any, index: int) -> tuple[
 runtime_checked("Int8Gather")
 
 
-@register("Int8Gather", inputs=2, engines=("DNNLOWP",), eager=True)
+@register("Int8Gather", inputs=2, engines=("DNNLOWP",), eager=True, roles=Roles(integers=(1,)))  # as Gather
 def int8_gather(op: Op) -> Kernel:
     """GatherDNNLowPOp: rows (axis 0, whatever `axis` says) of Int8 DATA, keeping its quantization; float DATA is
     gathered by the float Gather, then quantized (or, with `dequantize_output`, left float)."""
@@ -312,6 +410,9 @@ def int8_gather(op: Op) -> Kernel:
         return Int8Tensor(rows, data.scale, data.zero_point)
 
     return kernel
+
+
+engine_variant("Gather", "DNNLOWP", "Int8Gather")  # the same GatherDNNLowPOp<uint8_t>
 
 
 # --------------------------------------------------------------------------------------------------
@@ -406,6 +507,9 @@ def int8_mul(op: Op) -> Kernel:
     return kernel
 
 
+engine_variant("Mul", "DNNLOWP", "Int8Mul")  # the same MulDNNLowPOp<uint8_t>
+
+
 def output_quantization_of(op: Op, factory: Factory, reference: Any) -> tuple[float, int]:
     """GetOutputQuantizationParams_: static, else from the float op's output (`reference()`, run only then)."""
     fixed = static_quantization(op, factory)
@@ -447,6 +551,9 @@ def int8_elementwise_linear(op: Op) -> Kernel:
         return finish(op, jnp.reshape(requantize(raw, multiplier, out[1], factory.precision), x.shape), out)
 
     return kernel
+
+
+engine_variant("ElementwiseLinear", "DNNLOWP", "Int8ElementwiseLinear")  # the same ElementwiseLinearDNNLowPOp
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
@@ -533,6 +640,9 @@ def int8_batch_matmul(op: Op) -> Kernel:
         return finish(op, jnp.reshape(requantize(raw, multiplier, out[1], factory.precision), out_shape), out)
 
     return kernel
+
+
+engine_variant("BatchMatMul", "DNNLOWP", "Int8BatchMatMul")  # the same BatchMatMulDNNLowPOp<uint8_t>
 
 
 # --------------------------------------------------------------------------------------------------
@@ -627,6 +737,9 @@ def int8_spatial_bn(op: Op) -> Kernel:
     return _spatial_bn(op, relu=False)
 
 
+engine_variant("SpatialBN", "DNNLOWP", "Int8SpatialBN")  # the same SpatialBNDNNLowPOp<uint8_t>
+
+
 @register("Int8SpatialBNRelu", inputs=5, engines=("DNNLOWP",), eager=True)
 def int8_spatial_bn_relu(op: Op) -> Kernel:
     return _spatial_bn(op, relu=True)
@@ -634,9 +747,6 @@ def int8_spatial_bn_relu(op: Op) -> Kernel:
 
 # --------------------------------------------------------------------------------------------------
 # Int8LSTMUnit
-
-
-SIGMOID_OUT = (float(f32(0.5 / 127)), 0)
 
 
 def _requantize_real(src: Any, multiplier: float, zero_point: int, low: int, high: int) -> Any:
@@ -659,7 +769,7 @@ def _output_static(op: Op, factory: Factory, index: int) -> tuple[float, int] | 
     return float(f32(arg.value)), op.int(f"Y{index + 1}_zero_point", 0)
 
 
-@register("Int8LSTMUnit", inputs=5, outputs=2, engines=("DNNLOWP",), eager=True)
+@register("Int8LSTMUnit", inputs=5, outputs=2, engines=("DNNLOWP",), eager=True, roles=Roles(lengths=(3,)))
 def int8_lstm_unit(op: Op) -> Kernel:
     """LSTMUnitDNNLowPOp: (hidden_prev, cell_prev, gates [1, N, 4D], seq_lengths, timestep) -> (hidden, cell),
     with dnnlowp's sigmoid and tanh tables and fbgemm's float requantization between them. The gates are read

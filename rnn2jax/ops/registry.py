@@ -22,6 +22,15 @@ Some Caffe2 types exist only under an engine (DNNLOWP's `Quantize`: Caffe2 regis
 and no plain `Quantize`). Their record declares the `engines` it accepts; `lookup` refuses an op of the type
 with any other engine, or none, as Caffe2 cannot create it, and `operator_keys` names the Caffe2 operator keys
 the record stands for (`Quantize_ENGINE_DNNLOWP`, ...), which is what the scoreboard counts.
+
+Caffe2 often registers one engine class under several keys (`Tanh_ENGINE_DNNLOWP` and `Int8Tanh_ENGINE_DNNLOWP`
+are both DNNLOWP's tanh table): `engine_variant` sends an op of the other type under that engine to the class's
+record. Where the type also exists without the engine, as a different class (QNNPACK's plain `Int8Sigmoid`
+beside `Int8Sigmoid_ENGINE_DNNLOWP`), the engine class's record is named by its Caffe2 operator key
+(`Int8Sigmoid_ENGINE_DNNLOWP`, as Caffe2's own registry names it) and both types reach it by `engine_variant`.
+`lookup` finds a record so named for any op under its engine, as Caffe2 does. An engine whose class rnn2jax
+lacks, where the type's own record would compute something else (DNNLOWP's Add), has its operator key in
+unsupported.py, and `lookup` refuses the op with that reason.
 """
 
 from __future__ import annotations
@@ -265,8 +274,11 @@ def operator_keys(opdef: OpDef) -> tuple[str, ...]:
 
 
 def lowered_keys() -> frozenset[str]:
-    """`lowered_types` as Caffe2's operator keys (`Quantize_ENGINE_DNNLOWP` for the record of `Quantize`)."""
-    return frozenset(key for opdef in REGISTRY.values() if opdef.build is not None for key in operator_keys(opdef))
+    """`lowered_types` as Caffe2's operator keys (`Quantize_ENGINE_DNNLOWP` for the record of `Quantize`), and
+    the engine variants (`Tanh_ENGINE_DNNLOWP`) whose record is lowered."""
+    records = {key for opdef in REGISTRY.values() if opdef.build is not None for key in operator_keys(opdef)}
+    variants = {f"{t}_ENGINE_{e}" for (t, e), record_type in ENGINE_VARIANTS.items() if find(record_type) is not None}
+    return frozenset(records | variants)
 
 
 def _bounds(count: int | tuple[int, int | None]) -> tuple[int, int]:
@@ -397,12 +409,48 @@ def engine_variant(op_type: str, engine: str, record_type: str) -> None:
     ENGINE_VARIANTS[(op_type, engine)] = record_type
 
 
+def record_for(op: Op) -> OpDef | None:
+    """The lowering that runs `op`: its engine variant's record (the class Caffe2 registers for that engine),
+    else its type's; None where there is none. What `lookup` finds, unchecked: the facets an op's roles,
+    codegen and the like read are the record's that runs it (Mul under DNNLOWP is Int8Mul's, not Mul's)."""
+    opdef = _engine_record(op)
+    if opdef is not None:
+        return opdef
+    return None if _engine_refused(op) else find(op.type)
+
+
+def _engine_record(op: Op) -> OpDef | None:
+    """The record of the class Caffe2 registers for the op's type under its engine: the engine variant's, else
+    one named by the operator key (`Add_ENGINE_DNNLOWP`), as Caffe2 looks an engine up; None where rnn2jax has
+    neither (the type's own record then runs, as Caffe2 falls back to the type's default)."""
+    if not op.engine:
+        return None
+    return find(ENGINE_VARIANTS.get((op.type, op.engine), f"{op.type}_ENGINE_{op.engine}"))
+
+
+def _engine_refused(op: Op) -> bool:
+    """Caffe2 runs another class under the op's engine, which rnn2jax has not lowered (unsupported.py says why:
+    DNNLOWP's Add): the type's own record would compute something else."""
+    return bool(op.engine) and bool(why_unsupported(f"{op.type}_ENGINE_{op.engine}"))
+
+
 def lookup(op: Op) -> OpDef:
-    variant = ENGINE_VARIANTS.get((op.type, op.engine))
-    opdef = find(variant) if variant is not None else None
+    opdef = _engine_record(op)
     if opdef is not None:
         _check_arity(op, opdef)
         return opdef
+    if _engine_refused(op):
+        key = f"{op.type}_ENGINE_{op.engine}"
+        raise UnsupportedOpError(
+            f"{op.where}: op type '{op.type}' under engine '{op.engine}' is not supported"
+            + _why_not(op.type, op.engine),
+            ((op.where, op.type),),
+            advice=Advice(
+                python=f"give it a lowering with rnn2jax.register_op named '{key}' (or compile(..., custom_ops=))",
+                command_line=f"give it a lowering named '{key}' with rnn2jax.register_op in a module of yours, "
+                "loaded with --ops FILE",
+            ),
+        )
     opdef = find(op.type)
     if opdef is None:
         raise UnsupportedOpError(
@@ -481,8 +529,9 @@ def unsupported_ops(nets: Iterable[Net], runnable_only: bool = False, host_ops: 
     for net in nets:
         top = {id(op) for op in net.ops} if host_ops else set()
         for op in _ops_to_check(net, runnable_only):
-            if find(op.type) is None and not (id(op) in top and find_host(op.type) is not None):
-                missing.append((op.where, op.type))
+            if record_for(op) is None and not (id(op) in top and find_host(op.type) is not None):
+                # an engine rnn2jax refuses is named by its operator key, whose reason check_supported gives
+                missing.append((op.where, f"{op.type}_ENGINE_{op.engine}" if _engine_refused(op) else op.type))
     return missing
 
 

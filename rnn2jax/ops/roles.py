@@ -9,13 +9,13 @@ from collections.abc import Iterator
 
 from ..ir.netdef import Net, Op
 from .facets import Roles
-from .registry import find
+from .registry import record_for
 
 
 def _roles(net: Net) -> Iterator[tuple[Op, Roles]]:
     """Each op of the net (step nets included) with the roles its record states (none for ops without)."""
     for op in net.walk():
-        opdef = find(op.type)
+        opdef = record_for(op)  # an engine variant's record: the op it runs
         if opdef is not None and isinstance(opdef.roles, Roles):
             yield op, opdef.roles
 

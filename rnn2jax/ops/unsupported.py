@@ -22,6 +22,17 @@ _CUDNN_RNN = (
     "RNN with rnn_cell (RecurrentNetwork), which rnn2jax lowers"
 )
 
+_DNNLOWP = (
+    "not lowered yet: under this engine Caffe2 runs DNNLOWP's quantized kernel (fbgemm; Int8 or float in, a "
+    "quantized output whose parameters it may choose from the data), not the kernel rnn2jax runs for the op "
+    "without the engine (float, or QNNPACK's Int8 arithmetic), so rnn2jax refuses it rather than compute "
+    "something else"
+)
+_DNNLOWP_16 = (
+    "not lowered yet: under this engine Caffe2 runs DNNLOWP's 16-bit quantized kernel (uint16 Int8 blobs), not "
+    "the kernel rnn2jax runs for the op without the engine, so rnn2jax refuses it rather than compute something else"
+)
+
 WHY_UNSUPPORTED: Mapping[str, str] = MappingProxyType(
     {
         **dict.fromkeys(
@@ -52,6 +63,27 @@ WHY_UNSUPPORTED: Mapping[str, str] = MappingProxyType(
             ("Int8FCRelu_ENGINE_DNNLOWP", "Int8FCRelu_ENGINE_DNNLOWP_ROWWISE"),
             "not lowered yet: DNNLOWP's int8 FC runs fbgemm's packed int8 GEMM, whose pairwise int16 saturation shows "
             "in Caffe2's outputs and has to be reproduced exactly",
+        ),
+        **dict.fromkeys(
+            (
+                *(f"{t}_ENGINE_DNNLOWP" for t in ("Add", "AveragePool", "Concat", "Conv", "ConvRelu", "FC")),
+                *(f"{t}_ENGINE_DNNLOWP" for t in ("GroupNorm", "MaxPool", "Sum", "SumRelu")),
+                *(f"{t}_ENGINE_DNNLOWP" for t in ("Int8Add", "Int8AveragePool", "Int8Concat", "Int8Conv")),
+                *(f"{t}_ENGINE_DNNLOWP" for t in ("Int8ConvRelu", "Int8FC", "Int8MaxPool", "Int8Sum", "Int8SumRelu")),
+                *(f"{t}_ENGINE_DNNLOWP_ACC16" for t in ("Conv", "ConvRelu", "FC")),
+                *(f"{t}_ENGINE_DNNLOWP_ACC16" for t in ("Int8Conv", "Int8ConvRelu", "Int8FC")),
+                "FC_ENGINE_DNNLOWP_ROWWISE",
+                "Int8FC_ENGINE_DNNLOWP_ROWWISE",
+            ),
+            _DNNLOWP,
+        ),
+        **dict.fromkeys(
+            (
+                *(f"{t}_ENGINE_DNNLOWP_16" for t in ("AveragePool", "BatchMatMul", "ChannelShuffle", "Conv")),
+                *(f"{t}_ENGINE_DNNLOWP_16" for t in ("ConvRelu", "FC", "MaxPool", "Relu", "Sum", "SumRelu")),
+                "FC_ENGINE_DNNLOWP_ROWWISE_16",
+            ),
+            _DNNLOWP_16,
         ),
         "Int8GroupNorm_ENGINE_DNNLOWP": (
             "not lowered yet: DNNLOWP's int8 GroupNorm computes its moments in AVX2 integer code and requantizes "

@@ -85,8 +85,59 @@ def int8(data, shape, dtype=np.uint8):
     return int8_tensor(values, data.draw(st.sampled_from([0.01, 0.037, 0.5, 1.7])), data.draw(st.integers(0, 255)))
 
 
-def draw_tanh(data):
-    return dnnlowp_op("Int8Tanh", "DNNLOWP", ["x"], ["y"]), {"x": int8(data, shapes(0, 3))}
+def draw_table(op_type: str):
+    """DNNLOWP's tanh and sigmoid tables read an Int8 blob's bytes whatever its quantization; float data is
+    refused (Caffe2 fetches the input as Int8TensorCPU), as is dequantize_output (ignored: the output is Int8)."""
+
+    def draw(data):
+        args = {"dequantize_output": 1} if rarely(data) else {}
+        x = data.draw(arrays(shapes(0, 3), np.float32, -4.0, 4.0)) if rarely(data) else int8(data, shapes(0, 3))
+        return dnnlowp_op(op_type, "DNNLOWP", ["x"], ["y"], **args), {"x": x}
+
+    return draw
+
+
+def draw_relu(op_type: str):
+    """An Int8 blob: its quantization is kept. Caffe2 crashes on float data (see test_relu_refuses_float_data)."""
+
+    def draw(data):
+        return dnnlowp_op(op_type, "DNNLOWP", ["x"], ["y"]), {"x": int8(data, shapes(0, 3))}
+
+    return draw
+
+
+def draw_channel_shuffle(op_type: str):
+    """Channels (dim 1, or the last with NHWC) of an Int8 blob, N = 0 too; now and then a group that does not
+    divide C, or float data (refused)."""
+
+    def draw(data):
+        order = data.draw(st.sampled_from(["NCHW", "NHWC"]))
+        groups = data.draw(st.sampled_from([1, 2, 3, 4]))
+        per_group = data.draw(st.integers(1, 3))
+        channels = groups * per_group + (1 if rarely(data) and groups > 1 else 0)
+        n = data.draw(st.integers(0, 2))
+        spatial = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2)))
+        shape = (n, *spatial, channels) if order == "NHWC" else (n, channels, *spatial)
+        args = {"order": order, "group": groups}
+        if data.draw(st.booleans()):
+            args["kernel"] = 1  # a ConvPoolOpBase argument Caffe2's suite passes; this op reads none
+        if data.draw(st.integers(0, 3)) == 3:
+            args.update(Y_scale=0.5, Y_zero_point=3)  # ignored: the input's quantization is kept
+        x = data.draw(arrays(shape, np.float32, 0.0, 9.0)) if rarely(data) else int8(data, shape)
+        return dnnlowp_op(op_type, "DNNLOWP", ["x"], ["y"], **args), {"x": x}
+
+    return draw
+
+
+def retyped(draw, op_type: str):
+    """`draw`'s op as `op_type`: Caffe2 registers the same DNNLOWP class under both keys."""
+
+    def draw_as(data):
+        op, inputs = draw(data)
+        op.type = op_type
+        return op, inputs
+
+    return draw_as
 
 
 def draw_gather(data):
@@ -250,12 +301,26 @@ CASES = cases(
     *(Case(f"Quantize_ENGINE_{e}", draw_quantize(e)) for e in ENGINES),
     *(Case(f"Dequantize_ENGINE_{e}", draw_dequantize("Dequantize", e)) for e in ENGINES),
     Case("Int8DequantizeRowWise_ENGINE_DNNLOWP", draw_dequantize("Int8DequantizeRowWise", "DNNLOWP")),
-    Case("Int8Tanh_ENGINE_DNNLOWP", draw_tanh),
+    *(Case(f"Int8Quantize_ENGINE_{e}", retyped(draw_quantize(e), "Int8Quantize")) for e in ENGINES[:2]),
+    *(Case(f"Int8Dequantize_ENGINE_{e}", draw_dequantize("Int8Dequantize", e)) for e in ENGINES[:2]),
+    Case("Int8Tanh_ENGINE_DNNLOWP", draw_table("Int8Tanh")),
+    Case("Tanh_ENGINE_DNNLOWP", draw_table("Tanh")),
+    Case("Int8Sigmoid_ENGINE_DNNLOWP", draw_table("Int8Sigmoid")),
+    Case("Sigmoid_ENGINE_DNNLOWP", draw_table("Sigmoid")),
+    Case("Int8Relu_ENGINE_DNNLOWP", draw_relu("Int8Relu")),
+    Case("Relu_ENGINE_DNNLOWP", draw_relu("Relu")),
+    Case("Int8ChannelShuffle_ENGINE_DNNLOWP", draw_channel_shuffle("Int8ChannelShuffle")),
+    Case("ChannelShuffle_ENGINE_DNNLOWP", draw_channel_shuffle("ChannelShuffle")),
     Case("Int8Gather_ENGINE_DNNLOWP", draw_gather, jit=False),
+    Case("Gather_ENGINE_DNNLOWP", retyped(draw_gather, "Gather"), jit=False),
     Case("Int8Mul_ENGINE_DNNLOWP", draw_mul, jit=False),
+    Case("Mul_ENGINE_DNNLOWP", retyped(draw_mul, "Mul"), jit=False),
     Case("Int8ElementwiseLinear_ENGINE_DNNLOWP", draw_elementwise_linear, jit=False),
+    Case("ElementwiseLinear_ENGINE_DNNLOWP", retyped(draw_elementwise_linear, "ElementwiseLinear"), jit=False),
     Case("Int8BatchMatMul_ENGINE_DNNLOWP", draw_batch_matmul, jit=False),
+    Case("BatchMatMul_ENGINE_DNNLOWP", retyped(draw_batch_matmul, "BatchMatMul"), jit=False),
     Case("Int8SpatialBN_ENGINE_DNNLOWP", draw_spatial_bn("Int8SpatialBN"), jit=False),
+    Case("SpatialBN_ENGINE_DNNLOWP", draw_spatial_bn("SpatialBN"), jit=False),
     Case("Int8SpatialBNRelu_ENGINE_DNNLOWP", draw_spatial_bn("Int8SpatialBNRelu"), jit=False),
     Case("Int8LSTMUnit_ENGINE_DNNLOWP", draw_lstm_unit, jit=False),
     Case("LSTMUnit_ENGINE_DNNLOWP", lambda data: draw_lstm_unit(data, "LSTMUnit"), jit=False),
@@ -338,3 +403,48 @@ def test_a_workspace_runs_dynamic_quantization_eagerly(caffe2, data):
         make_op("Scale", ["z"], ["out"], scale=2.0),
     ]
     host_check_net(caffe2, ops, {"a": a, "b": b}, values_of=["a", "b", "ra", "y", "z", "out"])
+
+
+def test_an_engine_class_beside_a_plain_type(caffe2):
+    """Int8Sigmoid is QNNPACK's op without an engine and DNNLOWP's table under DNNLOWP: two records, each
+    matching its Caffe2 class on the same input."""
+    x = int8_tensor(np.arange(0, 256, 17, dtype=np.uint8), 0.05, 128)
+    plain = make_op("Int8Sigmoid", ["x"], ["y"], Y_scale=1.0 / 256, Y_zero_point=0)
+    table = dnnlowp_op("Int8Sigmoid", "DNNLOWP", ["x"], ["y"])
+    assert check_op(caffe2, plain, {"x": x}) is not None
+    assert check_op(caffe2, table, {"x": x}) is not None
+    got = [run_rnn2jax([op], {"x": x}, ["y"])["y"] for op in (plain, table)]
+    assert got[0].scale != got[1].scale  # 1/256 against dnnlowp::Sigmoid's 0.5/127
+
+
+def test_refusals_where_caffe2_breaks():
+    """Relu under DNNLOWP crashes Caffe2 on float data (it quantizes, then writes through a tensor it replaced);
+    ChannelShuffle's dequantize_output leaves an Int8 blob of no data type. rnn2jax refuses both."""
+    x = np.array([[-1.0, 2.0]], np.float32)
+    for op_type in ("Relu", "Int8Relu"):
+        with pytest.raises(InputTypeError, match="ReluDNNLowPOp crashes on float data"):
+            run_rnn2jax([dnnlowp_op(op_type, "DNNLOWP", ["x"], ["y"])], {"x": x}, ["y"])
+    q = int8_tensor(np.array([[1, 2]], np.uint8), 0.5, 3)
+    shuffle = dnnlowp_op("ChannelShuffle", "DNNLOWP", ["q"], ["y"], group=2, dequantize_output=1)
+    with pytest.raises(Rnn2JaxError, match="dequantize_output"):
+        run_rnn2jax([shuffle], {"q": q}, ["y"])
+
+
+def test_an_engine_variant_has_its_records_facets():
+    """Roles and codegen read the record that runs the op: LSTMUnit under DNNLOWP reads sequence lengths as
+    Int8LSTMUnit does; codegen, which has no DNNLOWP code, refuses Mul under DNNLOWP instead of writing a float
+    multiply."""
+    from rnn2jax.caffe2.opdef import create_net
+    from rnn2jax.ir.netdef import decode_net
+    from rnn2jax.ops.roles import integer_blobs, length_blobs
+    from rnn2jax.serving.codegen import generate
+
+    ops = [
+        dnnlowp_op("LSTMUnit", "DNNLOWP", ["h", "c", "g", "lengths", "t"], ["h2", "c2"]),
+        dnnlowp_op("Gather", "DNNLOWP", ["x", "i"], ["y"]),
+    ]
+    net = decode_net(create_net("n", ops))
+    assert length_blobs(net) == {"lengths"} and integer_blobs(net) == {"lengths", "i"}
+    mul = create_net("m", [dnnlowp_op("Mul", "DNNLOWP", ["a", "b"], ["y"])], ["a", "b"], ["y"])
+    with pytest.raises(UnsupportedOpError, match="no emitter for Mul under engine DNNLOWP"):
+        generate(mul, {})

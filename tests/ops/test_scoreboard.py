@@ -81,6 +81,19 @@ def test_every_op_not_run_says_why(registries):
     assert not stale, f"rnn2jax runs these now: drop their reasons from rnn2jax/ops/unsupported.py: {stale}"
 
 
+def test_every_dnnlowp_engine_key_is_run_or_refused(registries):
+    """Under a DNNLOWP engine Caffe2 runs a quantized class, not the type's float (or QNNPACK) kernel: each such
+    key real Caffe2 registers is lowered (a record, or an engine variant of one) or refused with its reason."""
+    catalog, _, _ = registries
+    keys = {k for k in catalog.ops if "_ENGINE_DNNLOWP" in k}
+    explained = {k for k in keys if k in WHY_UNSUPPORTED or k.split("_ENGINE_")[0] in WHY_UNSUPPORTED}
+    unexplained = sorted(keys - lowered_keys() - explained)
+    assert not unexplained, f"neither lowered nor refused (rnn2jax/ops/unsupported.py): {', '.join(unexplained)}"
+    op = decode_net(pb.NetDef(name="n", op=[pb.OperatorDef(type="Add", engine="DNNLOWP", input=["a", "b"])])).ops[0]
+    with pytest.raises(UnsupportedOpError, match=r"'Add' under engine 'DNNLOWP' is not supported: not lowered yet"):
+        registry.lookup(op)
+
+
 def test_unsupported_op_error_gives_the_reason():
     net = pb.NetDef(name="gpu_net")
     net.op.add(type="NCCLAllreduce", input=["x"], output=["x"])

@@ -79,7 +79,7 @@ def generate(
 def check_ops(net: Net) -> None:
     """Refuse a net with ops codegen has no code for, all listed at once (run before rnn2jax's own checks,
     which stop at the ops rnn2jax cannot run)."""
-    missing = [(op, why) for op in _forward_ops(net) if (why := why_not_written(op.type)) is not None]
+    missing = [(op, why) for op in _forward_ops(net) if (why := why_not_written(op)) is not None]
     if missing:
         _refuse(net, missing)
 
