@@ -17,6 +17,7 @@ import contextlib
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 import weakref
@@ -202,6 +203,11 @@ def _as_runtime_error(error: Rnn2JaxError) -> Rnn2JaxError:
 
 @contextlib.contextmanager
 def _caffe2_errors() -> Iterator[None]:
+    """Around a call into Caffe2's C++ side: its errors as Caffe2 raises them. Caffe2 runs ops with the GIL
+    released, so other Python threads go on meanwhile; rnn2jax's ops run in Python, so a call first gives the
+    other threads a turn (a worker enqueuing in a loop lets the thread that will stop it run, as in Caffe2)."""
+    if threading.active_count() > 1:
+        time.sleep(0)
     shared = _torch_interop.active()  # blobs sharing a torch.Tensor: view it as it is now, copy new values back
     try:
         if shared:
