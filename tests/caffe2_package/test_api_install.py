@@ -327,3 +327,34 @@ def test_exec_bad_max_runs_is_a_usage_error(script):
     assert done.returncode == 2 and "expected NET=N" in done.stderr
     done = run([str(RNN2JAX), "exec", "--max-runs", "train=0", str(script)])
     assert done.returncode == 2 and "expected a positive integer" in done.stderr
+
+
+def test_the_pytest_plugin_starts_each_file_in_the_default_workspace(tmp_path):
+    """A test file that leaves another workspace current (Caffe2's ideep/fc_op_test stays in `_device_check_`)
+    does not change where the next file starts: in "default", as in a process of its own."""
+    write(
+        tmp_path / "test_a_leaves.py",
+        """
+        import numpy as np
+        from caffe2.python import workspace
+
+        def test_leaves_another_workspace_current():
+            workspace.SwitchWorkspace("_device_check_", True)
+            workspace.FeedBlob("x", np.ones(2, np.float32))
+            assert workspace.CurrentWorkspace() == "_device_check_"
+        """,
+    )
+    write(
+        tmp_path / "test_b_starts.py",
+        """
+        from caffe2.python import workspace
+
+        def test_starts_in_default():
+            assert workspace.CurrentWorkspace() == "default"
+            assert not workspace.HasBlob("x")
+        """,
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "rnn2jax.caffe2.pytest_plugin"]
+    done = run([*argv, str(tmp_path)], cwd=tmp_path)
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
