@@ -70,7 +70,8 @@ test-caffe2-api: $(STAMP) $(CAFFE2_STAMP)
 # per file in .cache/caffe2-suite) and on rnn2jax, one pytest process per file and side, SUITE_EXAMPLES hypothesis
 # examples per test: writes docs/caffe2-suite.json and the scoreboard docs/caffe2-suite.md (`SUITE_ONLY='python/*'`
 # reruns some files and keeps the other files' results, when they were run with as many examples). `make test-caffe2-suite-ci` (part of `make test`)
-# collects every file the page scores and runs the tests it records as passing, at one derandomized example each.
+# collects every file the page scores and runs, at one derandomized example each, the tests it records as passing:
+# all of the RNN, seq2seq, control-flow and optimizer files', at most three of every other file's.
 SUITE_EXAMPLES ?= 10
 SUITE_JOBS ?= 2
 test-caffe2-suite: $(STAMP) $(CAFFE2_STAMP)

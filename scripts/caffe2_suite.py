@@ -15,10 +15,10 @@ exception's last line; the page groups failures by that cause.
 
 `ci` (`make test-caffe2-suite-ci`, part of `make test`) checks the page against the results it is rendered from and
 runs the tests the results record as passing on both sides (`tests/caffe2_suite.py`), from a temporary copy of the
-tree, derandomized, in two pytest runs (`-n 2` each): the RNN, seq2seq, control-flow and optimizer files (PRIORITY)
-whole, at CI_PRIORITY_EXAMPLES examples per hypothesis test; then every other file the page scores, collected (so a
-file that stops importing fails), with at most CI_TESTS_PER_FILE of its passing tests at one example each, which
-keeps CI's time bounded as the scored suite grows without dropping a file.
+tree, in one pytest run (`-n 2`) at one derandomized example per hypothesis test: the RNN, seq2seq, control-flow and
+optimizer files (PRIORITY) whole, and every other file the page scores, collected (so a file that stops importing
+fails), with at most CI_TESTS_PER_FILE of its passing tests, which keeps CI's time bounded as the scored suite grows
+without dropping a file.
 """
 
 from __future__ import annotations
@@ -89,7 +89,6 @@ PRIORITY = (
     "python/operator_test/storm_test.py",
     "python/operator_test/wngrad_test.py",
 )
-CI_PRIORITY_EXAMPLES = 2  # as many as the page's runs draw
 CI_TESTS_PER_FILE = 3
 TEST_TIMEOUT_S = 300  # one test; a process of n files gets max(FILE_TIMEOUT_S, 300 n s) in all
 FILE_TIMEOUT_S = 1800
@@ -493,9 +492,9 @@ def render(results: Mapping[str, Any]) -> str:
 
 
 def run_ci(source: Path, results: Path, jobs: int) -> int:
-    """The page checked against its results; then the recorded passing tests: the PRIORITY files whole, at
-    CI_PRIORITY_EXAMPLES derandomized examples, and every other scored file, collected, with at most
-    CI_TESTS_PER_FILE of them at one example."""
+    """The page checked against its results; then, in one pytest run at one derandomized example per hypothesis
+    test, the recorded passing tests: the PRIORITY files whole and every other scored file, collected, with at most
+    CI_TESTS_PER_FILE of them."""
     if PAGE.read_text() != render(json.loads(results.read_text())):
         print(f"caffe2_suite: {PAGE.relative_to(ROOT)} is stale: `make test-caffe2-suite` rewrites it", flush=True)
         return 1
@@ -506,29 +505,20 @@ def run_ci(source: Path, results: Path, jobs: int) -> int:
             (tree / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source / rel, tree / rel)
         (tree / "pytest.ini").write_text("[pytest]\n")
-        priority = [rel for rel in PRIORITY if rel in scored]
-        runs = [
-            (CI_PRIORITY_EXAMPLES, 0, [str(tree / rel) for rel in priority]),
-            (1, CI_TESTS_PER_FILE, [*(f"--ignore={tree / rel}" for rel in priority), str(tree)]),
-        ]
-        for examples, per_file, paths in runs:
-            env = {
-                **os.environ,
-                "RNN2JAX_CAFFE2_EXAMPLES": str(examples),
-                "RNN2JAX_HYPOTHESIS_PROFILE": "ci",
-                "PYTHONPATH": str(ROOT),
-            }
-            command = [str(PROJECT_PYTHON), "-m", "pytest", "-q", "-n", str(jobs), "-p", "no:cacheprovider",
-                       "-c", str(tree / "pytest.ini"), f"--rootdir={tree}", "--import-mode=importlib",
-                       f"--timeout={TEST_TIMEOUT_S}", "-p", "rnn2jax.caffe2.pytest_plugin", f"--caffe2-source={source}",
-                       f"--caffe2-own-tests={tree}", "-p", "tests.caffe2_suite", f"--caffe2-suite-results={results}",
-                       f"--caffe2-suite-per-file={per_file}", *paths]  # fmt: skip
-            which = f"at most {per_file}" if per_file else "every"
-            print(f"caffe2_suite ci: {which} recorded passing test(s) per file, {examples} example(s) each", flush=True)
-            code = subprocess.run(command, cwd=tree, env=env).returncode
-            if code:
-                return code
-        return 0
+        whole = [f"--caffe2-suite-whole={rel}" for rel in PRIORITY if rel in scored]
+        env = {**os.environ, "RNN2JAX_CAFFE2_EXAMPLES": "1", "RNN2JAX_HYPOTHESIS_PROFILE": "ci"}
+        env["PYTHONPATH"] = str(ROOT)
+        command = [str(PROJECT_PYTHON), "-m", "pytest", "-q", "-n", str(jobs), "-p", "no:cacheprovider",
+                   "-c", str(tree / "pytest.ini"), f"--rootdir={tree}", "--import-mode=importlib",
+                   f"--timeout={TEST_TIMEOUT_S}", "-p", "rnn2jax.caffe2.pytest_plugin", f"--caffe2-source={source}",
+                   f"--caffe2-own-tests={tree}", "-p", "tests.caffe2_suite", f"--caffe2-suite-results={results}",
+                   f"--caffe2-suite-per-file={CI_TESTS_PER_FILE}", *whole, str(tree)]  # fmt: skip
+        print(
+            f"caffe2_suite ci: every recorded passing test of the {len(whole)} RNN, seq2seq, control-flow and "
+            f"optimizer files, at most {CI_TESTS_PER_FILE} of every other file's, 1 example each",
+            flush=True,
+        )
+        return subprocess.run(command, cwd=tree, env=env).returncode
 
 
 def main(argv: list[str] | None = None) -> int:

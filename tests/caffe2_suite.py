@@ -2,7 +2,8 @@
 
 `scripts/caffe2_suite.py ci` collects every file of the suite that `docs/caffe2-suite.json` scores (so a file that
 stops importing fails the run) and runs the tests it records as passing on both real Caffe2 and rnn2jax (all, or
-with `--caffe2-suite-per-file N` at most N of each file's, the same ones on every run): each of them must pass.
+with `--caffe2-suite-per-file N` at most N of each file's, the same ones on every run, but every one of the files
+named by `--caffe2-suite-whole`): each of them must pass.
 The tests recorded as failing are deselected, and
 the files recorded as not importing on rnn2jax are not collected; they are what the page lists by cause, and
 `make test-caffe2-suite` runs them all. Files the results do not score yet are not collected either: the page says
@@ -24,6 +25,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--caffe2-suite-per-file", type=int, default=0, metavar="N", help="run at most N recorded passing tests a file"
     )
+    parser.addoption(
+        "--caffe2-suite-whole",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="run every recorded passing test of FILE",
+    )
 
 
 def suite_key(rel: str, cls: str, name: str) -> str:
@@ -31,16 +39,18 @@ def suite_key(rel: str, cls: str, name: str) -> str:
     return "::".join(p for p in (rel, cls, name) if p)
 
 
-def capped(keys: set[str], per_file: int) -> set[str]:
-    """At most `per_file` of each file's keys (all when 0): the first by a hash of the key, so the choice is spread
-    over a file's classes and tests, and is the same on every run."""
+def capped(keys: set[str], per_file: int, whole: frozenset[str] = frozenset()) -> set[str]:
+    """At most `per_file` of each file's keys (all when 0, and for the files in `whole`): the first by a hash of the
+    key, so the choice is spread over a file's classes and tests, and is the same on every run."""
     if not per_file:
         return keys
     by_file: dict[str, list[str]] = defaultdict(list)
     for key in keys:
         by_file[key.split("::", 1)[0]].append(key)
     rank = lambda key: hashlib.sha256(key.encode()).hexdigest()  # noqa: E731
-    return {key for group in by_file.values() for key in sorted(group, key=rank)[:per_file]}
+    return {
+        key for rel, group in by_file.items() for key in (group if rel in whole else sorted(group, key=rank)[:per_file])
+    }
 
 
 def recorded_passing(results: dict) -> set[str]:
@@ -89,6 +99,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     passing = capped(
         {key for key in recorded_passing(results) if key.split("::", 1)[0] in collected},
         config.getoption("--caffe2-suite-per-file"),
+        frozenset(config.getoption("--caffe2-suite-whole")),
     )
     keep, drop = [], []
     for item in items:

@@ -86,6 +86,7 @@ def test_ci_caps_each_files_tests_the_same_way_every_run():
     assert "python/b_test.py::test_x" in chosen  # a file with fewer keeps them all
     assert capped(set(sorted(keys, reverse=True)), 3) == chosen  # not by the set's order
     assert capped(keys, 0) == keys
+    assert capped(keys, 3, frozenset({"python/a_test.py"})) == keys  # a PRIORITY file runs whole
 
 
 def test_every_priority_file_is_in_the_suite():
