@@ -107,6 +107,11 @@ class WorkspaceError(Rnn2JaxError):
     """A workspace has no net of that name, or already has one (create_net without overwrite=True)."""
 
 
+class OpFailedError(WorkspaceError):
+    """An op's run returned false, as Caffe2's Fail does and a closed queue's enqueue or dequeue: the net fails
+    without an exception of its own, which Caffe2's `RunNet(..., allow_fail=True)` answers with False."""
+
+
 class DistributedError(Rnn2JaxError):
     """The processes of a run across hosts cannot meet or work together: the rendezvous store timed out or
     holds an earlier run's keys, JAX's multi-process runtime cannot start (its backend already started, a

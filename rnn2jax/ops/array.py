@@ -627,7 +627,7 @@ def range_(op: Op) -> Kernel:
         if len(values) > 2:
             step = values[2]
         if step == 0:
-            raise ShapeError(f"{op.where}: step size cannot be 0")
+            raise ShapeError(f"{op.where}: Step size cannot be 0")  # Caffe2's words, which callers match
         diff = dtype.type(stop - start)
         if dtype.kind == "i":
             length = _c_div(int(diff), int(step))

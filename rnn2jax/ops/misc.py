@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import BadArgumentError, InputTypeError, ShapeError, WorkspaceError
+from ..errors import BadArgumentError, InputTypeError, OpFailedError, ShapeError, WorkspaceError
 from ..ir.netdef import Op
 from .containers import Map
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_ROLES, Absent
@@ -68,7 +68,7 @@ def free(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
 @host_op("Fail", check=lambda op: None)
 def fail(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
     """Caffe2's Fail: the op fails (its Run returns false)."""
-    raise WorkspaceError(f"{op.where}: Fail: the op fails by design (Caffe2's Fail op)")
+    raise OpFailedError(f"{op.where}: Fail: the op fails by design (Caffe2's Fail op)")
 
 
 @host_op("ThrowException", check=lambda op: op.str("message", ""))

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..errors import BadArgumentError, InputTypeError, ShapeError, WorkspaceError
+from ..errors import BadArgumentError, InputTypeError, OpFailedError, ShapeError, WorkspaceError
 from ..ir.netdef import Op
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_GRADIENT, NO_ROLES
 from .registry import HostWorkspace, declare_family, host_op
@@ -207,7 +207,7 @@ def enqueue_blobs(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> No
     with queue.cond:
         _wait(op, queue, queue.can_write, "enqueues into the full")
         if not queue.can_write():
-            raise WorkspaceError(f"{op.where}: queue '{queue.name}' is closed and full: the enqueue fails")
+            raise OpFailedError(f"{op.where}: queue '{queue.name}' is closed and full: the enqueue fails")
         queue.write(workspace, list(op.outputs))
         queue.cond.notify_all()
 
@@ -250,7 +250,7 @@ def dequeue_blobs(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> No
     with queue.cond:
         _wait(op, queue, queue.can_read, "dequeues from the empty", op.float("timeout_secs", 0.0))
         if not queue.can_read():
-            raise WorkspaceError(f"{op.where}: queue '{queue.name}' is closed and empty: the dequeue fails")
+            raise OpFailedError(f"{op.where}: queue '{queue.name}' is closed and empty: the dequeue fails")
         queue.read(workspace, list(op.outputs))
         queue.cond.notify_all()
 

@@ -301,3 +301,30 @@ R["outputs"] = outputs
 
 def test_parameter_sharing_is_the_context_create_param_reads_as_caffe2(real_caffe2):  # noqa: F811
     assert _here(PARAMETER_SHARING) == real_caffe2(PARAMETER_SHARING)
+
+
+FAILING_NETS = """
+R = []
+for kind in ("ThrowException", "Fail"):
+    for net_type in ("simple", "async_scheduling"):
+        workspace.ResetWorkspace()
+        net = core.Net("failing_" + kind + net_type)
+        getattr(net, kind)([], [])
+        net.Proto().type = net_type
+        workspace.CreateNet(net)
+        for allow_fail in (False, True):
+            try:
+                R.append([kind, net_type, allow_fail, workspace.RunNet(net, allow_fail=allow_fail)])
+            except RuntimeError:
+                R.append([kind, net_type, allow_fail, "RuntimeError"])
+try:
+    workspace.RunNet("no_such_net", allow_fail=True)
+except RuntimeError:
+    R.append("unknown net: RuntimeError")
+"""
+
+
+def test_run_net_allow_fail_answers_false_only_for_an_op_that_fails_as_caffe2s(real_caffe2):  # noqa: F811
+    """allow_fail turns an op whose run returns false (Fail) into False; an exception is raised all the same."""
+    assert run_here(FAILING_NETS) == real_caffe2(FAILING_NETS)
+

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ...errors import BadArgumentError, InputTypeError, Rnn2JaxError, WorkspaceError
+from ...errors import BadArgumentError, InputTypeError, OpFailedError, Rnn2JaxError, WorkspaceError
 from ...ir.int8 import Int8Tensor as _Int8Value
 from ...ir.netdef import DATA_TYPES
 from ...ir.wire import parse_binary
@@ -609,7 +609,7 @@ def RunNet(name: Any, num_iter: int = 1, allow_fail: bool = False) -> bool:
     try:
         with _caffe2_errors():
             _run_observed(_ws(), name, num_iter)
-    except RuntimeError:
+    except OpFailedError:  # an op returned false; an exception is raised whatever allow_fail says, as in Caffe2
         if allow_fail:
             return False
         raise
