@@ -114,6 +114,17 @@ class LoweredNet:
         first_read = self.reads_before_writes()
         return {name: need[name] for name in first_read if name in need}
 
+    def static_inputs_if(self) -> dict[str, Callable[[Any], bool]]:
+        """Blobs read before written that an op reads as a shape when the value passes its test (registry
+        `static_if`), each with that test: a workspace makes one static for a run where its value passes."""
+        first_read = self.reads_before_writes()
+        tests: dict[str, Callable[[Any], bool]] = {}
+        for step in self._steps:
+            for index, test in step.opdef.static_if:
+                if index < len(step.op.inputs) and step.op.inputs[index] in first_read:
+                    tests.setdefault(step.op.inputs[index], test)
+        return tests
+
     def static_ops(self) -> tuple[int, ...]:
         """Positions, in order, of the ops whose outputs' values decide a shape further on (the ops the
         walk of `static_inputs` passes through): given known inputs they compute known values."""

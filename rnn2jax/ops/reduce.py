@@ -8,6 +8,7 @@ input as a matrix and reduce its leading or trailing dims, optionally only over 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -90,28 +91,52 @@ def _split(op: Op, num: int, front: bool, ndim: int) -> int:
     return num if front else ndim - num
 
 
-@register(*(f"{name}Gradient" for name in _FRONT_BACK), inputs=(2, 3))
+def _is_shape_form(value: Any) -> bool:
+    """Caffe2 reads the gradient's second input as X's shape when it is a 1-D int64 tensor (pre-2018 nets)."""
+    return getattr(value, "ndim", None) == 1 and np.dtype(getattr(value, "dtype", None)) == np.int64
+
+
+def _dx_shape(op: Op, x: Any) -> tuple[int, ...]:
+    """dX's shape: X's, or the values of X's shape in the pre-2018 form (a 1-D int64 tensor, as Caffe2 takes
+    any such input, whatever it holds)."""
+    if not _is_shape_form(x):
+        return tuple(x.shape)
+    if isinstance(x, jax.core.Tracer):
+        raise ShapeError(
+            f"{op.where}: input '{op.inputs[1]}' is a 1-D int64 tensor, which Caffe2 reads as X's shape (the "
+            "pre-2018 form of this gradient), but its values are traced here; give X itself, or run the op in a "
+            "workspace"
+        )
+    shape = tuple(int(v) for v in np.asarray(x))
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"{op.where}: input '{op.inputs[1]}' read as X's shape holds negative sizes {list(shape)}")
+    return shape
+
+
+@register(*(f"{name}Gradient" for name in _FRONT_BACK), inputs=(2, 3), static_if=((1, _is_shape_form),))
 def reduce_front_back_gradient(op: Op) -> Kernel:
     """`(dY, X[, lengths]) -> dX`: X only gives dX its shape. Each output element's gradient goes
     back to the entries it reduced (divided by the count for a mean); with `lengths` only entries
     `0 .. lengths[j]-1` get it, so unlike the forward's quirk a length of 0 gives entry 0 nothing,
     and a mean divides by the length as given (caffe2/operators/reduce_front_back_{sum,mean}_ops.cc).
-    Pre-2018 nets passed X's shape as an int64 vector instead of X; that form is not supported."""
+    Pre-2018 nets passed X's shape as an int64 vector instead of X, and Caffe2 still reads any 1-D int64 X so
+    (registry `static_if`: a workspace then reads its values on the host)."""
     front, mean = _FRONT_BACK[op.type.removesuffix("Gradient")]
     num = _num_reduce_dim(op, with_lengths=len(op.inputs) == 3)
 
     def kernel(dy, x, lengths=None):
-        split = _split(op, num, front, x.ndim)
-        rows, cols = size_to_dim(x.shape, split), size_from_dim(x.shape, split)
+        shape = _dx_shape(op, x)
+        split = _split(op, num, front, len(shape))
+        rows, cols = size_to_dim(shape, split), size_from_dim(shape, split)
         kept, reduced = (cols, rows) if front else (rows, cols)
         if dy.size != kept:
             raise ShapeError(
                 f"{op.where}: dY '{op.inputs[0]}' has {dy.size} elements, expected {kept} (one per "
-                f"output element for X '{op.inputs[1]}' of shape {list(x.shape)})"
+                f"output element for X '{op.inputs[1]}' of shape {list(shape)})"
             )
         counts = None if lengths is None else _lengths(op, lengths, kept, index=2)[:, None]
-        if x.size == 0:
-            return jnp.zeros(x.shape, dy.dtype)
+        if math.prod(shape) == 0:
+            return jnp.zeros(shape, dy.dtype)
         column = dy.reshape(kept, 1)
         if counts is None:
             groups = jnp.broadcast_to(_finish(column, reduced, mean), (kept, reduced))
@@ -119,7 +144,7 @@ def reduce_front_back_gradient(op: Op) -> Kernel:
             inside = jnp.arange(reduced, dtype=jnp.int32) < counts
             safe = jnp.maximum(counts, 1)  # a count below 1 leaves nothing inside to divide
             groups = jnp.where(inside, _finish(column, safe, mean), jnp.zeros((), dy.dtype))
-        return (groups.T if front else groups).reshape(x.shape)
+        return (groups.T if front else groups).reshape(shape)
 
     return kernel
 

@@ -127,6 +127,10 @@ class OpDef:
     say what it writes there undeclared (`scope_writes`), what it reads only when it exists
     (`optional_reads`), and that it binds its outputs in `scope` itself (`binds_outputs`: one left unset
     stays unset).
+    `static_if` holds (position, test) pairs: an input whose value decides the output's shape only when
+    `test(value)` holds (ReduceFrontSumGradient's second input is X's shape, not X, when it is a 1-D int64
+    tensor: Caffe2's pre-2018 form); a workspace reads such a value on the host, and specialises on it, when the
+    test holds for the blob it is given, and a compiled net, where it is traced, gets the kernel's error.
     `eager` (or `eager(op)`) says that a workspace runs the op outside jitted code, its kernel on concrete values,
     because what it writes depends on values it computes (DNNLOWP's output quantization chosen from the float
     result, ONNXWhile's scan outputs when the condition decides the trip count); a compiled net still traces it,
@@ -149,6 +153,7 @@ class OpDef:
     shape_only: bool = False
     shape_outputs: tuple[int, ...] = ()
     eager: bool | Callable[[Op], bool] = False
+    static_if: tuple[tuple[int, Callable[[Any], bool]], ...] = ()
     user: bool = False  # registered by `rnn2jax.register_op` or given to compile(custom_ops=)
     module: str = ""  # the family module that holds every facet of the op
     roles: Roles | Absent = UNSTATED
@@ -300,6 +305,7 @@ def register(
     shape_outputs: tuple[int, ...] = (),
     engines: tuple[str, ...] = (),
     eager: bool | Callable[[Op], bool] = False,
+    static_if: tuple[tuple[int, Callable[[Any], bool]], ...] = (),
     **facets: Any,
 ) -> Callable[[Builder], Builder]:
     """Register `build` for each of `types` (aliases share one builder), with any facets given here
@@ -328,6 +334,7 @@ def register(
                 shape_only,
                 shape_outputs,
                 eager,
+                static_if,
                 module=module,
                 **stated,
                 host=existing.host if existing is not None else None,

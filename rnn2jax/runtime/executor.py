@@ -118,6 +118,8 @@ class PureSegment:
         self._seed = seed
         # Blobs whose values decide shapes are read on the host: one executable per distinct value.
         self.static: tuple[str, ...] = tuple(self.lowered.static_inputs())
+        # ... and those whose values decide shapes only when they pass a test (registry `static_if`)
+        self.static_if = {n: t for n, t in self.lowered.static_inputs_if().items() if n not in self.static}
         # Blobs only shape-only ops read (IsEmpty, Shape, Size): a string tensor there is read by its shape.
         self.shape_read: tuple[str, ...] = tuple(
             name for name in self.inputs if all(lookup(op).shape_only for op in ops if name in op.inputs)
@@ -156,6 +158,9 @@ class PureSegment:
             if isinstance(value, np.ndarray) and value.dtype == object:  # strings: only their shape is read
                 env[name] = np.zeros(value.shape, np.bool_)
         static = {name: np.asarray(env.pop(name)) for name in self.static if name in env}
+        for name, test in self.static_if.items():
+            if name in env and test(env[name]):
+                static[name] = np.asarray(env.pop(name))
         key = specialisation_key(static)
         try:
             result = self._executable(key)(

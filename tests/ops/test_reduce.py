@@ -763,3 +763,20 @@ def test_sum_elements_gradient_defaults_and_bad(jit):
         run_op("SumElementsGradient", [x, np.ones(2, np.float32)], jit=jit, input_names=["x", "g"])
     with pytest.raises(ShapeError, match="takes a float dY"):
         run_op("SumElementsGradient", [x, np.array(1, np.int32)], jit=jit)
+
+
+@pytest.mark.parametrize("op_type", ["ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean"])
+@given(data=st.data())
+def test_front_back_gradient_of_the_shape_form_matches_caffe2(caffe2, op_type, data):
+    """The pre-2018 form: X's shape as a 1-D int64 tensor in place of X. A workspace reads it on the host
+    (registry `static_if`), as Caffe2 reads it; a compiled net, where it is traced, says why it cannot."""
+    from host_differential import check_net as host_check_net
+
+    shape = data.draw(shapes(1, 3, max_side=4))
+    num = data.draw(st.integers(0, len(shape)))
+    kept = shape[num:] if op_type.startswith("ReduceFront") else shape[: len(shape) - num]
+    inputs = {"dY": data.draw(arrays(kept)), "shape": np.array(shape, np.int64)}
+    op = make_op(f"{op_type}Gradient", ["dY", "shape"], ["dX"], num_reduce_dim=num)
+    host_check_net(caffe2, [op], inputs)
+    with pytest.raises(ShapeError, match="reads as X's shape"):
+        run_rnn2jax([op], inputs, ["dX"])
