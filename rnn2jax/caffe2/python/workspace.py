@@ -39,7 +39,7 @@ from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
 from . import _flags, _step_blobs, _torch_interop, _transforms, python_op, scope  # noqa: F401
-from ._schema_inference import SCHEMA_INFERENCE
+from ._schema_inference import SCHEMA_INFERENCE, schema_answers
 from .lazy import TriggerLazyImport
 
 _cache = CompileCache()
@@ -412,6 +412,17 @@ def GetBlobSizeBytes(name: Any) -> int:
     if value.dtype.kind in "OSU":
         return 8 * value.size + sum(len(item) for item in value.reshape(-1))
     return int(value.nbytes)
+
+
+def SerializeBlob(name: Any) -> bytes:
+    """Blob `name` as one BlobProto named after it (no chunks): Caffe2's C.serialize_blob."""
+    blob_name = StringifyBlobName(name)
+    return _Blob(_ws(), blob_name).serialize(blob_name)
+
+
+def DeserializeBlob(name: Any, serialized: bytes) -> None:
+    """Create blob `name` (or replace its value) from a serialized BlobProto: Caffe2's C.deserialize_blob."""
+    _Blob(_ws(), StringifyBlobName(name)).deserialize(serialized)
 
 
 def FetchBlobs(names: Iterable[Any]) -> list[Any]:
@@ -858,15 +869,24 @@ def InferShapesAndTypes(
     }
     try:
         protos = [_proto(n) for n in nets]
-        if any(op.type in SCHEMA_INFERENCE for proto in protos for op in proto.op):
+        if any(schema_answers(op) for proto in protos for op in proto.op):
             specs = _infer_shapes(protos, given, _ws(), trace_shapes, InputSpec)
         else:
             specs = trace_shapes(protos, given, _ws())
     except Rnn2JaxError as error:
         raise _as_runtime_error(error) from None
-    shapes = {name: list(spec.shape) for name, spec in specs.items()}
-    enums = {name: _ENUM_OF_DTYPE.get(np.dtype(spec.dtype)) for name, spec in specs.items()}
-    return shapes, {name: enum for name, enum in enums.items() if enum is not None}
+    found = [(name, spec.shape, spec.dtype) for name, spec in specs.items()]
+    if blob_dimensions is None:  # Caffe2 starts from every tensor in the workspace, read by the nets or not
+        found = [*_workspace_tensors(_ws()), *found]
+    shapes = {name: list(shape) for name, shape, _ in sorted(found, key=lambda item: item[0])}
+    enums = {name: _ENUM_OF_DTYPE.get(np.dtype(dtype)) for name, _, dtype in found}
+    return shapes, {name: enums[name] for name in shapes if enums[name] is not None}
+
+
+def _workspace_tensors(ws: _RuntimeWorkspace) -> list[tuple[str, tuple[int, ...], Any]]:
+    """The name, shape and dtype of each tensor blob (Caffe2's GetTensorShapeOfBlob knows no other blob's)."""
+    values = ((name, ws.get(name)) for name in ws.blobs())
+    return [(name, tuple(v.shape), v.dtype) for name, v in values if isinstance(v, np.ndarray | jax.Array)]
 
 
 def _infer_shapes(protos: list[Any], given: dict[str, Any], ws: _RuntimeWorkspace, trace: Any, spec: Any) -> dict:
@@ -880,7 +900,7 @@ def _infer_shapes(protos: list[Any], given: dict[str, Any], ws: _RuntimeWorkspac
         position = 0
         while position < len(net.op):
             op = net.op[position]
-            if op.type not in SCHEMA_INFERENCE:
+            if not schema_answers(op):
                 position += 1
                 continue
             before = _copy_net(net)
@@ -896,6 +916,9 @@ def _infer_shapes(protos: list[Any], given: dict[str, Any], ws: _RuntimeWorkspac
             inputs = [shape_of(name) for name in op.input]
             read.update({n: spec(i[0], i[1].name) for n, i in zip(op.input, inputs, strict=True) if i is not None})
             outputs = SCHEMA_INFERENCE[op.type](op, inputs, shape_of)
+            if outputs is None:
+                position += 1
+                continue
             fills = [_fill(name, out) for name, out in zip(op.output, outputs, strict=False) if out is not None]
             del net.op[position]
             for fill in reversed(fills):
