@@ -135,6 +135,9 @@ SCHEMA_INFERENCE: dict[str, Inference] = {
     "LearningRate": _learning_rate,
     "LastNWindowCollector": _last_n_window_collector,
 }
+# Ops whose schema's answer is reported but not traced on: LearningRate's readers (WeightedSum, Mul) are float
+# math, which refuses the int64 counter that its schema answers
+REPORTED_ONLY = frozenset({"LearningRate"})
 # Ops whose schema answers as the op does but for some arguments: the trace answers the others
 _ONLY_WHEN: dict[str, Callable[[object], bool]] = {"Concat": _concat_differs}
 

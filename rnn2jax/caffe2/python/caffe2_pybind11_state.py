@@ -583,6 +583,6 @@ __all__ = sorted(
     _defined_here
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
     | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor", "Observer"}
-    | {"create_db", "DB", "Cursor", "Transaction"}
+    | {"create_db", "DB", "Cursor", "Transaction", "serialize_blob", "deserialize_blob"}
     | set(_nomni.__all__)
 )

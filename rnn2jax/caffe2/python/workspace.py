@@ -39,7 +39,7 @@ from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
 from . import _flags, _step_blobs, _torch_interop, _transforms, python_op, scope  # noqa: F401
-from ._schema_inference import SCHEMA_INFERENCE, schema_answers
+from ._schema_inference import REPORTED_ONLY, SCHEMA_INFERENCE, schema_answers
 from .lazy import TriggerLazyImport
 
 _cache = CompileCache()
@@ -893,9 +893,12 @@ def _infer_shapes(protos: list[Any], given: dict[str, Any], ws: _RuntimeWorkspac
     """The nets traced, but for the ops whose schema Caffe2 answers with instead (`_schema_inference`): each of
     those, in turn, gets its inputs' shapes from a trace of the ops before it and is replaced by fills of the
     shapes its schema answers; then everything is traced at once (so values that decide shapes, such as a
-    Concat's split_info read by its gradient's Split, stay known). The replaced ops' inputs are answered too."""
+    Concat's split_info read by its gradient's Split, stay known). The replaced ops' inputs are answered too.
+    An op in `REPORTED_ONLY` stays in the trace, its readers getting what it writes; only its outputs are
+    answered as its schema says."""
     nets = [_copy_net(proto) for proto in protos]
     read: dict[str, Any] = {}
+    reported: dict[str, Any] = {}
     for index, net in enumerate(nets):
         position = 0
         while position < len(net.op):
@@ -919,12 +922,16 @@ def _infer_shapes(protos: list[Any], given: dict[str, Any], ws: _RuntimeWorkspac
             if outputs is None:
                 position += 1
                 continue
+            if op.type in REPORTED_ONLY:
+                reported.update({n: spec(o[0], o[1].name) for n, o in zip(op.output, outputs, strict=False) if o})
+                position += 1
+                continue
             fills = [_fill(name, out) for name, out in zip(op.output, outputs, strict=False) if out is not None]
             del net.op[position]
             for fill in reversed(fills):
                 net.op.insert(position, fill)
             position += len(fills)
-    return {**read, **trace(nets, given, ws)}
+    return {**read, **trace(nets, given, ws), **reported}
 
 
 def _copy_net(proto: Any) -> Any:
