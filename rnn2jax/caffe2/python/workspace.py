@@ -86,7 +86,7 @@ def __dir__() -> list[str]:
 
 
 has_hip_support = False
-has_fbgemm = False
+has_fbgemm = True  # what Caffe2's x86 wheel reports; rnn2jax writes bfloat16 as its fbgemm build does
 is_asan = False
 GpuDeviceType = caffe2_pb2.CUDA
 
