@@ -856,7 +856,8 @@ def InferShapesAndTypes(
     nets_proto: bool = False,
     blob_types: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Shapes and TensorProto types of every blob the nets read and write, from the blobs in the
+    """Shapes and TensorProto types of every blob the nets read and write (and, without `blob_dimensions`,
+    of every tensor in the workspace, as Caffe2 lists them), from the blobs in the
     current workspace (or `blob_dimensions`/`blob_types`), traced without running anything
     (`rnn2jax.checking.shape_inference.trace_shapes`; a blob without a type is FLOAT, as in Caffe2).
     Raises RuntimeError when a net cannot be traced (host ops, missing blobs), as Caffe2 did."""
