@@ -27,12 +27,12 @@ from ..ir.int8 import Int8Tensor
 from ..ir.netdef import Op
 from ..ir.packed import PackedFP16Matrix
 from ..proto import caffe2_pb2 as pb
-from ..storage.serialization import blob_options
 from .checks import enforce, first_bad, literal, runtime_checked
 from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Absent
 from .gradient_makers import should_not_do_gradient
 from .half import float_to_half
 from .registry import HostWorkspace, Kernel, declare_family, host_op, register
+from .storage import blob_options
 
 declare_family(
     __name__,

@@ -49,7 +49,6 @@ from ..storage.serialization import (
     BlobAssembler,
     BlobType,
     blob_name,
-    blob_options,
     blob_type_of,
     register_blob_type,
     serialize_blob,
@@ -356,6 +355,15 @@ def _chunk_size(op: Op) -> int:
     if size < -1:
         raise BadArgumentError(f"{op.where}: chunk_size {size}: give a number of elements, 0 (no chunks) or -1")
     return size
+
+
+def blob_options(name: str, options: pb.SerializationOptions) -> pb.BlobSerializationOptions:
+    """The first of `options` whose `blob_name_regex` matches `name` whole (an empty one matches any), else the
+    defaults: Caffe2's GetBlobOptions."""
+    for entry in options.options:
+        if not entry.blob_name_regex or re.fullmatch(entry.blob_name_regex, name):
+            return entry
+    return pb.BlobSerializationOptions()
 
 
 def _serialization_options(op: Op) -> pb.SerializationOptions:

@@ -13,7 +13,6 @@ Errors are `ValueError`s describing the record; the blob layer names the DB.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,15 +107,6 @@ def _as_tensor(value: Any) -> np.ndarray:
         known = ", ".join(sorted(str(d) for d in DATA_TYPE_OF))
         raise ValueError(f"has dtype {array.dtype}, which Caffe2 tensors cannot hold ({known}, strings)")
     return np.ascontiguousarray(array, dtype=dtype).reshape(array.shape)  # ascontiguousarray makes 0-d 1-d
-
-
-def blob_options(name: str, options: pb.SerializationOptions) -> pb.BlobSerializationOptions:
-    """The first of `options` whose `blob_name_regex` matches `name` whole (an empty one matches any), else the
-    defaults: Caffe2's GetBlobOptions."""
-    for entry in options.options:
-        if not entry.blob_name_regex or re.fullmatch(entry.blob_name_regex, name):
-            return entry
-    return pb.BlobSerializationOptions()
 
 
 def to_bfloat16(values: np.ndarray) -> bytes:
