@@ -880,7 +880,8 @@ def InferShapesAndTypes(
     if blob_dimensions is None:  # Caffe2 starts from every tensor in the workspace, read by the nets or not
         found = [*_workspace_tensors(_ws()), *found]
     shapes = {name: list(shape) for name, shape, _ in sorted(found, key=lambda item: item[0])}
-    enums = {name: _ENUM_OF_DTYPE.get(np.dtype(dtype)) for name, _, dtype in found}
+    enum_of = {**_ENUM_OF_DTYPE, np.dtype(object): caffe2_pb2.TensorProto.STRING}  # string tensors too
+    enums = {name: enum_of.get(np.dtype(dtype)) for name, _, dtype in found}
     return shapes, {name: enums[name] for name in shapes if enums[name] is not None}
 
 
