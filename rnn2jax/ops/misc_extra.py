@@ -16,7 +16,6 @@ rounding, not bit for bit).
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import jax
@@ -33,6 +32,7 @@ from .facets import HOST_OP_NO_EMITTER, HOST_OP_NO_SHAPE_RULE, NO_GRADIENT, NO_R
 from .gradient_makers import should_not_do_gradient
 from .half import float_to_half
 from .registry import HostWorkspace, Kernel, declare_family, host_op, register
+from .storage import blob_options
 
 declare_family(
     __name__,
@@ -198,14 +198,6 @@ _PER_ELEMENT = {  # EstimatePerElementSize: protobuf's varints make small intege
 }  # fmt: skip
 
 
-def _blob_options(name: str, options: pb.SerializationOptions) -> pb.BlobSerializationOptions:
-    """The first options whose `blob_name_regex` matches `name` whole (an empty one matches any)."""
-    for entry in options.options:
-        if not entry.blob_name_regex or re.fullmatch(entry.blob_name_regex, name):
-            return entry
-    return pb.BlobSerializationOptions()
-
-
 def tensor_size_estimate(name: str, dtype: np.dtype, numel: int, options: pb.BlobSerializationOptions) -> int:
     """Caffe2's TensorSerializer::EstimateSerializedBlobSize: per chunk, the name and 50 bytes of protobuf;
     per element, a guess by type (strings 50 bytes, whatever their length)."""
@@ -259,7 +251,7 @@ def estimate_all_blob_sizes(workspace: HostWorkspace, op: Op, state: dict[str, A
     names_out_count = len(names)
     sizes = []
     for name in names:
-        entry = _blob_options(name, options)
+        entry = blob_options(name, options)
         if name == names_out:
             sizes.append(tensor_size_estimate(name, np.dtype(object), names_out_count, entry))
         elif name == sizes_out:

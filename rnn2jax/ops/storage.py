@@ -357,6 +357,45 @@ def _chunk_size(op: Op) -> int:
     return size
 
 
+def blob_options(name: str, options: pb.SerializationOptions) -> pb.BlobSerializationOptions:
+    """The first of `options` whose `blob_name_regex` matches `name` whole (an empty one matches any), else the
+    defaults: Caffe2's GetBlobOptions."""
+    for entry in options.options:
+        if not entry.blob_name_regex or re.fullmatch(entry.blob_name_regex, name):
+            return entry
+    return pb.BlobSerializationOptions()
+
+
+def _serialization_options(op: Op) -> pb.SerializationOptions:
+    """Save's `options` (a serialized SerializationOptions), and after them, as the last default, its older
+    `chunk_size` argument when given (load_save_op.cc: its -1 and 0 swapped into the options' 0 and -1)."""
+    options = pb.SerializationOptions()
+    arg = op.args.get("options")
+    if arg is not None and arg.kind == "s" and arg.value:
+        raw = arg.value.encode("utf-8", "surrogateescape") if isinstance(arg.value, str) else bytes(arg.value)
+        try:
+            options.ParseFromString(raw)
+        except DecodeError as error:
+            raise BadArgumentError(f"{op.where}: unable to parse serialization options: {error}") from None
+    for entry in options.options:
+        if entry.chunk_size < -1:
+            raise BadArgumentError(
+                f"{op.where}: options for '{entry.blob_name_regex}': chunk_size {entry.chunk_size}: give a number "
+                "of elements, 0 (the default) or -1 (no chunks)"
+            )
+    if "chunk_size" in op.args:
+        options.options.add(chunk_size={-1: 0, 0: -1}.get(_chunk_size(op), _chunk_size(op)))
+    return options
+
+
+def _blob_writing(name: str, options: pb.SerializationOptions) -> tuple[int | None, bool]:
+    """What `serialize_blob` takes for blob `name`: its chunk size (None: the default; 0: one chunk) and
+    whether its float32 values go as bfloat16."""
+    entry = blob_options(name, options)
+    chunks = {0: None, -1: 0}.get(entry.chunk_size, entry.chunk_size)
+    return chunks, entry.float_format == pb.BlobSerializationOptions.FLOAT_BFLOAT16
+
+
 def _check_save(op: Op) -> None:
     if op.outputs:
         raise BadArgumentError(f"{op.where}: {op.type} writes a DB, not blobs: it takes no outputs")
@@ -365,7 +404,7 @@ def _check_save(op: Op) -> None:
         raise BadArgumentError(f"{op.where}: {op.type} needs a db argument (Caffe2: 'Must specify a db name.')")
     op.bool("absolute_path", False)
     _save_names(op, op.inputs)
-    _chunk_size(op)
+    _serialization_options(op)
 
 
 def save_blobs(workspace: HostWorkspace, op: Op, db: str) -> str:
@@ -384,7 +423,8 @@ def save_blobs(workspace: HostWorkspace, op: Op, db: str) -> str:
             )
         blobs[name] = value
     try:
-        write_blobs(path, blobs, db_type, _chunk_size(op))
+        options = _serialization_options(op)
+        write_blobs(path, blobs, db_type, per_blob={name: _blob_writing(name, options) for name in blobs})
     except StorageError as error:
         raise _reraise(op, error) from None
     return path

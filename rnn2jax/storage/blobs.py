@@ -82,9 +82,11 @@ def write_blobs(
     blobs: Mapping[str, Any],
     db_type: str = "minidb",
     chunk_size: int | None = None,
+    per_blob: Mapping[str, tuple[int | None, bool]] | None = None,
 ) -> None:
     """Write `blobs` (name -> array, or bytes/str for a string blob) as a new Caffe2 DB, as `Save` would:
     keys "name#%<chunk>", chunks of `chunk_size` elements (None: Caffe2's 1,000,000; 0: one chunk).
+    `per_blob` gives blobs their own (chunk_size, bfloat16), as Save's SerializationOptions do.
 
     The DB is written beside `path` under a temporary name and renamed into place only when complete:
     a failure leaves whatever was at `path` untouched and no partial DB."""
@@ -98,7 +100,8 @@ def write_blobs(
     try:
         with transaction(path, db_type) as txn:
             for current in names:
-                for key, data in serialize_blob(current, blobs[current], chunk_size):
+                chunks, bfloat16 = (per_blob or {}).get(current, (chunk_size, False))
+                for key, data in serialize_blob(current, blobs[current], chunks, bfloat16):
                     txn.put(key, data)
     except (DBAccessError, OSError, ValueError) as error:
         detail = error.detail if isinstance(error, DBAccessError) else str(error)

@@ -109,7 +109,14 @@ def _as_tensor(value: Any) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=dtype).reshape(array.shape)  # ascontiguousarray makes 0-d 1-d
 
 
-def _chunk_proto(name: str, array: np.ndarray, flat: np.ndarray, begin: int, end: int) -> bytes:
+def to_bfloat16(values: np.ndarray) -> bytes:
+    """float32 values as little-endian bfloat16, rounded half up as fbgemm's FloatToBfloat16 does (its +2^15
+    wraps in uint32, as fbgemm's does)."""
+    bits = np.ascontiguousarray(values, dtype="<f4").view("<u4")
+    return ((bits + np.uint32(1 << 15)) >> np.uint32(16)).astype("<u2").tobytes()
+
+
+def _chunk_proto(name: str, array: np.ndarray, flat: np.ndarray, begin: int, end: int, bfloat16: bool = False) -> bytes:
     tensor = pb.TensorProto(name=name, dims=array.shape)
     tensor.segment.begin = begin
     tensor.segment.end = end
@@ -121,7 +128,10 @@ def _chunk_proto(name: str, array: np.ndarray, flat: np.ndarray, begin: int, end
         tensor.string_data.extend(values.tolist())
     else:
         tensor.data_type = DATA_TYPE_OF[array.dtype]
-        if array.dtype == np.float32:  # packed fixed-width fields: the bytes themselves, without a loop
+        if array.dtype == np.float32 and bfloat16:  # FLOAT_BFLOAT16: two bytes an element, in raw_data
+            tensor.data_format = pb.TensorProto.FMT_BFLOAT16
+            tensor.raw_data = to_bfloat16(values)
+        elif array.dtype == np.float32:  # packed fixed-width fields: the bytes themselves, without a loop
             tensor.data_format = pb.TensorProto.FMT_PROTOBUF
             packed = _length_delimited(_FLOAT_DATA, values.astype("<f4").tobytes()) if values.size else b""
         elif array.dtype == np.float64:
@@ -137,11 +147,14 @@ def _chunk_proto(name: str, array: np.ndarray, flat: np.ndarray, begin: int, end
     return blob + _length_delimited(_BLOB_TENSOR, tensor.SerializeToString() + packed)
 
 
-def serialize_blob(name: str, value: Any, chunk_size: int | None = None) -> Iterator[tuple[bytes, bytes]]:
+def serialize_blob(
+    name: str, value: Any, chunk_size: int | None = None, bfloat16: bool = False
+) -> Iterator[tuple[bytes, bytes]]:
     """The (key, serialized BlobProto) records of one blob, as Caffe2's Save writes them.
 
     `chunk_size` counts elements per chunk, as Save's argument does: None or -1 is Caffe2's default
-    (1,000,000), 0 one chunk for the whole tensor. Raises ValueError for a value Caffe2 cannot hold."""
+    (1,000,000), 0 one chunk for the whole tensor. `bfloat16` writes float32 tensors as bfloat16 (Caffe2's
+    FLOAT_BFLOAT16 option, with fbgemm). Raises ValueError for a value Caffe2 cannot hold."""
     if isinstance(value, bytes | str):
         content = value.encode("utf-8") if isinstance(value, str) else value
         yield name.encode("utf-8"), pb.BlobProto(name=name, type=STRING_TYPE, content=content).SerializeToString()
@@ -162,7 +175,7 @@ def serialize_blob(name: str, value: Any, chunk_size: int | None = None) -> Iter
         raise ValueError(f"chunk_size {chunk_size!r}: give a positive number of elements, 0 or -1")
     for chunk_id, begin in enumerate(range(0, max(flat.size, 1), step)):
         end = min(begin + step, flat.size)
-        yield f"{name}{CHUNK_SEPARATOR}{chunk_id}".encode(), _chunk_proto(name, array, flat, begin, end)
+        yield f"{name}{CHUNK_SEPARATOR}{chunk_id}".encode(), _chunk_proto(name, array, flat, begin, end, bfloat16)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -156,8 +156,8 @@ def test_caffe2_bfloat16_saved_floats_load(caffe2, tmp_path):
     caffe2_view = caffe2_load(caffe2, path, ["x"])["x"]
     got = rnn2jax.read_blobs(path)["x"]
     assert_bit_equal(got, caffe2_view)
-    bits = x.view(np.uint32).astype(np.uint64)  # bfloat16 by round to nearest even, as fbgemm converts
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16).astype(np.uint32)
+    bits = x.view(np.uint32).astype(np.uint64)  # bfloat16 rounded half up, as fbgemm's FloatToBfloat16 does
+    rounded = ((bits + 0x8000) >> 16 << 16).astype(np.uint32)
     assert_bit_equal(got, rounded.view(np.float32))
     assert not np.array_equal(got, x)  # the test's values do lose bits
 

@@ -23,8 +23,6 @@ from ...errors import BadArgumentError, InputTypeError, Rnn2JaxError
 from ...ir.wire import parse_binary
 from ...ops.gradient_makers import get_gradient_for_op
 from ...storage.db import DB_TYPES
-from ...storage.serialization import BlobAssembler
-from ...storage.serialization import serialize_blob as _serialize
 from ..proto import caffe2_pb2
 from . import _memonger, _nomni, _opt_passes, python_op, workspace
 from ._caffe2_operators import CAFFE2_OPERATOR_TYPES
@@ -223,23 +221,9 @@ def feed_blob(name: str, arg: Any, device_option: Any = None) -> bool:
     return workspace.FeedBlob(name, arg)
 
 
-def serialize_blob(name: str) -> bytes:
-    """A blob as one serialized BlobProto (no chunks), as Caffe2's SerializeBlob wrote it."""
-    value = workspace.FetchBlob(name)
-    (_, record), *_ = _serialize(name, value, chunk_size=0)
-    return record
-
-
-def deserialize_blob(name: str, serialized: bytes) -> None:
-    assembler = BlobAssembler(f"deserialize_blob('{name}')")
-    try:
-        assembler.add(name.encode("utf-8"), serialized)
-    except ValueError as error:
-        raise BadArgumentError(f"deserialize_blob('{name}'): {error}") from None
-    values, problems = assembler.finish()
-    if problems:
-        raise BadArgumentError(f"deserialize_blob('{name}'): {next(iter(problems.values()))}")
-    workspace.FeedBlob(name, next(iter(values.values())))
+# The same functions as the workspace module's (Caffe2's workspace.SerializeBlob is C.serialize_blob)
+serialize_blob = workspace.SerializeBlob
+deserialize_blob = workspace.DeserializeBlob
 
 
 def get_blob_size_bytes(name: str) -> int:
@@ -599,6 +583,6 @@ __all__ = sorted(
     _defined_here
     | {"is_asan", "has_mkldnn", "use_mkldnn", "use_trt", "use_rocm", "define_caffe2_no_operator_schema"}
     | {"has_fbgemm", "has_hip_support", "OpSchema", "Workspace", "Blob", "Net", "TensorCPU", "Predictor", "Observer"}
-    | {"create_db", "DB", "Cursor", "Transaction"}
+    | {"create_db", "DB", "Cursor", "Transaction", "serialize_blob", "deserialize_blob"}
     | set(_nomni.__all__)
 )

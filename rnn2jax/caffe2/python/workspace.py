@@ -39,7 +39,7 @@ from ..proto import caffe2_pb2
 
 # imported for their host ops: the Python op, and RecurrentNetworkBlobFetcher
 from . import _flags, _step_blobs, _torch_interop, _transforms, python_op, scope  # noqa: F401
-from ._schema_inference import SCHEMA_INFERENCE
+from ._schema_inference import REPORTED_ONLY, SCHEMA_INFERENCE, schema_answers
 from .lazy import TriggerLazyImport
 
 _cache = CompileCache()
@@ -86,7 +86,7 @@ def __dir__() -> list[str]:
 
 
 has_hip_support = False
-has_fbgemm = False
+has_fbgemm = True  # what Caffe2's x86 wheel reports; rnn2jax writes bfloat16 as its fbgemm build does
 is_asan = False
 GpuDeviceType = caffe2_pb2.CUDA
 
@@ -412,6 +412,17 @@ def GetBlobSizeBytes(name: Any) -> int:
     if value.dtype.kind in "OSU":
         return 8 * value.size + sum(len(item) for item in value.reshape(-1))
     return int(value.nbytes)
+
+
+def SerializeBlob(name: Any) -> bytes:
+    """Blob `name` as one BlobProto named after it (no chunks): Caffe2's C.serialize_blob."""
+    blob_name = StringifyBlobName(name)
+    return _Blob(_ws(), blob_name).serialize(blob_name)
+
+
+def DeserializeBlob(name: Any, serialized: bytes) -> None:
+    """Create blob `name` (or replace its value) from a serialized BlobProto: Caffe2's C.deserialize_blob."""
+    _Blob(_ws(), StringifyBlobName(name)).deserialize(serialized)
 
 
 def FetchBlobs(names: Iterable[Any]) -> list[Any]:
@@ -845,7 +856,8 @@ def InferShapesAndTypes(
     nets_proto: bool = False,
     blob_types: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Shapes and TensorProto types of every blob the nets read and write, from the blobs in the
+    """Shapes and TensorProto types of every blob the nets read and write (and, without `blob_dimensions`,
+    of every tensor in the workspace, as Caffe2 lists them), from the blobs in the
     current workspace (or `blob_dimensions`/`blob_types`), traced without running anything
     (`rnn2jax.checking.shape_inference.trace_shapes`; a blob without a type is FLOAT, as in Caffe2).
     Raises RuntimeError when a net cannot be traced (host ops, missing blobs), as Caffe2 did."""
@@ -858,29 +870,42 @@ def InferShapesAndTypes(
     }
     try:
         protos = [_proto(n) for n in nets]
-        if any(op.type in SCHEMA_INFERENCE for proto in protos for op in proto.op):
+        if any(schema_answers(op) for proto in protos for op in proto.op):
             specs = _infer_shapes(protos, given, _ws(), trace_shapes, InputSpec)
         else:
             specs = trace_shapes(protos, given, _ws())
     except Rnn2JaxError as error:
         raise _as_runtime_error(error) from None
-    shapes = {name: list(spec.shape) for name, spec in specs.items()}
-    enums = {name: _ENUM_OF_DTYPE.get(np.dtype(spec.dtype)) for name, spec in specs.items()}
-    return shapes, {name: enum for name, enum in enums.items() if enum is not None}
+    found = [(name, spec.shape, spec.dtype) for name, spec in specs.items()]
+    if blob_dimensions is None:  # Caffe2 starts from every tensor in the workspace, read by the nets or not
+        found = [*_workspace_tensors(_ws()), *found]
+    shapes = {name: list(shape) for name, shape, _ in sorted(found, key=lambda item: item[0])}
+    enum_of = {**_ENUM_OF_DTYPE, np.dtype(object): caffe2_pb2.TensorProto.STRING}  # string tensors too
+    enums = {name: enum_of.get(np.dtype(dtype)) for name, _, dtype in found}
+    return shapes, {name: enums[name] for name in shapes if enums[name] is not None}
+
+
+def _workspace_tensors(ws: _RuntimeWorkspace) -> list[tuple[str, tuple[int, ...], Any]]:
+    """The name, shape and dtype of each tensor blob (Caffe2's GetTensorShapeOfBlob knows no other blob's)."""
+    values = ((name, ws.get(name)) for name in ws.blobs())
+    return [(name, tuple(v.shape), v.dtype) for name, v in values if isinstance(v, np.ndarray | jax.Array)]
 
 
 def _infer_shapes(protos: list[Any], given: dict[str, Any], ws: _RuntimeWorkspace, trace: Any, spec: Any) -> dict:
     """The nets traced, but for the ops whose schema Caffe2 answers with instead (`_schema_inference`): each of
     those, in turn, gets its inputs' shapes from a trace of the ops before it and is replaced by fills of the
     shapes its schema answers; then everything is traced at once (so values that decide shapes, such as a
-    Concat's split_info read by its gradient's Split, stay known). The replaced ops' inputs are answered too."""
+    Concat's split_info read by its gradient's Split, stay known). The replaced ops' inputs are answered too.
+    An op in `REPORTED_ONLY` stays in the trace, its readers getting what it writes; only its outputs are
+    answered as its schema says."""
     nets = [_copy_net(proto) for proto in protos]
     read: dict[str, Any] = {}
+    reported: dict[str, Any] = {}
     for index, net in enumerate(nets):
         position = 0
         while position < len(net.op):
             op = net.op[position]
-            if op.type not in SCHEMA_INFERENCE:
+            if not schema_answers(op):
                 position += 1
                 continue
             before = _copy_net(net)
@@ -896,12 +921,19 @@ def _infer_shapes(protos: list[Any], given: dict[str, Any], ws: _RuntimeWorkspac
             inputs = [shape_of(name) for name in op.input]
             read.update({n: spec(i[0], i[1].name) for n, i in zip(op.input, inputs, strict=True) if i is not None})
             outputs = SCHEMA_INFERENCE[op.type](op, inputs, shape_of)
+            if outputs is None:
+                position += 1
+                continue
+            if op.type in REPORTED_ONLY:
+                reported.update({n: spec(o[0], o[1].name) for n, o in zip(op.output, outputs, strict=False) if o})
+                position += 1
+                continue
             fills = [_fill(name, out) for name, out in zip(op.output, outputs, strict=False) if out is not None]
             del net.op[position]
             for fill in reversed(fills):
                 net.op.insert(position, fill)
             position += len(fills)
-    return {**read, **trace(nets, given, ws)}
+    return {**read, **trace(nets, given, ws), **reported}
 
 
 def _copy_net(proto: Any) -> Any:
