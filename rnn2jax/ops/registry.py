@@ -105,12 +105,16 @@ class HostOp:
             return self.applies(op)
         return not self.string_inputs
 
-    def reads_strings(self, op: Op, holds_strings: Callable[[str], bool]) -> bool:
-        """Whether one of the op's `string_inputs` (negative: from the end) holds strings (`holds_strings(blob)`)."""
+    def string_input_names(self, op: Op) -> tuple[str, ...]:
+        """The blobs at the op's `string_inputs` (negative positions count from the end)."""
         if self.string_inputs == "all":
-            return any(holds_strings(name) for name in op.inputs)
+            return tuple(op.inputs)
         count = len(op.inputs)
-        return any(holds_strings(op.inputs[i]) for i in self.string_inputs if -count <= i < count)
+        return tuple(op.inputs[i] for i in self.string_inputs if -count <= i < count)
+
+    def reads_strings(self, op: Op, holds_strings: Callable[[str], bool]) -> bool:
+        """Whether one of the op's `string_inputs` holds strings (`holds_strings(blob)`)."""
+        return any(holds_strings(name) for name in self.string_input_names(op))
 
 
 class NetFunction(Protocol):

@@ -196,6 +196,10 @@ def moves_strings(
         strings[:] = table
         for i, (name, out) in enumerate(zip(op.outputs, results, strict=False)):
             out = np.asarray(out)
-            workspace.feed(name, strings[out] if outputs is None or i in outputs else out)
+            if outputs is None or i in outputs:
+                moved = np.empty(out.shape, dtype=object)
+                moved[...] = strings[out]  # (indexing with a 0-d array gives the element, not an array)
+                out = moved
+            workspace.feed(name, out)
 
     return run

@@ -275,6 +275,7 @@ class Executor:
             host = find_host(op.type)
             if host is not None and host.string_inputs and not host.runs(op):
                 self.by_strings[position] = host
+        self._sources = self._string_sources()
         self._templates: dict[tuple[bool, ...], list[Piece]] = {}
         self._plans: dict[tuple[bool, ...], list[Piece]] = {}
         self.pieces: list[Piece] = self._plan((False,) * len(self.by_strings))
@@ -322,26 +323,46 @@ class Executor:
             pieces.append(PureSegment(pending, self.label, seed))
         return pieces
 
-    def _plan_key(self, workspace: SegmentWorkspace) -> tuple[bool, ...]:
-        """Which ops of `by_strings` may read strings this run: an input the net has not written holds strings
-        now; one an earlier op wrote may where a host op wrote it (its output's type is its own)."""
-        maybe: set[str] = set()
-        written: set[str] = set()
-
-        def strings(name: str) -> bool:
-            return name in maybe if name in written else _holds_strings(workspace, name)
-
-        key = []
+    def _string_sources(self) -> list[tuple[tuple[str, Any], ...]]:
+        """For each op of `by_strings`, where each of its string inputs comes from: ("blob", name), one the net
+        has not written before it (what the workspace holds decides); ("op", k), the k-th op of `by_strings`
+        (strings when it ran on the host); ("fixed", bool), another op (a host op's output may be strings,
+        a jitted op's never is; after a host op, a blob the net has not written may be strings too)."""
+        last: dict[str, tuple[str, Any]] = {}
+        sources: list[tuple[tuple[str, Any], ...]] = []
+        unread: tuple[str, Any] | None = None  # after a host op, which may write blobs it does not list (Load)
         for position, op in enumerate(self.ops):
             host = self.by_strings.get(position)
             if host is not None:
-                on_host = host.reads_strings(op, strings)
-                key.append(on_host)
+                names = host.string_input_names(op)
+                sources.append(tuple(last.get(name, unread or ("blob", name)) for name in names))
+                written: tuple[str, Any] = ("op", len(sources) - 1)
             else:
                 found = find_host(op.type)
                 on_host = found is not None and found.runs(op)
-            (maybe.update if on_host else maybe.difference_update)(op.outputs)
-            written.update(op.outputs)
+                written = ("fixed", on_host)
+                if on_host:
+                    unread = ("fixed", True)
+            for name in op.outputs:
+                last[name] = written
+        return sources
+
+    def _plan_key(self, workspace: SegmentWorkspace) -> tuple[bool, ...]:
+        """Which ops of `by_strings` may read strings this run (`_string_sources`), checking only the blobs
+        the net reads from the workspace."""
+        key: list[bool] = []
+        for sources in self._sources:
+            strings = False
+            for kind, what in sources:
+                if kind == "blob":
+                    strings = _holds_strings(workspace, what)
+                elif kind == "op":
+                    strings = key[what]
+                else:
+                    strings = what
+                if strings:
+                    break
+            key.append(strings)
         return tuple(key)
 
     def share_code(self, twin: Executor) -> None:
