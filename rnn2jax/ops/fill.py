@@ -288,7 +288,7 @@ def given_tensor_string_fill(op: Op) -> Kernel:
 
 
 def _given_strings(op: Op) -> list[bytes]:
-    return [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in op.byte_strings("values", ())]
+    return [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in op.byte_strings("values")]
 
 
 def _check_given_strings(op: Op) -> None:

@@ -626,6 +626,12 @@ def test_matches_caffe2(caffe2, case, data):
         run_case(caffe2, case, data)
 
 
+def test_given_tensor_string_fill_needs_values(caffe2):
+    """`values` is required (Caffe2's schema), though it may be empty."""
+    check_net(caffe2, [make_op("GivenTensorStringFill", [], ["y"], shape=[0])], fails=True)
+    check_net(caffe2, [make_op("GivenTensorStringFill", [], ["y"], shape=[0], values=[])], fails=False)
+
+
 def test_fill_shape_errors_match_caffe2(caffe2):
     """Shape argument and an input together, and extra_shape without an input: both refused."""
     from differential import check_op
