@@ -115,3 +115,13 @@ def check_save_load(caffe2: Any, tmp_path: Any, make: Sequence[pb.OperatorDef], 
         results[path] = want
     for name in fetch:
         assert_blob_equal(name, results[ours][name], results[theirs][name])
+
+
+def strings_of(value: np.ndarray) -> np.ndarray:
+    """`value` as a string tensor (an object array of bytes, as a workspace holds Caffe2's std::strings): each
+    element's text, so a numeric case's draw serves the op on strings too."""
+    array = np.asarray(value)
+    out = np.empty(array.shape, dtype=object)
+    for index, item in np.ndenumerate(array):
+        out[index] = str(item).encode()
+    return out

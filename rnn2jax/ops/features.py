@@ -20,7 +20,8 @@ from .checks import enforce, literal, runtime_checked
 from .common import matmul_precision
 from .facets import GRADIENT_OP, NO_EMITTER, NO_GRADIENT, NO_ROLES, NO_SHAPE_RULE, Absent, Roles
 from .gradient_makers import GradientContext, GradientOps, gradient_op, no_gradient
-from .registry import Kernel, declare_family, register
+from .registry import Kernel, declare_family, register, register_host_op
+from .strings import moves_strings
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=NO_GRADIENT, emitter=NO_EMITTER)
 
@@ -357,6 +358,14 @@ def merge_single_scalar_gradient(op: Op) -> Kernel:
         return tuple(flat[i * examples : (i + 1) * examples].reshape(xs[i].shape) for i in range(count))
 
     return kernel
+
+
+# Caffe2's CPU op moves values_grad items of any type, strings too (absent items: "")
+register_host_op(
+    "MergeSingleScalarFeatureTensorsGradient",
+    moves_strings(merge_single_scalar_gradient, together=(-1,)),
+    string_inputs=(-1,),
+)
 
 
 def _merge_lists(op: Op, stride: int, has_keys: bool) -> Kernel:

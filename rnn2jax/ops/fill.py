@@ -282,7 +282,36 @@ facet(
 
 @register("GivenTensorStringFill", inputs=(0, 1), gradient=no_gradient)
 def given_tensor_string_fill(op: Op) -> Kernel:
+    """Inside jitted code (a step net, a compiled net): refused, JAX has no string arrays; a workspace runs
+    the host op below."""
     raise BadArgumentError(f"{op.where}: GivenTensorStringFill is not supported (JAX has no string arrays)")
+
+
+def _given_strings(op: Op) -> list[bytes]:
+    return [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in op.byte_strings("values")]
+
+
+def _check_given_strings(op: Op) -> None:
+    _shape_source(op)
+    _given_strings(op)
+
+
+def _given_tensor_string_fill(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """`values` (bytes, as Caffe2's std::strings) in the output shape, whose size must be their count."""
+    values = _given_strings(op)
+    first = np.asarray(workspace.get(op.inputs[0], op)) if op.inputs else None
+    shape = _shape_source(op)(first)
+    if math.prod(shape) != len(values):
+        raise ShapeError(
+            f"{op.where}: argument 'values' has {len(values)} values but the output shape {list(shape)} "
+            f"needs {math.prod(shape)}"
+        )
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    workspace.put(op.outputs[0], out.reshape(shape))
+
+
+register_host_op("GivenTensorStringFill", _given_tensor_string_fill, check=_check_given_strings)
 
 
 @register("GivenTensorByteStringToUInt8Fill", inputs=(0, 1), gradient=no_gradient)

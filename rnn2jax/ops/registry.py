@@ -88,16 +88,33 @@ class HostOp:
     `state` lives as long as the created net (Print's `every_n` counter), and `check(op)`, which validates
     the op's arguments when its net is created (so a bad argument is reported before anything runs).
     `module` registered it. `applies(op)`, where given, says which ops of a type that is also lowered run on
-    the host (ConstantFill of strings, which JAX has no arrays for); the others run in jitted segments."""
+    the host (ConstantFill of strings, which JAX has no arrays for); the others run in jitted segments.
+    `string_inputs` are the input positions (negative: from the end; "all": any input) whose holding strings
+    sends an op of a lowered type to the host (PackSegments of strings): that depends on the blobs, not the
+    op, so the executor decides it when the net runs."""
 
     run: HostRun
     check: HostCheck | None = None
     module: str = ""
     applies: Callable[[Op], bool] | None = None
+    string_inputs: tuple[int, ...] | Literal["all"] = ()
 
     def runs(self, op: Op) -> bool:
-        """Whether this op runs on the host (rather than in a jitted segment)."""
-        return self.applies is None or self.applies(op)
+        """Whether this op runs on the host whatever its inputs hold (rather than in a jitted segment)."""
+        if self.applies is not None:
+            return self.applies(op)
+        return not self.string_inputs
+
+    def string_input_names(self, op: Op) -> tuple[str, ...]:
+        """The blobs at the op's `string_inputs` (negative positions count from the end)."""
+        if self.string_inputs == "all":
+            return tuple(op.inputs)
+        count = len(op.inputs)
+        return tuple(op.inputs[i] for i in self.string_inputs if -count <= i < count)
+
+    def reads_strings(self, op: Op, holds_strings: Callable[[str], bool]) -> bool:
+        """Whether one of the op's `string_inputs` holds strings (`holds_strings(blob)`)."""
+        return any(holds_strings(name) for name in self.string_input_names(op))
 
 
 class NetFunction(Protocol):
@@ -260,7 +277,7 @@ def kind(op_type: str) -> Literal["lowered", "host", "user"] | None:
     if opdef is None:
         return None
     host = find_host(op_type)
-    if host is not None and (host.applies is None or opdef.build is None):
+    if host is not None and ((host.applies is None and not host.string_inputs) or opdef.build is None):
         return "host"
     return "user" if opdef.user else "lowered"
 
@@ -350,14 +367,21 @@ def register_host_op(
     run: HostRun,
     check: HostCheck | None = None,
     applies: Callable[[Op], bool] | None = None,
+    string_inputs: tuple[int, ...] | Literal["all"] = (),
     **facets: Any,
 ) -> HostRun:
     """Register `run` as the host op of `op_type` (`check` validates an op when its net is created), with
     any facets over the registering module's declared defaults. A type may also have a lowering (from
     `register`, in either order): the host op wins when a workspace runs it, for every op of the type or,
-    with `applies`, for the ops it accepts."""
+    with `applies`, for the ops it accepts, or, with `string_inputs`, for ops one of whose inputs at those
+    positions holds strings when the net runs."""
     module = _caller_module(1)
-    return _register_host_op(module, op_type, HostOp(run, check, module, applies), facets)
+    return _register_host_op(
+        module,
+        op_type,
+        HostOp(run, check, module, applies, string_inputs if string_inputs == "all" else tuple(string_inputs)),
+        facets,
+    )
 
 
 def host_op(*types: str, check: HostCheck | None = None, **facets: Any) -> Callable[[HostRun], HostRun]:

@@ -11,7 +11,7 @@ an op reading them back later (Caffe2's gradient nets do: `Reshape(GO, old_shape
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -37,8 +37,9 @@ from .gradient_makers import (
     should_not_do_gradient,
     single_gradient,
 )
-from .registry import Kernel, declare_family, facet, register
+from .registry import HostWorkspace, Kernel, declare_family, facet, register, register_host_op
 from .shape_facts import INT32, Context, Guesses, Solver, Spec, output_like_input
+from .strings import moves_strings
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
@@ -140,6 +141,9 @@ facet("gradient", "CopyFromCPUInput")(NO_GRADIENT)
 
 
 facet("shape_rule", "Copy", "Alias", "EnsureCPUOutput", "CopyGPUToCPU", "CopyCPUToGPU")(output_like_input)
+
+# Caffe2's CPU Copy copies any tensor, strings too
+register_host_op("Copy", moves_strings(copy, outputs=(0,), together=(0,)), string_inputs=(0,))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -538,10 +542,12 @@ def _depth_concat_gradient_maker(g: GradientContext) -> GradientOps:
     return [gradient_op("Split", [g.GO(0), g.O(1)], [g.GI(i) for i in range(len(g.op.input))])]
 
 
+# Caffe2's CPU Concat concatenates tensors of any type, strings too
+register_host_op("Concat", moves_strings(concat, outputs=(0,)), string_inputs="all")
+
+
 @codegen_helper
-def concat_with_split_info(
-    xs: list[jax.Array], axis: int = 1, add_axis: bool = False
-) -> tuple[jax.Array, np.ndarray]:
+def concat_with_split_info(xs: list[jax.Array], axis: int = 1, add_axis: bool = False) -> tuple[jax.Array, np.ndarray]:
     """Caffe2's Concat -> (the concatenation, the sizes along the axis as int32 split_info); add_axis stacks
     along a new axis. (The lowering's kernel checks dtypes, ranks and dims first and keeps symbolic sizes in
     split_info; its maths is this.)"""
@@ -804,6 +810,50 @@ def cast(op: Op) -> Kernel:
         return lambda x: jnp.asarray(x) != 0
     dtype = np.dtype(to)
     return lambda x: jnp.asarray(x).astype(dtype)
+
+
+def _to_string(op: Op) -> bool:
+    """`to` is TensorProto.STRING (4, or "string")."""
+    arg = op.args.get("to")
+    return arg is not None and (
+        (arg.kind == "i" and arg.value == pb.TensorProto.STRING)
+        or (arg.kind == "s" and str(arg.value).lower() == "string")
+    )
+
+
+def _string_of(dtype: np.dtype) -> Callable[[Any], bytes] | None:
+    """C++ std::to_string of an element (floats as "%f"), which Caffe2's Cast to STRING writes; None for the
+    types it refuses (float16, strings)."""
+    if dtype.kind in "iu":
+        return lambda v: str(int(v)).encode()
+    if dtype == np.bool_:
+        return lambda v: b"1" if v else b"0"
+    if dtype in (np.float32, np.float64):
+        return lambda v: (b"-nan" if np.signbit(v) else b"nan") if np.isnan(v) else f"{float(v):f}".encode()
+    return None
+
+
+def _cast_to_string(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+    """Cast with `to` STRING, on the host (JAX has no strings): each element as std::to_string writes it."""
+    name = op.inputs[0]
+    value = workspace.get(name, op)
+    array = value if isinstance(value, np.ndarray) and value.dtype == object else np.asarray(value)
+    text = _string_of(array.dtype)
+    if text is None:
+        kind = "strings" if array.dtype == object else str(array.dtype)
+        raise InputTypeError(f"{op.where}: Cast to STRING does not support input '{name}' of type {kind}")
+    out = np.empty(array.shape, dtype=object)
+    for index, item in np.ndenumerate(array):
+        out[index] = text(item)
+    workspace.put(op.outputs[0], out)
+
+
+def _check_cast_to_string(op: Op) -> None:
+    if len(op.inputs) != 1 or len(op.outputs) != 1:
+        raise BadArgumentError(f"{op.where}: Cast takes 1 input and 1 output")
+
+
+register_host_op("Cast", _cast_to_string, check=_check_cast_to_string, applies=_to_string)
 
 
 def _cast_data_type(arg: pb.Argument | None) -> int:

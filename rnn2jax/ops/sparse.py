@@ -36,7 +36,8 @@ from .gradient_makers import (
     should_not_do_gradient,
     single_gradient,
 )
-from .registry import Kernel, declare_family, facet, register
+from .registry import Kernel, declare_family, facet, register, register_host_op
+from .strings import moves_strings
 
 declare_family(__name__, roles=NO_ROLES, shape_rule=NO_SHAPE_RULE, gradient=GRADIENT_OP, emitter=NO_EMITTER)
 
@@ -292,6 +293,11 @@ def unpack_segments(op: Op) -> Kernel:
     return kernel
 
 
+# Strings (Caffe2's CPU ops are templated on the data type, std::string among them): the kernels move elements
+register_host_op("PackSegments", moves_strings(pack_segments, outputs=(0,), together=(1,)), string_inputs=(1,))
+register_host_op("UnpackSegments", moves_strings(unpack_segments, outputs=(0,), together=(1,)), string_inputs=(1,))
+
+
 # --------------------------------------------------------------------------------------------------
 # BatchGather
 
@@ -416,6 +422,11 @@ def sparse_to_dense_mask(op: Op) -> Kernel:
         return (out, present) if presence else out
 
     return kernel
+
+
+register_host_op(
+    "SparseToDenseMask", moves_strings(sparse_to_dense_mask, outputs=(0,), together=(1, 2)), string_inputs=(1, 2)
+)
 
 
 @facet("gradient", "SparseToDenseMask")

@@ -158,3 +158,48 @@ def string_join(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None
     for i, row in enumerate(rows):
         out[i] = b"".join(text(v) + delimiter for v in row)
     workspace.feed(op.outputs[0], out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Lowered ops that move the elements of a string tensor (PackSegments, Copy, SparseToDenseMask)
+
+
+def moves_strings(
+    build: Callable[[Op], Callable[..., Any]], outputs: tuple[int, ...] | None = None, together: tuple[int, ...] = ()
+) -> Callable[..., None]:
+    """The host op of a lowered type on string inputs, for an op that only moves its input elements: its own
+    kernel (`build(op)`) runs on the element numbers standing for each string input (1, 2, ..., int64, distinct
+    across inputs), and each output in `outputs` (None: every output) takes the strings its numbers name; 0, the
+    kernel's zero fill (PackSegments' padding), is b"", as Caffe2's default `std::string`. Other outputs (masks)
+    are as computed.
+    The inputs at positions `together` (none: every input) hold strings all or none, as Caffe2 wants one type."""
+
+    def together_of(op: Op) -> set[int]:
+        count = len(op.inputs)
+        return {i % count for i in together if -count <= i < count} if together else set(range(count))
+
+    def run(workspace: HostWorkspace, op: Op, state: dict[str, Any]) -> None:
+        values = [workspace.get(name, op) for name in op.inputs]
+        kinds = {isinstance(v, np.ndarray) and v.dtype == object for i, v in enumerate(values) if i in together_of(op)}
+        if len(kinds) > 1:
+            names = ", ".join(f"'{op.inputs[i]}'" for i in sorted(together_of(op)))
+            raise InputTypeError(f"{op.where}: inputs {names} must all hold strings, or none (one type)")
+        table: list[Any] = [b""]
+        for i, value in enumerate(values):
+            if isinstance(value, np.ndarray) and value.dtype == object:
+                start = len(table)
+                table.extend(value.reshape(-1))
+                values[i] = np.arange(start, start + value.size, dtype=np.int64).reshape(value.shape)
+        result = build(op)(*values)
+        results = result if isinstance(result, tuple) else (result,)
+        strings = np.empty(len(table), dtype=object)
+        strings[:] = table
+        for i, (name, out) in enumerate(zip(op.outputs, results, strict=False)):
+            out = np.asarray(out)
+            if outputs is None or i in outputs:
+                moved = np.empty(out.shape, dtype=object)
+                moved[...] = strings[out]  # (indexing with a 0-d array gives the element, not an array)
+                out = moved
+            workspace.feed(name, out)
+
+    return run

@@ -231,8 +231,38 @@ class HostStep:
             self.host.run(workspace, self.op, self.state)
 
 
+@dataclasses.dataclass
+class StringStep:
+    """An op whose type is lowered but runs on the host when one of its `string_inputs` holds strings
+    (PackSegments of strings): which one it is, its inputs at run time decide. `segment` runs it jitted."""
+
+    op: Op
+    host: HostOp
+    segment: PureSegment
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def run(self, workspace: SegmentWorkspace, counter: int, net_run: int = 0) -> None:
+        if self.host.reads_strings(self.op, lambda name: _holds_strings(workspace, name)):
+            self.host.run(workspace, self.op, self.state)
+        else:
+            self.segment.run(workspace, counter, net_run)
+
+
+def _holds_strings(workspace: SegmentWorkspace, name: str) -> bool:
+    value = workspace._values.get(name)
+    if value is None and workspace.has_blob(name):
+        value = workspace.get(name)
+    return isinstance(value, np.ndarray) and value.dtype == object
+
+
+Piece = PureSegment | HostStep | StringStep
+
+
 class Executor:
-    """`nets` run one after another as one program: jitted segments of pure ops, host ops between."""
+    """`nets` run one after another as one program: jitted segments of pure ops, host ops between.
+    Ops whose host op depends on strings in their inputs (registry `string_inputs`) make the program depend on
+    the blobs: each run picks the plan for which of them may read strings (`_plan_key`); plans are built once
+    and shared by the executor's instances (each with fresh host-op state)."""
 
     def __init__(self, nets: Sequence[Net], seed: int = 0):
         self.nets = tuple(nets)
@@ -242,26 +272,103 @@ class Executor:
             ops = [dataclasses.replace(op, index=i) for i, op in enumerate(ops)]
         _check_supported(self.nets)
         self.ops = tuple(ops)
+        self.seed = seed
         self.runs = 0  # how often this net has run: seeded random ops fold it into their keys
-        self.pieces: list[PureSegment | HostStep] = []
-        pending: list[Op] = []
-        for op in ops:
+        # position -> host op of each op that runs on the host only for string inputs
+        self.by_strings: dict[int, HostOp] = {}
+        for position, op in enumerate(ops):
             host = find_host(op.type)
+            if host is not None and host.string_inputs and not host.runs(op):
+                self.by_strings[position] = host
+        self._sources = self._string_sources()
+        self._templates: dict[tuple[bool, ...], list[Piece]] = {}
+        self._plans: dict[tuple[bool, ...], list[Piece]] = {}
+        self.pieces: list[Piece] = self._plan((False,) * len(self.by_strings))
+
+    def _plan(self, key: tuple[bool, ...]) -> list[Piece]:
+        """The pieces run when the ops of `by_strings` read strings where `key` says (this instance's state)."""
+        plan = self._plans.get(key)
+        if plan is None:
+            template = self._templates.get(key)
+            if template is None:
+                template = self._templates[key] = self._build(dict(zip(self.by_strings, key, strict=True)))
+            plan = self._plans[key] = [_fresh(p) for p in template]
+        return plan
+
+    def _build(self, on_host: dict[int, bool]) -> list[Piece]:
+        seed = self.seed
+        pieces: list[Piece] = []
+        pending: list[Op] = []
+        for position, op in enumerate(self.ops):
+            host = find_host(op.type)
+            if position in on_host:
+                if on_host[position]:
+                    if pending:
+                        pieces.append(PureSegment(pending, f"{self.label}, ops #{pending[0].index}-", seed))
+                        pending = []
+                    segment = PureSegment([op], f"{self.label}, op #{op.index}", seed)
+                    pieces.append(StringStep(op, host, segment))
+                else:
+                    pending.append(op)
+                continue
             eager = host is None and lookup(op).runs_eagerly(op)
             if not eager and (host is None or not host.runs(op)):
                 pending.append(op)
                 continue
             if pending:
-                self.pieces.append(PureSegment(pending, f"{self.label}, ops #{pending[0].index}-", seed))
+                pieces.append(PureSegment(pending, f"{self.label}, ops #{pending[0].index}-", seed))
                 pending = []
             if eager:
-                self.pieces.append(EagerSegment([op], f"{self.label}, op #{op.index}", seed))
+                pieces.append(EagerSegment([op], f"{self.label}, op #{op.index}", seed))
                 continue
             if host.check is not None:
                 host.check(op)
-            self.pieces.append(HostStep(op, host))
+            pieces.append(HostStep(op, host))
         if pending:
-            self.pieces.append(PureSegment(pending, self.label, seed))
+            pieces.append(PureSegment(pending, self.label, seed))
+        return pieces
+
+    def _string_sources(self) -> list[tuple[tuple[str, Any], ...]]:
+        """For each op of `by_strings`, where each of its string inputs comes from: ("blob", name), one the net
+        has not written before it (what the workspace holds decides); ("op", k), the k-th op of `by_strings`
+        (strings when it ran on the host); ("fixed", bool), another op (a host op's output may be strings,
+        a jitted op's never is; after a host op, a blob the net has not written may be strings too)."""
+        last: dict[str, tuple[str, Any]] = {}
+        sources: list[tuple[tuple[str, Any], ...]] = []
+        unread: tuple[str, Any] | None = None  # after a host op, which may write blobs it does not list (Load)
+        for position, op in enumerate(self.ops):
+            host = self.by_strings.get(position)
+            if host is not None:
+                names = host.string_input_names(op)
+                sources.append(tuple(last.get(name, unread or ("blob", name)) for name in names))
+                written: tuple[str, Any] = ("op", len(sources) - 1)
+            else:
+                found = find_host(op.type)
+                on_host = found is not None and found.runs(op)
+                written = ("fixed", on_host)
+                if on_host:
+                    unread = ("fixed", True)
+            for name in op.outputs:
+                last[name] = written
+        return sources
+
+    def _plan_key(self, workspace: SegmentWorkspace) -> tuple[bool, ...]:
+        """Which ops of `by_strings` may read strings this run (`_string_sources`), checking only the blobs
+        the net reads from the workspace."""
+        key: list[bool] = []
+        for sources in self._sources:
+            strings = False
+            for kind, what in sources:
+                if kind == "blob":
+                    strings = _holds_strings(workspace, what)
+                elif kind == "op":
+                    strings = key[what]
+                else:
+                    strings = what
+                if strings:
+                    break
+            key.append(strings)
+        return tuple(key)
 
     def share_code(self, twin: Executor) -> None:
         """Use `twin`'s compiled code: it runs the same ops (in nets that may differ in name), with the
@@ -276,7 +383,8 @@ class Executor:
         """The same segments (and jit caches) with fresh host-op state: a newly created net."""
         clone = object.__new__(Executor)
         clone.__dict__.update(self.__dict__)
-        clone.pieces = [HostStep(p.op, p.host) if isinstance(p, HostStep) else p for p in self.pieces]
+        clone._plans = {}
+        clone.pieces = clone._plan((False,) * len(self.by_strings))
         clone.runs = 0
         return clone
 
@@ -306,8 +414,18 @@ class Executor:
         draws the same values each time, a created net's runs go on down the seed's stream."""
         net_run = self.runs
         self.runs += 1
-        for piece in self.pieces:
+        pieces = self._plan(self._plan_key(workspace)) if self.by_strings else self.pieces
+        for piece in pieces:
             piece.run(workspace, workspace._next_counter(), net_run)
+
+
+def _fresh(piece: Piece) -> Piece:
+    """`piece` with fresh host-op state (segments, and their compiled code, shared)."""
+    if isinstance(piece, HostStep):
+        return HostStep(piece.op, piece.host)
+    if isinstance(piece, StringStep):
+        return StringStep(piece.op, piece.host, piece.segment)
+    return piece
 
 
 def _check_supported(nets: Sequence[Net]) -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from differential import Case, arrays, cases, check_op, make_op, run_case, run_rnn2jax
 from rnn2jax.errors import Rnn2JaxError
+from tests.host_differential import check_net, strings_of
 
 
 def draw_ngram(data):
@@ -159,3 +160,16 @@ def test_refusals(caffe2):
             {"i": np.array([4], np.int32), "x": x},
             ["y"],
         )
+
+
+@given(data=st.data())
+def test_merge_single_scalar_gradient_of_strings_matches_caffe2(caffe2, data):
+    """MergeSingleScalarFeatureTensorsGradient on a string values_grad (Caffe2's CPU op is templated on the type):
+    each feature's present items get theirs, absent ones b"" (a default std::string). At least one example: with
+    none, Caffe2 leaves outputs of no type (not tensors it fetches), as for numbers (draw_merge_single)."""
+    n, f = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    inputs = {f"p{i}": np.asarray(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool) for i in range(f)}
+    present = int(sum(p.sum() for p in inputs.values()))
+    inputs["g"] = strings_of(values_of(data, present, np.int32))
+    op = make_op("MergeSingleScalarFeatureTensorsGradient", list(inputs), [f"g{i}" for i in range(f)])
+    check_net(caffe2, [op], inputs)

@@ -27,6 +27,7 @@ from helpers import run_op
 from rnn2jax.checking.oracle import Caffe2Error
 from rnn2jax.errors import BadArgumentError, ShapeError
 from rnn2jax.proto import caffe2_pb2 as pb
+from tests.host_differential import check_net
 
 # ----------------------------------------------------------------------------------------------------
 # The lowering against NumPy references (was tests/ops/test_fill.py)
@@ -457,8 +458,18 @@ def draw_byte_string(data):
 
 
 def draw_string_fill(data):
-    values = data.draw(st.lists(st.binary(min_size=0, max_size=4), min_size=1, max_size=3))
-    return make_op("GivenTensorStringFill", [], ["y"], shape=[len(values)], values=values), {}
+    """Strings in a shape from `shape`, an input's shape or (input_as_shape) its values; sometimes as many values
+    as the shape needs plus or minus one, which Caffe2 refuses."""
+    shape = data.draw(shapes(0, 3, min_side=0, max_side=3))
+    count = max(0, math.prod(shape) + data.draw(st.sampled_from([0, 0, 0, 1, -1])))
+    values = data.draw(st.lists(st.binary(min_size=0, max_size=4), min_size=count, max_size=count))
+    source = data.draw(st.sampled_from(["shape", "input", "input_as_shape"]))
+    if source == "shape":
+        return make_op("GivenTensorStringFill", [], ["y"], shape=list(shape), values=values), {}
+    if source == "input":
+        return make_op("GivenTensorStringFill", ["x"], ["y"], values=values), {"x": np.zeros(shape, np.float32)}
+    dims = np.asarray(shape, np.int64)
+    return make_op("GivenTensorStringFill", ["x"], ["y"], values=values, input_as_shape=1), {"x": dims}
 
 
 def draw_range_fill(data):
@@ -590,7 +601,7 @@ CASES = cases(
     Case("UniqueUniformFill", draw_unique_uniform, note="random: shape, dtype, distinct values in range"),
     *(Case(name, draw_given(name)) for name in GIVEN),
     Case("GivenTensorByteStringToUInt8Fill", draw_byte_string),
-    Case("GivenTensorStringFill", draw_string_fill, note="strings: rnn2jax refuses clearly"),
+    Case("GivenTensorStringFill", draw_string_fill, jit=False, note="host op: strings, which JAX has no arrays for"),
     Case("RangeFill", draw_range_fill),
     Case("UniformFill", draw_uniform, note="random: shape, dtype and bounds"),
     Case("UniformIntFill", draw_uniform_int, note="random: shape, dtype and bounds"),
@@ -608,14 +619,17 @@ def test_matches_caffe2(caffe2, case, data):
     elif case.op_type == "UniqueUniformFill":
         check_unique_uniform(caffe2, case, data)
     elif case.op_type == "GivenTensorStringFill":
-        # Caffe2 makes a string tensor; JAX has no strings, so rnn2jax refuses the op clearly.
+        # a host op (JAX has no strings): a workspace runs it, as a net in both
         op, inputs = case.draw(data)
-        want = caffe2.run_op(op, inputs)["y"]
-        assert want.dtype.kind in "SO" and want.shape == (len(op.arg[1].strings),)
-        with pytest.raises(BadArgumentError, match="string"):
-            run_rnn2jax([op], inputs, ["y"])
+        check_net(caffe2, [op], inputs)
     else:
         run_case(caffe2, case, data)
+
+
+def test_given_tensor_string_fill_needs_values(caffe2):
+    """`values` is required (Caffe2's schema), though it may be empty."""
+    check_net(caffe2, [make_op("GivenTensorStringFill", [], ["y"], shape=[0])], fails=True)
+    check_net(caffe2, [make_op("GivenTensorStringFill", [], ["y"], shape=[0], values=[])], fails=False)
 
 
 def test_fill_shape_errors_match_caffe2(caffe2):

@@ -38,12 +38,13 @@ from differential import (
 from helpers import run_op
 from rnn2jax.caffe2.opdef import create_net, create_operator
 from rnn2jax.checking.oracle import Caffe2Error
-from rnn2jax.errors import BadArgumentError, Rnn2JaxError, ShapeError
+from rnn2jax.errors import BadArgumentError, InputTypeError, Rnn2JaxError, ShapeError
 from rnn2jax.ir.dtypes import caffe2_dtypes
 from rnn2jax.ir.loader import load
 from rnn2jax.lowering.interpreter import lower
 from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
 from rnn2jax.proto import caffe2_pb2 as pb
+from tests.host_differential import check_net, run_rnn2jax_net, strings_of
 
 # ----------------------------------------------------------------------------------------------------
 # The lowering against NumPy references (was tests/ops/test_shape.py)
@@ -575,8 +576,7 @@ def test_cast_to_bool_is_nonzero(jit, x):
 
 
 @given(
-    x=hnp.arrays(np.int32, small_shapes, elements=st.integers(-1000, 1000))
-    | hnp.arrays(np.bool_, small_shapes),
+    x=hnp.arrays(np.int32, small_shapes, elements=st.integers(-1000, 1000)) | hnp.arrays(np.bool_, small_shapes),
     to=st.sampled_from([1, "float"]),  # TensorProto.FLOAT = 1
 )
 def test_cast_int_and_bool_to_float(jit, x, to):
@@ -641,9 +641,7 @@ def test_gather_match_outer(jit, data):
     x = data.draw(floats(hnp.array_shapes(min_dims=2, max_dims=3, min_side=1, max_side=3)))
     axis = data.draw(st.integers(1, x.ndim - 1))
     inner = data.draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))
-    indices = data.draw(
-        hnp.arrays(np.int32, x.shape[:axis] + inner, elements=st.integers(0, x.shape[axis] - 1))
-    )
+    indices = data.draw(hnp.arrays(np.int32, x.shape[:axis] + inner, elements=st.integers(0, x.shape[axis] - 1)))
     (y,) = run_op("Gather", [x, indices], jit=jit, axis=axis, match_outer=1)
     ref = np.empty(x.shape[:axis] + inner + x.shape[axis + 1 :], np.float32)
     for outer in np.ndindex(*x.shape[:axis]):  # each outer position uses its own indices
@@ -1612,3 +1610,84 @@ def test_batch_gather_gradient_default_axis_and_errors(jit):
         run_op("BatchGatherGradient", [x, indices, np.zeros((2, 3), np.float32)], jit=jit)
     with pytest.raises(ShapeError, match="rank >= 2"):
         run_op("BatchGatherGradient", [np.zeros(3, np.float32), indices, np.zeros(2, np.float32)], jit=jit)
+
+
+# --------------------------------------------------------------------------------------------------
+# Strings: Cast to STRING, and Copy and Concat of string tensors, run on the host as Caffe2's CPU ops run them
+
+
+def draw_cast_to_string(data):
+    """Any numeric type (float16 and strings too, which Caffe2 refuses) to STRING: std::to_string's text."""
+    source = data.draw(st.sampled_from([*sorted(CAST_TYPES), DT.FLOAT16, DT.STRING]))
+    shape = data.draw(shapes(0, 3, min_side=0, max_side=3))
+    if source == DT.STRING:
+        x = strings_of(values(data, shape, np.int32))
+    elif source == DT.FLOAT16:
+        x = values(data, shape, np.float16)
+    else:
+        dtype = np.dtype(CAST_TYPES[source])
+        x = data.draw(arrays(shape, dtype, -1e6, 1e6)) if dtype.kind == "f" else values(data, shape, dtype)
+        if dtype.kind == "f" and x.size and data.draw(st.booleans()):
+            x.reshape(-1)[0] = data.draw(st.sampled_from([np.inf, -np.inf, np.nan, 1e30, -0.0]))
+    to = data.draw(st.sampled_from([DT.STRING, "string", "STRING"]))
+    return make_op("Cast", ["x"], ["y"], to=to), {"x": x}
+
+
+@given(data=st.data())
+def test_cast_to_string_matches_caffe2(caffe2, data):
+    op, inputs = draw_cast_to_string(data)
+    check_net(caffe2, [op], inputs)
+
+
+def draw_strings_moved(data):
+    """Copy's and Concat's numeric draws with the data as strings (Concat's split_info stays numbers)."""
+    op_type = data.draw(st.sampled_from(["Copy", "Concat"]))
+    if op_type == "Copy":
+        x = values(data, data.draw(shapes(0, 3, min_side=0, max_side=3)))
+        return make_op("Copy", ["x"], ["y"]), {"x": strings_of(x)}
+    op, inputs = draw_concat("Concat")(data)
+    return op, {name: strings_of(value) for name, value in inputs.items()}
+
+
+@given(data=st.data())
+def test_strings_moved_match_caffe2(caffe2, data):
+    op, inputs = draw_strings_moved(data)
+    check_net(caffe2, [op], inputs)
+
+
+def test_concat_of_strings_and_numbers_refused(caffe2):
+    """Caffe2's Concat wants one type: strings beside floats are refused, naming the inputs."""
+    feeds = {"a": np.array([b"a", b"b"], dtype=object), "b": np.array([1.0, 2.0], np.float32)}
+    for inputs in (["a", "b"], ["b", "a"]):
+        op = make_op("Concat", inputs, ["c", "s"], axis=0)
+        check_net(caffe2, [op], feeds, fails=True)
+        with pytest.raises(InputTypeError, match="must all hold strings"):
+            raise run_rnn2jax_net([op], feeds)
+
+
+def test_strings_from_a_host_op_into_lowered_ops(caffe2):
+    """Caffe2's blob_deallocation_test: strings made by a host op (GivenTensorStringFill) read by Concat and Copy,
+    whose types are lowered, in one net; a numeric Copy beside them stays in a jitted segment."""
+    ops = [
+        make_op("GivenTensorStringFill", [], ["x"], shape=[3], values=["a", "b", "c"]),
+        make_op("GivenTensorStringFill", [], ["y"], shape=[3], values=["d", "e", "f"]),
+        make_op("Concat", ["x", "y"], ["concated", "_"], axis=0),
+        make_op("Copy", ["concated"], ["copied"]),
+        make_op("Copy", ["n"], ["m"]),
+    ]
+    check_net(caffe2, ops, {"n": np.arange(3, dtype=np.float32)})
+
+
+def test_one_net_with_numbers_then_strings(caffe2):
+    """The same created net run on floats, then strings, then floats again: which ops run on the host is decided
+    by what the blobs hold at each run (the executor's plans), not when the net was made."""
+    workspace = rnn2jax.Workspace()
+    net = create_net("copies", [make_op("Copy", ["x"], ["y"]), make_op("Concat", ["y", "x"], ["z", "s"], axis=0)])
+    workspace.feed("x", np.zeros(1, np.float32))
+    workspace.create_net(net)
+    for x in (np.arange(3, dtype=np.float32), strings_of(np.arange(3)), np.ones(2, np.float32)):
+        workspace.feed("x", x)
+        workspace.run_net("copies")
+        want = caffe2.run([("net", net)], {"x": x}, ["y", "z", "s"])
+        for name in ("y", "z", "s"):
+            assert_blobs_equal({name: np.asarray(workspace.fetch(name))}, {name: want[name]})

@@ -18,8 +18,9 @@ from hypothesis.extra import numpy as hnp
 from differential import Case, arrays, assert_same_ops, cases, invalid, make_op, run_case, run_rnn2jax, shapes
 from rnn2jax.caffe2.opdef import create_operator
 from rnn2jax.checking.oracle import Caffe2Error
-from rnn2jax.errors import ShapeError
+from rnn2jax.errors import InputTypeError, ShapeError
 from rnn2jax.ops.gradient_makers import GradientError, get_gradient_for_op
+from tests.host_differential import check_net, run_rnn2jax_net, strings_of
 
 # ----------------------------------------------------------------------------------------------------
 # The lowering against NumPy references (was tests/ops/test_sparse.py)
@@ -701,3 +702,46 @@ def test_sparse_to_dense_mask_lengths_past_the_indices_are_refused(jit):
     }
     with pytest.raises(ShapeError, match="sum to 3"):
         run_rnn2jax([op], inputs, ["y"], jit=jit)
+
+
+# --------------------------------------------------------------------------------------------------
+# The same ops on strings (host ops: Caffe2's CPU kernels are templated on the data type, std::string among them)
+
+
+@pytest.mark.parametrize(
+    "draw, string_inputs",
+    [
+        (draw_pack_segments, ("data",)),
+        (draw_unpack_segments, ("data",)),
+        (draw_sparse_to_dense_mask, ("values", "default")),
+    ],
+    ids=["PackSegments", "UnpackSegments", "SparseToDenseMask"],
+)
+@given(data=st.data())
+def test_of_strings_matches_caffe2(caffe2, draw, string_inputs, data):
+    """The numeric cases with their data as strings, run as a net in both (padding is b"", Caffe2's default
+    std::string); what Caffe2 refuses, rnn2jax refuses."""
+    op, inputs = draw(data)
+    feeds = {name: strings_of(value) if name in string_inputs else value for name, value in inputs.items()}
+    check_net(caffe2, [op], feeds)
+
+
+def test_strings_with_numbers_refused(caffe2):
+    """SparseToDenseMask's values and default have one type: strings with floats is refused, naming both."""
+    op = make_op("SparseToDenseMask", ["i", "v", "d"], ["o"], mask=[1, 2])
+    feeds = {"i": np.array([1], np.int32), "v": np.array([b"a"], dtype=object), "d": np.array(1.0, np.float32)}
+    check_net(caffe2, [op], feeds, fails=True)
+    with pytest.raises(InputTypeError, match="'v', 'd' must all hold strings"):
+        raise run_rnn2jax_net([op], feeds)
+
+
+def test_pack_unpack_strings_round_trip_in_one_net(caffe2):
+    """Caffe2's pack_ops_test (test_pack_ops_str): PackSegments then UnpackSegments of strings in one net, the
+    packed blob written by the host op and read by the next (the executor's plan follows strings through)."""
+    feeds = {
+        "l": np.array([1, 2, 3], np.int64),
+        "d": strings_of(np.array([["a", "a"], ["b", "b"], ["bb", "bb"], ["c", "c"], ["cc", "cc"], ["ccc", "ccc"]])),
+    }
+    ops = [make_op("PackSegments", ["l", "d"], ["t"]), make_op("UnpackSegments", ["l", "t"], ["newd"])]
+    workspace, _ = check_net(caffe2, ops, feeds)
+    np.testing.assert_array_equal(workspace.fetch("newd"), feeds["d"])
