@@ -11,9 +11,10 @@ default 200 ms, so this plugin registers a profile `rnn2jax` (Caffe2's `dev` pro
 deadline) and selects it through $CAFFE2_HYPOTHESIS_PROFILE unless that is set already (and loads it, for
 the test files that do not import Caffe2's hypothesis_test_util).
 
-Each test file starts in workspace "default", as it would in a process of its own: Caffe2's test files assume
-it, and some leave another workspace current (ideep/fc_op_test switches to `_device_check_` and stays there, so a
-later file's device checks would reset the workspace its test feeds).
+With `--caffe2-own-tests`, unittest's aliases that Python 3.12 removed (`assertEquals`, ...) are restored, as
+Caffe2's test files call them. Each test file starts in workspace "default", as it would in a process of its
+own: Caffe2's test files assume it, and some leave another workspace current (ideep/fc_op_test switches to
+`_device_check_` and stays there, so a later file's device checks would reset the workspace its test feeds).
 """
 
 from __future__ import annotations
@@ -74,6 +75,37 @@ def pytest_configure(config: pytest.Config) -> None:
         # 200 ms deadline fails the example whose run compiles the net
         settings.load_profile(PROFILE)
     install(config.getoption("--caffe2-source"))
+    if config.getoption("--caffe2-own-tests"):
+        _restore_unittest_aliases()
+
+
+# unittest's deprecated aliases, which Python 3.12 removed and Caffe2's test files (written for 3.6-3.9) still call
+_UNITTEST_ALIASES = {
+    "assertEquals": "assertEqual",
+    "assertNotEquals": "assertNotEqual",
+    "assertAlmostEquals": "assertAlmostEqual",
+    "assertNotAlmostEquals": "assertNotAlmostEqual",
+    "assert_": "assertTrue",
+    "failUnless": "assertTrue",
+    "failIf": "assertFalse",
+    "failUnlessEqual": "assertEqual",
+    "failIfEqual": "assertNotEqual",
+    "failUnlessAlmostEqual": "assertAlmostEqual",
+    "failIfAlmostEqual": "assertNotAlmostEqual",
+    "failUnlessRaises": "assertRaises",
+    "assertRegexpMatches": "assertRegex",
+    "assertNotRegexpMatches": "assertNotRegex",
+    "assertRaisesRegexp": "assertRaisesRegex",
+}
+
+
+def _restore_unittest_aliases() -> None:
+    """Caffe2's own test files see the unittest they were written for: the aliases Python 3.12 removed."""
+    import unittest
+
+    for alias, name in _UNITTEST_ALIASES.items():
+        if not hasattr(unittest.TestCase, alias):
+            setattr(unittest.TestCase, alias, getattr(unittest.TestCase, name))
 
 
 class _Caffe2TestModule(pytest.Module):

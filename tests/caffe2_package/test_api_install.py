@@ -358,3 +358,18 @@ def test_the_pytest_plugin_starts_each_file_in_the_default_workspace(tmp_path):
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "rnn2jax.caffe2.pytest_plugin"]
     done = run([*argv, str(tmp_path)], cwd=tmp_path)
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_the_pytest_plugin_restores_the_unittest_aliases_python_3_12_removed(monkeypatch):
+    """Caffe2's test files call `assertEquals` and the like, which Python 3.12 removed from unittest."""
+    import unittest
+
+    from rnn2jax.caffe2 import pytest_plugin
+
+    for alias in ("assertEquals", "assertAlmostEquals", "assertRaisesRegexp"):
+        monkeypatch.delattr(unittest.TestCase, alias, raising=False)
+    assert not hasattr(unittest.TestCase, "assertEquals")
+    pytest_plugin._restore_unittest_aliases()
+    assert unittest.TestCase.assertEquals is unittest.TestCase.assertEqual
+    assert unittest.TestCase.assertAlmostEquals is unittest.TestCase.assertAlmostEqual
+    assert unittest.TestCase.assertRaisesRegexp is unittest.TestCase.assertRaisesRegex

@@ -114,7 +114,8 @@ def ArgsToDict(args: Iterable[caffe2_pb2.Argument]) -> dict[str, Any]:
         for field in arg.DESCRIPTOR.fields:
             if field.name == "name":
                 continue
-            repeated = field.label == field.LABEL_REPEATED
+            # protobuf 7 drops `label` (is_repeated came in 6.31)
+            repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
             if (not repeated and arg.HasField(field.name)) or (repeated and len(getattr(arg, field.name)) > 0):
                 result[arg.name] = getattr(arg, field.name)
                 break
