@@ -4,6 +4,7 @@ real Caffe2 (the baseline, cached) and on rnn2jax's `caffe2`, and the page that 
     .venv/bin/python scripts/caffe2_suite.py run [--examples N] [--jobs J] [--only GLOB ...]
     .venv/bin/python scripts/caffe2_suite.py report          # docs/caffe2-suite.md from the last results
     .venv/bin/python scripts/caffe2_suite.py ci              # every file, the recorded passing tests, 1 example
+    .venv/bin/python scripts/caffe2_suite.py prepare DIR     # the sources and files, for benchmarks/gpu_caffe2_suite.sh
 
 `run` runs every `*_test.py` under the wheel's `caffe2/` package directory, one pytest process per file and side:
 real Caffe2 in the oracle venv (`.venv-caffe2`, where it installs pytest and hypothesis when missing), and rnn2jax
@@ -539,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     ci = sub.add_parser("ci", help="every file; the recorded passing tests must pass (one example each)")
     ci.add_argument("--results", default=str(RESULTS))
     ci.add_argument("--jobs", type=int, default=2)
+    prepare = sub.add_parser("prepare", help="copy Caffe2's sources and the suite's files to DIR, for another machine")
+    prepare.add_argument("dir")
     args = parser.parse_args(argv)
 
     if args.command == "run":
@@ -563,7 +566,25 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.results).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
         PAGE.write_text(render(results))
         return 0
+    if args.command == "prepare":
+        prepare_copy(find_source(), Path(args.dir))
+        return 0
     return run_ci(find_source(), Path(args.results), args.jobs)
+
+
+def prepare_copy(source: Path, folder: Path) -> None:
+    """What running the suite needs on a machine without the oracle venv (benchmarks/gpu_caffe2_suite.sh): Caffe2's
+    Python sources and goldens in `folder/src/caffe2`, the suite's test files in `folder/tree`."""
+    for path in source.rglob("*"):
+        if path.suffix in (".py", ".zip") and path.is_file():
+            target = folder / "src" / "caffe2" / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, target)
+    tree = folder / "tree"
+    for rel in suite_files(source):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source / rel, tree / rel)
+    (tree / "pytest.ini").write_text("[pytest]\n")
 
 
 if __name__ == "__main__":
