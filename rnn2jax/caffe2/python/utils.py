@@ -114,7 +114,7 @@ def ArgsToDict(args: Iterable[caffe2_pb2.Argument]) -> dict[str, Any]:
         for field in arg.DESCRIPTOR.fields:
             if field.name == "name":
                 continue
-            # protobuf 7 drops `label` (is_repeated came in 6.31)
+            # newer protobufs drop `label` (the GPU machine's had none); is_repeated replaces it
             repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
             if (not repeated and arg.HasField(field.name)) or (repeated and len(getattr(arg, field.name)) > 0):
                 result[arg.name] = getattr(arg, field.name)
