@@ -493,8 +493,7 @@ class ONNXWhileLowering:
         if self.disable_scopes and op.int("save_scopes", 0):
             raise BadArgumentError(f"{op.where}: Cannot save scopes when disable_scopes=True")
         body = op.net("body")
-        count = op.int("num_loop_carried_deps", -1)
-        self.deps = len(op.inputs) - 2 if count == -1 else count
+        self.deps = _loop_carried_deps(op)
         if self.deps < 0 or len(op.inputs) < 2 + self.deps:
             raise BadArgumentError(
                 f"{op.where}: ONNXWhile takes a trip count, a condition and {self.deps} dependencies"
@@ -711,9 +710,13 @@ def _scans_of_a_condition(op: Op) -> bool:
     body = dict(op.nested_nets()).get("body")
     if body is None or not op.int("has_cond", 0):
         return False
+    return len(body.external_outputs) - 1 - _loop_carried_deps(op) > 0
+
+
+def _loop_carried_deps(op: Op) -> int:
+    """ONNXWhile's N: `num_loop_carried_deps`, else every input after the trip count and the condition."""
     count = op.int("num_loop_carried_deps", -1)
-    deps = len(op.inputs) - 2 if count == -1 else count
-    return len(body.external_outputs) - 1 - deps > 0
+    return len(op.inputs) - 2 if count == -1 else count
 
 
 @register(

@@ -155,7 +155,7 @@ class PureSegment:
                 env[name] = workspace.get(name)
         for name in self.shape_read:
             value = env.get(name)
-            if isinstance(value, np.ndarray) and value.dtype == object:  # strings: only their shape is read
+            if _is_strings(value):  # only their shape is read
                 env[name] = np.zeros(value.shape, np.bool_)
         static = {name: np.asarray(env.pop(name)) for name in self.static if name in env}
         for name, test in self.static_if.items():
@@ -248,11 +248,16 @@ class StringStep:
             self.segment.run(workspace, counter, net_run)
 
 
+def _is_strings(value: Any) -> bool:
+    """A string tensor: the workspace holds strings as object arrays of bytes."""
+    return isinstance(value, np.ndarray) and value.dtype == object
+
+
 def _holds_strings(workspace: SegmentWorkspace, name: str) -> bool:
     value = workspace._values.get(name)
     if value is None and workspace.has_blob(name):
         value = workspace.get(name)
-    return isinstance(value, np.ndarray) and value.dtype == object
+    return _is_strings(value)
 
 
 Piece = PureSegment | HostStep | StringStep
@@ -299,33 +304,34 @@ class Executor:
         seed = self.seed
         pieces: list[Piece] = []
         pending: list[Op] = []
+
+        def flush(label: str) -> None:
+            if pending:
+                pieces.append(PureSegment(pending.copy(), label, seed))
+                pending.clear()
+
         for position, op in enumerate(self.ops):
             host = find_host(op.type)
-            if position in on_host:
-                if on_host[position]:
-                    if pending:
-                        pieces.append(PureSegment(pending, f"{self.label}, ops #{pending[0].index}-", seed))
-                        pending = []
-                    segment = PureSegment([op], f"{self.label}, op #{op.index}", seed)
-                    pieces.append(StringStep(op, host, segment))
-                else:
-                    pending.append(op)
-                continue
-            eager = host is None and lookup(op).runs_eagerly(op)
-            if not eager and (host is None or not host.runs(op)):
+            if position in on_host:  # a piece of its own where it may read strings this run
+                eager, alone = False, on_host[position]
+            else:
+                eager = host is None and lookup(op).runs_eagerly(op)
+                alone = eager or (host is not None and host.runs(op))
+            if not alone:
                 pending.append(op)
                 continue
             if pending:
-                pieces.append(PureSegment(pending, f"{self.label}, ops #{pending[0].index}-", seed))
-                pending = []
-            if eager:
-                pieces.append(EagerSegment([op], f"{self.label}, op #{op.index}", seed))
-                continue
-            if host.check is not None:
-                host.check(op)
-            pieces.append(HostStep(op, host))
-        if pending:
-            pieces.append(PureSegment(pending, self.label, seed))
+                flush(f"{self.label}, ops #{pending[0].index}-")
+            label = f"{self.label}, op #{op.index}"
+            if position in on_host:
+                pieces.append(StringStep(op, host, PureSegment([op], label, seed)))
+            elif eager:
+                pieces.append(EagerSegment([op], label, seed))
+            else:
+                if host.check is not None:
+                    host.check(op)
+                pieces.append(HostStep(op, host))
+        flush(self.label)
         return pieces
 
     def _string_sources(self) -> list[tuple[tuple[str, Any], ...]]:
